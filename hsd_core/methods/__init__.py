@@ -1,0 +1,10 @@
+"""Decoding methods: baselines (AR, SD) and the heterogeneous-vocabulary methods SLEM, TLI, SLRS."""
+
+from .ar import AR
+from .base import Method, RoundOutcome, State
+from .sd import SD
+from .slem import SLEM
+from .slrs import SLRS
+from .tli import TLI
+
+__all__ = ["AR", "SD", "SLEM", "SLRS", "TLI", "Method", "RoundOutcome", "State"]

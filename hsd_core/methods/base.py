@@ -1,0 +1,222 @@
+"""What every decoding method shares: the round contract, generation, and rejection verification.
+
+A method is a stateless object whose :meth:`Method.step` runs **one round** (one target forward
+pass) from a :class:`State` (the prompt and the target ids emitted so far) and returns a
+:class:`RoundOutcome`. All randomness goes through a :class:`~hsd_core.rand.Rand`, so the same
+``step`` is sampled by :meth:`Method.generate` and enumerated exactly by :mod:`hsd_core.exact`.
+A round may depend only on its state: anything derived across rounds (the drafter's context) is
+recomputed from the emitted prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..laws import Law, Prob, argmax, residual
+from ..models import Model
+from ..rand import NumpyRand, Rand
+
+
+@dataclass(frozen=True)
+class State:
+    """Where a round starts: the prompt text, the target ids emitted so far, the token budget."""
+
+    prompt: str
+    emitted: tuple[int, ...]
+    max_new_tokens: int
+
+    @property
+    def budget(self) -> int:
+        """How many more target ids may be emitted (>= 1 at the start of a round)."""
+        return self.max_new_tokens - len(self.emitted)
+
+    def target_context(self, target: Model) -> tuple[int, ...]:
+        """The target's context: its encoding of the prompt, then exactly the emitted ids."""
+        return tuple(target.tokenizer.encode(self.prompt)) + self.emitted
+
+    def text(self, target: Model) -> str:
+        """Prompt plus the decoded emitted ids."""
+        return self.prompt + target.tokenizer.decode(self.emitted)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round did: the target ids it emitted, and how many proposals it made and accepted.
+
+    ``proposed`` counts proposed target tokens (drafts mapped to target ids, SLEM's candidates,
+    SLRS's proposals); ``accepted`` those kept as they were. The emitted ids are the accepted ones
+    followed by at most one token of the target's own (correction or bonus).
+    """
+
+    tokens: tuple[int, ...]
+    proposed: int = 0
+    accepted: int = 0
+
+
+def truncate(tokens: Sequence[int], budget: int, eos_id: int) -> tuple[int, ...]:
+    """``tokens`` cut after the first EOS and to at most ``budget`` ids."""
+    out: list[int] = []
+    for t in tokens[:budget]:
+        out.append(int(t))
+        if t == eos_id:
+            break
+    return tuple(out)
+
+
+def check_lookahead(lookahead: int) -> int:
+    """``lookahead`` as an int >= 1, else ``ValueError``."""
+    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or lookahead < 1:
+        raise ValueError(f"lookahead must be an integer >= 1, got {lookahead!r}")
+    return int(lookahead)
+
+
+class Method:
+    """Base of all decoding methods. Subclasses implement :meth:`step`."""
+
+    name = "method"
+    greedy: bool = False
+
+    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        """Run one round from ``state``; emitted ids are target ids (at most ``state.budget``)."""
+        raise NotImplementedError
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        """Raise ``ValueError`` when this method cannot run on these models."""
+        if drafter is None:
+            raise ValueError(f"{self.name} needs a drafter model")
+
+    def run_round(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        """:meth:`step`, with its tokens cut after EOS and to the budget."""
+        out = self.step(target, drafter, state, rand)
+        if not out.tokens:
+            raise RuntimeError(f"{self.name}: a round emitted no token")
+        toks = truncate(out.tokens, state.budget, target.vocab.eos_id)
+        return RoundOutcome(toks, out.proposed, out.accepted)
+
+    def generate(
+        self,
+        target: Model,
+        drafter: Model | None,
+        prompt: str,
+        max_new_tokens: int,
+        rng: np.random.Generator | Rand | None = None,
+    ) -> list[int]:
+        """Sample up to ``max_new_tokens`` target ids (stopping after EOS) with this method.
+
+        ``rng`` is a ``numpy.random.Generator`` (or any :class:`Rand`); ``None`` means greedy
+        methods only. Returns the list of emitted target ids.
+        """
+        check_run_args(target, prompt, max_new_tokens)
+        self.check_models(target, drafter)
+        if rng is None:
+            if not self.greedy:
+                raise ValueError("a sampling method needs rng (e.g. np.random.default_rng(0))")
+            rng = np.random.default_rng(0)
+        rand: Rand = NumpyRand(rng) if isinstance(rng, np.random.Generator) else rng
+        emitted: tuple[int, ...] = ()
+        eos = target.vocab.eos_id
+        while len(emitted) < max_new_tokens and not (emitted and emitted[-1] == eos):
+            emitted += self.run_round(target, drafter, State(prompt, emitted, max_new_tokens), rand).tokens
+        return list(emitted)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def check_run_args(target: Model, prompt: str, max_new_tokens: int) -> None:
+    """Validate a prompt (text the target can encode) and a token budget (integer >= 1)."""
+    if not isinstance(prompt, str):
+        raise TypeError("prompt must be a str")
+    target.tokenizer.encode(prompt)  # raises on characters outside the alphabet
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def sample(law: Sequence[Prob], rand: Rand, greedy: bool) -> int:
+    """A draw from ``law``: its argmax (ties to the lowest id) when greedy, else ``rand.categorical``."""
+    return argmax(law) if greedy else rand.categorical(law)
+
+
+class RejectionVerifier:
+    """Standard speculative verification (Leviathan et al. 2023; Chen et al. 2023).
+
+    Given draft target ids ``x_1..x_n`` where ``x_j`` was sampled from ``q_j`` (the law it was
+    *actually* drawn from, over target ids), it accepts ``x_j`` with probability
+    ``min(1, p_j(x_j) / q_j(x_j))``; at the first rejection it emits a correction token from
+    ``norm(max(p_j - q_j, 0))``; if all are accepted (and none is EOS) it emits a bonus token from
+    ``p_{n+1}``. Greedy: accept while ``x_j`` is the target's argmax, then emit the argmax. The three
+    hooks are overridden only by the deliberately lossy variants in :mod:`hsd_core.variants`.
+    """
+
+    greedy: bool = False
+
+    def _accept_prob(self, p: Law, q: Law, x: int) -> Prob:
+        return min(p[x] / q[x], p[x] - p[x] + 1)
+
+    def _correction_law(self, p: Law, q: Law) -> Law:
+        return residual(p, q)
+
+    def _bonus_law(self, p_next: Law, last_q: Law | None) -> Law:
+        return p_next
+
+    def verify(
+        self,
+        target: Model,
+        ctx: tuple[int, ...],
+        drafts: Sequence[int],
+        qs: Sequence[Law],
+        rand: Rand,
+        budget: int,
+    ) -> RoundOutcome:
+        """Verify ``drafts`` (target ids, at most ``budget`` of them) after target context ``ctx``."""
+        eos = target.vocab.eos_id
+        out: list[int] = []
+        for j, (x, q) in enumerate(zip(drafts, qs)):
+            p = target.next_probs(ctx + tuple(out))
+            if self.greedy:
+                ok = argmax(p) == x
+            else:
+                ok = rand.bernoulli(self._accept_prob(p, q, x))
+            if not ok:
+                fix = argmax(p) if self.greedy else rand.categorical(self._correction_law(p, q))
+                return RoundOutcome(tuple(out) + (fix,), len(drafts), j)
+            out.append(x)
+            if x == eos or len(out) >= budget:
+                return RoundOutcome(tuple(out), len(drafts), j + 1)
+        p_next = target.next_probs(ctx + tuple(out))
+        bonus = sample(self._bonus_law(p_next, qs[-1] if qs else None), rand, self.greedy)
+        return RoundOutcome(tuple(out) + (bonus,), len(drafts), len(drafts))
+
+
+def draft_autoregressive(
+    model: Model,
+    ctx: tuple[int, ...],
+    k: int,
+    rand: Rand,
+    greedy: bool,
+    transform: Callable[[Law], Law | None] | None = None,
+) -> tuple[list[int], list[Law]]:
+    """Draft up to ``k`` ids from ``model`` after ``ctx``; returns the ids and the laws drawn from.
+
+    ``transform`` maps the model's law to the law actually sampled (e.g. TLI's renormalization
+    onto the intersection); when it returns ``None`` (no mass left) drafting stops early. Drafting
+    also stops after the model's EOS.
+    """
+    drafts: list[int] = []
+    laws: list[Law] = []
+    eos = model.vocab.eos_id
+    for _ in range(k):
+        q = model.next_probs(ctx + tuple(drafts))
+        qq = q if transform is None else transform(q)
+        if qq is None:
+            break
+        d = sample(qq, rand, greedy)
+        drafts.append(d)
+        laws.append(qq)
+        if d == eos:
+            break
+    return drafts, laws
+

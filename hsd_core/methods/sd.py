@@ -1,0 +1,48 @@
+"""SD: same-vocabulary speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+Glossary
+    draft       a token the drafter samples; here it is already a target id (one vocabulary).
+    lookahead   k, the number of drafts per round (fewer near the budget or after EOS).
+    accepted    a draft kept after the ratio test ``u < p(x)/q(x)``.
+    rejected    the first draft that fails it; nothing after it is looked at.
+    correction  the token emitted in place of a rejected draft, from ``norm(max(p - q, 0))``.
+    bonus       the extra token from ``p`` when every draft is accepted.
+
+Steps of one round
+    1. Drafter context = its encoding of the prompt + the emitted ids (same vocabulary).
+    2. Draft ``x_1..x_n ~ q`` autoregressively, ``n = min(k, budget)``, stopping after EOS.
+    3. One target pass gives ``p_1..p_{n+1}``; verify left to right (``RejectionVerifier``).
+    4. Emit the accepted drafts plus the correction or bonus token.
+Greedy mode drafts the drafter's argmax and keeps drafts while they equal the target's argmax.
+"""
+
+from __future__ import annotations
+
+from ..models import Model
+from ..rand import Rand
+from .base import Method, RejectionVerifier, RoundOutcome, State, check_lookahead, draft_autoregressive
+
+
+class SD(RejectionVerifier, Method):
+    """Speculative decoding when drafter and target share one vocabulary."""
+
+    name = "SD"
+
+    def __init__(self, lookahead: int = 3, greedy: bool = False) -> None:
+        self.lookahead = check_lookahead(lookahead)
+        self.greedy = bool(greedy)
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        """SD needs a drafter over exactly the target's vocabulary (same strings, same ids)."""
+        super().check_models(target, drafter)
+        assert drafter is not None
+        if drafter.vocab != target.vocab:
+            raise ValueError("SD needs the drafter and the target to share one vocabulary; "
+                             "use SLEM, TLI or SLRS for different vocabularies")
+
+    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        assert drafter is not None
+        d_ctx = tuple(drafter.tokenizer.encode(state.prompt)) + state.emitted
+        k = min(self.lookahead, state.budget)
+        drafts, qs = draft_autoregressive(drafter, d_ctx, k, rand, self.greedy)
+        return self.verify(target, state.target_context(target), drafts, qs, rand, state.budget)

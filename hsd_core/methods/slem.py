@@ -1,0 +1,113 @@
+"""SLEM: string-level exact match (Timor et al. 2025, Algorithm 2).
+
+Glossary
+    draft       a drafter token, sampled in the drafter's own vocabulary.
+    lookahead   k, the number of drafter tokens drafted per round (fewer if the drafter emits EOS).
+    candidate   a target token read off the drafted text by re-tokenizing it for the target.
+    accepted    a candidate equal to the target's own sample (greedy: argmax) at its position.
+    rejected    the first candidate that differs; the target's own token replaces it.
+    bonus       the target's own token after the last candidate, when all candidates match.
+    look-behind the last few target tokens decoded and re-encoded together with the draft, so that
+                the candidates are what the target tokenizer makes of the text in context.
+
+Steps of one round
+    1. Drafter context = the drafter's encoding of (prompt + decoded emitted ids): it is re-synced
+       from the accepted text every round.
+    2. Draft ``k`` drafter tokens (sampling, or argmax when greedy), stopping after drafter EOS.
+    3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
+       the target's EOS if the drafter ended with EOS.
+    4. The target takes its own token at every candidate position (sample from ``p_j``, or argmax):
+       emit tokens while they equal the candidates; the first one that differs is emitted and ends
+       the round; if all match, one more (the bonus) is emitted.
+The target's context is only ever its own emitted ids, never re-tokenized text, so every emitted
+token is the target's own draw given its own history: SLEM is lossless for any drafter.
+"""
+
+from __future__ import annotations
+
+from ..laws import argmax
+from ..models import Model
+from ..rand import Rand
+from .base import Method, RoundOutcome, State, check_lookahead, draft_autoregressive, sample
+
+
+def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) -> tuple[int, ...]:
+    """Target ids ``c`` such that ``decode(ctx + c) == decode(ctx) + text``, as the target tokenizer
+    would split ``text`` in context.
+
+    For ``w`` from ``min(lookbehind, len(ctx))`` down to 0: encode the text of the last ``w``
+    context ids followed by ``text``; the first ``w`` for which the encoding starts with exactly
+    those ``w`` ids gives the candidates (the rest of the encoding). ``w = 0`` (``text`` encoded on
+    its own) always succeeds, so a merge across the boundary that would rewrite committed ids is
+    never proposed.
+    """
+    tok = target.tokenizer
+    for w in range(min(lookbehind, len(ctx)), -1, -1):
+        tail = ctx[len(ctx) - w:]
+        ids = tok.encode(tok.decode(tail) + text)
+        if tuple(ids[:w]) == tail:
+            return tuple(ids[w:])
+    raise AssertionError("unreachable: the empty look-behind always matches")
+
+
+def draft_candidates(
+    target: Model,
+    drafter: Model,
+    state: State,
+    rand: Rand,
+    lookahead: int,
+    greedy: bool,
+    lookbehind: int,
+    target_ctx: tuple[int, ...] | None = None,
+) -> tuple[int, ...]:
+    """SLEM's proposal: steps 1-3 of a round (shared with SLRS, whose psi is this function's law).
+
+    Returns the candidate target ids (never empty: the drafter either writes text or ends).
+    """
+    ctx_t = state.target_context(target) if target_ctx is None else target_ctx
+    d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+    drafts, _ = draft_autoregressive(drafter, d_ctx, lookahead, rand, greedy)
+    ended = bool(drafts) and drafts[-1] == drafter.vocab.eos_id
+    text = drafter.tokenizer.decode(drafts)
+    cands = retokenize(target, ctx_t, text, lookbehind)
+    return cands + ((target.vocab.eos_id,) if ended else ())
+
+
+class SLEM(Method):
+    """String-level exact match: the target keeps the longest prefix of the re-tokenized draft that
+    agrees with its own draws, plus one token of its own."""
+
+    name = "SLEM"
+
+    def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4) -> None:
+        self.lookahead = check_lookahead(lookahead)
+        self.greedy = bool(greedy)
+        if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
+            raise ValueError(f"lookbehind must be an integer >= 0, got {lookbehind!r}")
+        self.lookbehind = lookbehind
+
+    def _target_context(self, target: Model, state: State) -> tuple[int, ...]:
+        return state.target_context(target)
+
+    def candidates(self, target: Model, drafter: Model, state: State, rand: Rand) -> tuple[int, ...]:
+        """The round's candidate target ids (steps 1-3)."""
+        return draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy,
+                                self.lookbehind, state.target_context(target))
+
+    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        assert drafter is not None
+        cands = self.candidates(target, drafter, state, rand)[: state.budget]
+        ctx = self._target_context(target, state)
+        eos = target.vocab.eos_id
+        out: list[int] = []
+        for j, c in enumerate(cands):
+            p = target.next_probs(ctx + tuple(out))
+            t = argmax(p) if self.greedy else rand.categorical(p)
+            out.append(t)
+            if t != c:
+                return RoundOutcome(tuple(out), len(cands), j)
+            if t == eos or len(out) >= state.budget:
+                return RoundOutcome(tuple(out), len(cands), j + 1)
+        p = target.next_probs(ctx + tuple(out))
+        out.append(sample(p, rand, self.greedy))
+        return RoundOutcome(tuple(out), len(cands), len(cands))

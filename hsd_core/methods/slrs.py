@@ -1,0 +1,171 @@
+"""SLRS: string-level rejection sampling (Timor et al. 2025, Algorithm 3), one or several tokens.
+
+Glossary
+    draft       a drafter token, sampled in the drafter's vocabulary (as in SLEM).
+    lookahead   k, the number of drafter tokens drafted per round (fewer after drafter EOS).
+    proposal    the first ``max_tokens`` candidates that SLEM's procedure reads off the drafted
+                text (target ids; see :func:`~hsd_core.methods.slem.draft_candidates`).
+    psi         Psi(s) = the exact probability that the procedure proposes the tuple s; psi_j is
+                the law of the j-th proposed token given the first j-1 (and that there is a j-th).
+    accepted    proposed token t_j kept with probability min(1, p_j(t_j) / psi_j(t_j)).
+    rejected / correction   the first proposal that fails; a token from norm(max(p_j - psi_j, 0))
+                replaces it.
+    bonus       a token from p after the last proposal, when every proposal is accepted.
+
+The drafting procedure, exactly: the drafter's context is its encoding of (prompt + decoded
+emitted ids); it drafts ``k`` tokens autoregressively from its own law (argmax when greedy),
+stopping after its EOS; the drafted text is re-tokenized for the target after the target
+context with SLEM's look-behind (:func:`~hsd_core.methods.slem.retokenize`), with the target EOS
+appended when the drafter ended; the proposal is the first ``max_tokens`` of those ids (all of
+them when ``max_tokens`` is None), and at most the remaining budget.
+
+Psi is the law of exactly that procedure, computed by running the same drafting code under the
+exact :class:`~hsd_core.rand.Enumerator`. The enumeration tree is the trie of drafter token
+sequences: its nodes are the distinct drafter contexts, each evaluated once (``evaluations``),
+against ``naive_evaluations`` for evaluating every complete draft path separately.
+
+Which psi? "The drafter's probability of every token sequence that concatenates exactly to t" is
+not the marginal of any drafting procedure here (it sums to more than one when target tokens are
+prefixes of others); the engine finds it lossy (``hsd_core.variants``, ``docs/slrs.md``). The
+lossless psi is "the probability of every draft whose re-tokenization starts with t", taken over
+exactly the drafts the procedure makes.
+
+Multi-token SLRS (``max_tokens`` > 1 or None) verifies t_2, t_3, ... against psi conditioned on
+the proposed prefix: a joint proposal law with its conditionals is all that standard
+speculative verification needs (``proofs/slrs_multi.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..laws import Law, Prob, normalized
+from ..models import Model
+from ..rand import Enumerator, Rand
+from ..tokenizers import Tokenizer
+from ..vocab import Vocabulary
+from .base import Method, RejectionVerifier, RoundOutcome, State, check_lookahead
+from .slem import draft_candidates
+
+Proposal = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PsiLaw:
+    """The exact law ``law`` of the proposal tuple, and what computing it cost in drafter calls."""
+
+    law: dict[Proposal, Prob]
+    evaluations: int
+    naive_evaluations: int
+
+    def conditional(self, prefix: Sequence[int], size: int) -> Law | None:
+        """psi_j: law over ``size`` target ids of the next proposed token after ``prefix``, given
+        that the proposal starts with ``prefix`` and goes on (``None`` if it never does)."""
+        j = len(prefix)
+        pre = tuple(prefix)
+        zero: Prob = next(iter(self.law.values())) * 0
+        w: list[Prob] = [zero] * size
+        for s, pr in self.law.items():
+            if len(s) > j and s[:j] == pre:
+                w[s[j]] += pr
+        return normalized(w)
+
+    def first(self, size: int) -> Law:
+        """psi of the first proposed token (the paper's psi(t))."""
+        law = self.conditional((), size)
+        assert law is not None
+        return law
+
+
+class _Counting:
+    """A drafter proxy that records the distinct contexts it is asked about and the calls made on
+    completed paths (a path that branches is re-run by the enumerator and not counted twice)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.contexts: set[tuple[int, ...]] = set()
+        self.run_calls = 0
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self.model.vocab
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.model.tokenizer
+
+    def next_probs(self, context_ids: Sequence[int]) -> Law:
+        self.contexts.add(tuple(context_ids))
+        self.run_calls += 1
+        return self.model.next_probs(context_ids)
+
+
+class SLRS(RejectionVerifier, Method):
+    """String-level rejection sampling against the exact proposal law psi.
+
+    ``max_tokens=1`` is the paper's algorithm (one verified proposal per round, plus the target's
+    own next token when it is accepted); ``max_tokens=None`` verifies every candidate.
+    """
+
+    name = "SLRS"
+
+    def __init__(self, lookahead: int = 2, max_tokens: int | None = 1, greedy: bool = False,
+                 lookbehind: int = 4) -> None:
+        self.lookahead = check_lookahead(lookahead)
+        if max_tokens is not None:
+            check_lookahead(max_tokens)
+        self.max_tokens = max_tokens
+        self.greedy = bool(greedy)
+        if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
+            raise ValueError(f"lookbehind must be an integer >= 0, got {lookbehind!r}")
+        self.lookbehind = lookbehind
+        if max_tokens != 1:
+            self.name = "SLRS-multi"
+        self._psi_cache: dict[tuple[int, int, State], PsiLaw] = {}
+        self._models: dict[int, Model] = {}
+
+    def propose(self, target: Model, drafter: Model, state: State, rand: Rand) -> Proposal:
+        """One draw of the proposal tuple (the procedure in the module docstring)."""
+        cands = draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy, self.lookbehind)
+        m = state.budget if self.max_tokens is None else min(self.max_tokens, state.budget)
+        return cands[:m]
+
+    def psi(self, target: Model, drafter: Model, state: State) -> PsiLaw:
+        """The exact law of :meth:`propose` from ``state`` and its drafter-evaluation counts."""
+        key = (id(target), id(drafter), state)
+        hit = self._psi_cache.get(key)
+        if hit is not None and self._models.get(id(target)) is target and self._models.get(id(drafter)) is drafter:
+            return hit
+        counting = _Counting(drafter)
+        naive = 0
+
+        def run(rand: Rand) -> Proposal:
+            nonlocal naive
+            counting.run_calls = 0
+            out = self.propose(target, counting, state, rand)
+            naive += counting.run_calls
+            return out
+
+        law = Enumerator().law(run)
+        res = PsiLaw(law, len(counting.contexts), naive)
+        if len(self._psi_cache) > 4096:
+            self._psi_cache.clear()
+        self._models[id(target)], self._models[id(drafter)] = target, drafter
+        self._psi_cache[key] = res
+        return res
+
+    def _psi_for_verification(self, target: Model, drafter: Model, state: State) -> PsiLaw:
+        return self.psi(target, drafter, state)
+
+    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        assert drafter is not None
+        proposal = self.propose(target, drafter, state, rand)
+        psi = self._psi_for_verification(target, drafter, state)
+        n = len(target.vocab)
+        qs: list[Law] = []
+        for j in range(len(proposal)):
+            q = psi.conditional(proposal[:j], n)
+            assert q is not None and q[proposal[j]] > 0, "a drawn proposal has positive psi"
+            qs.append(q)
+        return self.verify(target, state.target_context(target), list(proposal), qs, rand, state.budget)

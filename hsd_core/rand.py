@@ -1,0 +1,182 @@
+"""The randomness interface that every method is written against (DESIGN.md §2).
+
+A method draws all of its randomness through two calls::
+
+    rand.categorical(probs) -> int    # an index with the given probabilities
+    rand.bernoulli(prob)    -> bool   # True with probability ``prob``
+
+Three implementations:
+
+* :class:`NumpyRand` samples with a ``numpy.random.Generator`` (what users run);
+* :class:`UniformRand` consumes explicit uniforms in [0, 1) by inverse CDF, so another backend fed
+  the same uniforms can be compared output for output (``NumpyRand`` is exactly ``UniformRand``
+  fed by ``rng.random()``);
+* :class:`Enumerator` re-executes a function, replaying a prefix of choices and branching on the
+  next one, and returns every outcome with its exact probability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from fractions import Fraction
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from .laws import Prob
+
+R = TypeVar("R", bound=Hashable)
+
+
+class Rand(Protocol):
+    """Source of the two random choices a method may make."""
+
+    def categorical(self, probs: Sequence[Prob]) -> int: ...
+
+    def bernoulli(self, prob: Prob) -> bool: ...
+
+
+def _check_probs(probs: Sequence[Prob]) -> None:
+    if len(probs) == 0:
+        raise ValueError("categorical over an empty law")
+    for i, p in enumerate(probs):
+        if not p >= 0:
+            raise ValueError(f"categorical: entry {i} is {p!r}, not a probability")
+    if not sum(probs) > 0:
+        raise ValueError("categorical: the law has no mass")
+
+
+def inverse_cdf(probs: Sequence[Prob], u: float) -> int:
+    """The index ``i`` with ``cdf(i-1) <= u * total < cdf(i)``, never one of probability zero.
+
+    ``u`` must lie in [0, 1). Rounding can push ``u * total`` past the last partial sum; the
+    result is then the last index of positive probability.
+    """
+    if not 0.0 <= u < 1.0:
+        raise ValueError(f"uniform {u!r} is not in [0, 1)")
+    _check_probs(probs)
+    total = float(sum(probs))
+    target = u * total
+    acc = 0.0
+    last = -1
+    for i, p in enumerate(probs):
+        if p > 0:
+            acc += float(p)
+            last = i
+            if target < acc:
+                return i
+    return last
+
+
+class UniformRand:
+    """Inverse-CDF sampler over an explicit stream of uniforms in [0, 1).
+
+    Each ``categorical`` or ``bernoulli`` call consumes one uniform; ``bernoulli(p)`` is
+    ``u < p``. Raises ``RuntimeError`` when the stream runs out. ``used`` counts the uniforms read.
+    """
+
+    def __init__(self, uniforms: Iterable[float]) -> None:
+        self._it: Iterator[float] = iter(uniforms)
+        self.used = 0
+
+    def _next(self) -> float:
+        try:
+            u = float(next(self._it))
+        except StopIteration:
+            raise RuntimeError(f"ran out of uniforms after {self.used}") from None
+        self.used += 1
+        return u
+
+    def categorical(self, probs: Sequence[Prob]) -> int:
+        _check_probs(probs)
+        return inverse_cdf(probs, self._next())
+
+    def bernoulli(self, prob: Prob) -> bool:
+        if not 0 <= prob <= 1:
+            raise ValueError(f"bernoulli probability {prob!r} is not in [0, 1]")
+        return self._next() < float(prob)
+
+
+class NumpyRand(UniformRand):
+    """Sampler over a ``numpy.random.Generator``: ``UniformRand`` fed by ``rng.random()``."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError("NumpyRand needs a numpy.random.Generator (np.random.default_rng(seed))")
+
+        def stream() -> Iterator[float]:
+            while True:
+                yield float(rng.random())
+
+        super().__init__(stream())
+
+
+class _Branch(BaseException):  # not an Exception: method code must not swallow it
+    def __init__(self, options: list[tuple[object, Prob]]) -> None:
+        super().__init__()
+        self.options = options
+
+
+class _Replay:
+    """Replays fixed choices, then raises :class:`_Branch` with the options of the next one."""
+
+    def __init__(self, prefix: Sequence[object]) -> None:
+        self._prefix = prefix
+        self._pos = 0
+
+    def _take(self, options: list[tuple[object, Prob]]) -> object:
+        if self._pos < len(self._prefix):
+            c = self._prefix[self._pos]
+            self._pos += 1
+            return c
+        raise _Branch(options)
+
+    def categorical(self, probs: Sequence[Prob]) -> int:
+        _check_probs(probs)
+        total = sum(probs)
+        opts: list[tuple[object, Prob]] = [(i, p / total) for i, p in enumerate(probs) if p > 0]
+        c = self._take(opts)
+        assert isinstance(c, int)
+        return c
+
+    def bernoulli(self, prob: Prob) -> bool:
+        if not 0 <= prob <= 1:
+            raise ValueError(f"bernoulli probability {prob!r} is not in [0, 1]")
+        one = prob - prob + 1
+        opts: list[tuple[object, Prob]] = [(b, w) for b, w in ((True, prob), (False, one - prob)) if w > 0]
+        c = self._take(opts)
+        assert isinstance(c, bool)
+        return c
+
+
+class Enumerator:
+    """Exact law of a randomized function, by re-execution with replayed choices.
+
+    ``Enumerator().law(fn)`` calls ``fn(rand)`` once per complete path of choices and returns a dict
+    mapping each distinct result to the sum of its paths' probabilities (products of the branch
+    probabilities, Fractions when the laws are exact). Zero-probability branches are never taken.
+    ``fn`` must be deterministic given its choices. ``paths`` and ``calls`` count the complete paths
+    and the executions of ``fn`` made by the last ``law`` call.
+    """
+
+    def __init__(self) -> None:
+        self.paths = 0
+        self.calls = 0
+
+    def law(self, fn: Callable[[Rand], R]) -> dict[R, Prob]:
+        out: dict[R, Prob] = {}
+        one: Prob = Fraction(1)
+        stack: list[tuple[list[object], Prob]] = [([], one)]
+        self.paths = self.calls = 0
+        while stack:
+            prefix, prob = stack.pop()
+            self.calls += 1
+            try:
+                result = fn(_Replay(prefix))
+            except _Branch as b:
+                for choice, w in reversed(b.options):
+                    stack.append((prefix + [choice], prob * w))
+                continue
+            self.paths += 1
+            out[result] = out[result] + prob if result in out else prob
+        return out

@@ -1,0 +1,122 @@
+"""Canonical toy tokenizers: longest-match (maximal munch) and merge-based BPE.
+
+Both are *non-injective* on purpose: ``decode(encode(text)) == text`` always holds, but
+``encode(decode(ids)) == ids`` only for canonical id sequences (``[a, b]`` decodes to ``"ab"``,
+which encodes back to ``[ab]``). Where several ids share a string, ``encode`` uses the lowest one.
+EOS decodes to the empty string and is never produced by ``encode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from .vocab import Vocabulary
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the methods need of a tokenizer: its vocabulary, ``encode`` and ``decode``."""
+
+    @property
+    def vocab(self) -> Vocabulary: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class _Base:
+    def __init__(self, vocab: Vocabulary) -> None:
+        if not isinstance(vocab, Vocabulary):
+            raise TypeError("a tokenizer needs a Vocabulary")
+        self._vocab = vocab
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self._vocab
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Concatenated text of ``ids`` (EOS contributes nothing). Unknown ids raise ``ValueError``."""
+        return "".join(self._vocab.string(int(i)) for i in ids)
+
+    def _check_text(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        bad = sorted({c for c in text if c not in self._vocab})
+        if bad:
+            raise ValueError(
+                f"text has characters {bad!r} that are not in the vocabulary "
+                f"(alphabet {list(self._vocab.alphabet)!r})"
+            )
+
+
+class LongestMatchTokenizer(_Base):
+    """Maximal munch: left to right, always take the longest token that is a prefix of the rest."""
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
+        self._check_text(text)
+        out: list[int] = []
+        i, n, L = 0, len(text), self._vocab.max_token_len
+        while i < n:
+            for j in range(min(n, i + L), i, -1):
+                ids = self._vocab.ids_of(text[i:j])
+                if ids:
+                    out.append(ids[0])
+                    i = j
+                    break
+        return out
+
+    def __repr__(self) -> str:
+        return f"LongestMatchTokenizer({self._vocab!r})"
+
+
+class BPETokenizer(_Base):
+    """Merge-based BPE: split into characters, then apply merges in rank order.
+
+    ``merges`` is an ordered list of string pairs ``(left, right)``; each merged string
+    ``left + right`` must be a token of ``vocab`` (ValueError otherwise). Encoding repeatedly
+    applies the lowest-ranked merge present anywhere in the current sequence (all its
+    non-overlapping occurrences, left to right), as GPT-2-style BPE does. Vocabulary tokens that no
+    merge produces are never emitted by ``encode`` but are valid ids for ``decode``.
+    """
+
+    def __init__(self, vocab: Vocabulary, merges: Sequence[tuple[str, str]]) -> None:
+        super().__init__(vocab)
+        self.merges: tuple[tuple[str, str], ...] = tuple((str(a), str(b)) for a, b in merges)
+        self._rank: dict[tuple[str, str], int] = {}
+        for r, (a, b) in enumerate(self.merges):
+            if a + b not in vocab:
+                raise ValueError(f"merge {a!r}+{b!r} gives {a + b!r}, which is not a token")
+            if a not in vocab or b not in vocab:
+                raise ValueError(f"merge ({a!r}, {b!r}) uses a string that is not a token")
+            self._rank.setdefault((a, b), r)
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
+        self._check_text(text)
+        parts = list(text)
+        while len(parts) > 1:
+            best: int | None = None
+            for pair in zip(parts, parts[1:]):
+                r = self._rank.get(pair)
+                if r is not None and (best is None or r < best):
+                    best = r
+            if best is None:
+                break
+            a, b = self.merges[best]
+            merged: list[str] = []
+            i = 0
+            while i < len(parts):
+                if i + 1 < len(parts) and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        return [self._vocab.id_of(p) for p in parts]
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer({self._vocab!r}, merges={list(self.merges)!r})"
