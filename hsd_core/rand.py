@@ -118,35 +118,38 @@ class _Branch(BaseException):  # not an Exception: method code must not swallow 
 
 
 class _Replay:
-    """Replays fixed choices, then raises :class:`_Branch` with the options of the next one."""
+    """Replays fixed choices, then raises :class:`_Branch` with the options of the next one.
+
+    Replayed choices are returned without recomputing their options (they were checked when the
+    branch was first taken), which keeps re-execution cheap.
+    """
 
     def __init__(self, prefix: Sequence[object]) -> None:
         self._prefix = prefix
         self._pos = 0
 
-    def _take(self, options: list[tuple[object, Prob]]) -> object:
+    def categorical(self, probs: Sequence[Prob]) -> int:
         if self._pos < len(self._prefix):
             c = self._prefix[self._pos]
             self._pos += 1
+            assert isinstance(c, int)
             return c
-        raise _Branch(options)
-
-    def categorical(self, probs: Sequence[Prob]) -> int:
         _check_probs(probs)
         total = sum(probs)
-        opts: list[tuple[object, Prob]] = [(i, p / total) for i, p in enumerate(probs) if p > 0]
-        c = self._take(opts)
-        assert isinstance(c, int)
-        return c
+        if total == 1:
+            raise _Branch([(i, p) for i, p in enumerate(probs) if p > 0])
+        raise _Branch([(i, p / total) for i, p in enumerate(probs) if p > 0])
 
     def bernoulli(self, prob: Prob) -> bool:
+        if self._pos < len(self._prefix):
+            c = self._prefix[self._pos]
+            self._pos += 1
+            assert isinstance(c, bool)
+            return c
         if not 0 <= prob <= 1:
             raise ValueError(f"bernoulli probability {prob!r} is not in [0, 1]")
         one = prob - prob + 1
-        opts: list[tuple[object, Prob]] = [(b, w) for b, w in ((True, prob), (False, one - prob)) if w > 0]
-        c = self._take(opts)
-        assert isinstance(c, bool)
-        return c
+        raise _Branch([(b, w) for b, w in ((True, prob), (False, one - prob)) if w > 0])
 
 
 class Enumerator:

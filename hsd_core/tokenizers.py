@@ -31,6 +31,7 @@ class _Base:
         if not isinstance(vocab, Vocabulary):
             raise TypeError("a tokenizer needs a Vocabulary")
         self._vocab = vocab
+        self._memo: dict[str, tuple[int, ...]] = {}
 
     @property
     def vocab(self) -> Vocabulary:
@@ -39,6 +40,20 @@ class _Base:
     def decode(self, ids: Iterable[int]) -> str:
         """Concatenated text of ``ids`` (EOS contributes nothing). Unknown ids raise ``ValueError``."""
         return "".join(self._vocab.string(int(i)) for i in ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
+        hit = self._memo.get(text)
+        if hit is None:
+            self._check_text(text)
+            hit = tuple(self._encode(text))
+            if len(self._memo) > 65536:
+                self._memo.clear()
+            self._memo[text] = hit
+        return list(hit)
+
+    def _encode(self, text: str) -> list[int]:
+        raise NotImplementedError
 
     def _check_text(self, text: str) -> None:
         if not isinstance(text, str):
@@ -54,9 +69,7 @@ class _Base:
 class LongestMatchTokenizer(_Base):
     """Maximal munch: left to right, always take the longest token that is a prefix of the rest."""
 
-    def encode(self, text: str) -> list[int]:
-        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
-        self._check_text(text)
+    def _encode(self, text: str) -> list[int]:
         out: list[int] = []
         i, n, L = 0, len(text), self._vocab.max_token_len
         while i < n:
@@ -93,9 +106,7 @@ class BPETokenizer(_Base):
                 raise ValueError(f"merge ({a!r}, {b!r}) uses a string that is not a token")
             self._rank.setdefault((a, b), r)
 
-    def encode(self, text: str) -> list[int]:
-        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
-        self._check_text(text)
+    def _encode(self, text: str) -> list[int]:
         parts = list(text)
         while len(parts) > 1:
             best: int | None = None

@@ -159,7 +159,7 @@ class RejectionVerifier:
     def _correction_law(self, p: Law, q: Law) -> Law:
         return residual(p, q)
 
-    def _bonus_law(self, p_next: Law, last_q: Law | None) -> Law:
+    def _bonus_law(self, p_next: Law, p_last: Law | None) -> Law:
         return p_next
 
     def verify(
@@ -174,6 +174,7 @@ class RejectionVerifier:
         """Verify ``drafts`` (target ids, at most ``budget`` of them) after target context ``ctx``."""
         eos = target.vocab.eos_id
         out: list[int] = []
+        p: Law | None = None
         for j, (x, q) in enumerate(zip(drafts, qs)):
             p = target.next_probs(ctx + tuple(out))
             if self.greedy:
@@ -187,7 +188,7 @@ class RejectionVerifier:
             if x == eos or len(out) >= budget:
                 return RoundOutcome(tuple(out), len(drafts), j + 1)
         p_next = target.next_probs(ctx + tuple(out))
-        bonus = sample(self._bonus_law(p_next, qs[-1] if qs else None), rand, self.greedy)
+        bonus = sample(self._bonus_law(p_next, p), rand, self.greedy)
         return RoundOutcome(tuple(out) + (bonus,), len(drafts), len(drafts))
 
 

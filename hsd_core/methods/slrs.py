@@ -155,17 +155,19 @@ class SLRS(RejectionVerifier, Method):
         self._psi_cache[key] = res
         return res
 
-    def _psi_for_verification(self, target: Model, drafter: Model, state: State) -> PsiLaw:
-        return self.psi(target, drafter, state)
-
-    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
-        assert drafter is not None
-        proposal = self.propose(target, drafter, state, rand)
-        psi = self._psi_for_verification(target, drafter, state)
+    def proposal_laws(self, target: Model, drafter: Model, state: State, proposal: Proposal) -> list[Law]:
+        """psi_1, ..., psi_m: the law each proposed token was drawn from, given the ones before."""
+        psi = self.psi(target, drafter, state)
         n = len(target.vocab)
         qs: list[Law] = []
         for j in range(len(proposal)):
             q = psi.conditional(proposal[:j], n)
             assert q is not None and q[proposal[j]] > 0, "a drawn proposal has positive psi"
             qs.append(q)
+        return qs
+
+    def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
+        assert drafter is not None
+        proposal = self.propose(target, drafter, state, rand)
+        qs = self.proposal_laws(target, drafter, state, proposal)
         return self.verify(target, state.target_context(target), list(proposal), qs, rand, state.budget)
