@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .models import CharSource, FunctionModel, Model, induced_model, random_model
+from .models import CharSource, FunctionModel, Model, induced_model, random_model, relabeled
 from .tokenizers import BPETokenizer, LongestMatchTokenizer, Tokenizer
 from .vocab import Vocabulary
 
@@ -52,33 +52,61 @@ def tokenizer_from_spec(spec: Mapping[str, Any]) -> Tokenizer:
 
 
 def model_from_spec(tok: Tokenizer, spec: Mapping[str, Any], other: Vocabulary | None = None) -> Model:
-    """``{"random": seed, "zero_prob": z, "eos_weight": w}``, optionally with
-    ``"outside_factor": f`` (weights of tokens not in ``other`` multiplied by ``f``)."""
+    """A model from ``{"random": seed, "zero_prob": z, "eos_weight": w}`` plus optional changes:
+    ``"outside_factor": f`` (weights of tokens not in ``other`` times ``f``), ``"only_outside":
+    True`` (all mass on tokens not in ``other``), ``"support": [strings]`` (mass only on those
+    token strings; ``"<eos>"`` names EOS), ``"one_hot": True`` (all mass on the heaviest id)."""
     base = random_model(tok.vocab, tok, int(spec["random"]), zero_prob=float(spec.get("zero_prob", 0.0)),
                         eos_weight=spec.get("eos_weight"))
-    f = spec.get("outside_factor")
-    if f is None:
+    vocab = tok.vocab
+    n = len(vocab)
+    factor = [Fraction(1)] * n
+    if "outside_factor" in spec or spec.get("only_outside"):
+        assert other is not None, "outside_factor/only_outside need the other vocabulary"
+        f = Fraction(int(spec.get("outside_factor", 1)))
+        for i, s in enumerate(vocab.tokens):
+            if s in other:
+                factor[i] = Fraction(0) if spec.get("only_outside") else Fraction(1)
+            else:
+                factor[i] = f
+        if spec.get("only_outside"):
+            factor[-1] = Fraction(0)
+    if "support" in spec:
+        keep = set(spec["support"])
+        for i in range(n):
+            name = vocab.eos if i == vocab.eos_id else vocab.tokens[i]
+            if name not in keep:
+                factor[i] = Fraction(0)
+    one_hot = bool(spec.get("one_hot"))
+    if all(f == 1 for f in factor) and not one_hot:
         return base
-    assert other is not None
-    inside = [s in other for s in tok.vocab.tokens] + [True]
 
     def law(ctx: tuple[int, ...]) -> list[Fraction]:
-        p = base.next_probs(ctx)
-        w = [Fraction(x) * (1 if inside[i] else int(f)) for i, x in enumerate(p)]
+        w = [Fraction(x) * f for x, f in zip(base.weights(ctx), factor)]
+        if sum(w) == 0:  # nothing left: the lowest allowed id gets everything
+            w = [Fraction(0)] * n
+            w[next(i for i, f in enumerate(factor) if f > 0)] = Fraction(1)
+        if one_hot:
+            top = max(range(n), key=lambda i: (w[i], -i))
+            w = [Fraction(int(i == top)) for i in range(n)]
         t = sum(w)
         return [x / t for x in w]
 
-    return FunctionModel(tok.vocab, tok, law)
+    return FunctionModel(vocab, tok, law)
 
 
 def from_spec(spec: Mapping[str, Any]) -> tuple[Model, Model, str]:
     """Build ``(target, drafter, prompt)`` from ``{"target": {tok..., model...}, "drafter": {...},
-    "prompt": str}``; a drafter spec without ``"tokens"`` shares the target's vocabulary."""
+    "prompt": str}``; a drafter spec without ``"tokens"`` shares the target's vocabulary, and
+    ``"relabel_target": True`` makes the drafter the target itself over the drafter's vocabulary."""
     t_spec, d_spec = spec["target"], spec["drafter"]
     t_tok = tokenizer_from_spec(t_spec)
-    target = model_from_spec(t_tok, t_spec)
     d_tok = tokenizer_from_spec(d_spec) if "tokens" in d_spec else LongestMatchTokenizer(t_tok.vocab)
-    drafter = model_from_spec(d_tok, d_spec, t_tok.vocab)
+    target = model_from_spec(t_tok, t_spec, d_tok.vocab)
+    if d_spec.get("relabel_target"):
+        drafter: Model = relabeled(target, d_tok.vocab, d_tok)
+    else:
+        drafter = model_from_spec(d_tok, d_spec, t_tok.vocab)
     return target, drafter, str(spec.get("prompt", ""))
 
 
