@@ -84,7 +84,8 @@ def run_audit() -> int:
     print(format_rows(rows))
     vrows = [audit_row(mk(), world, "variant:" + name) for name, mk in variants.VARIANTS.items()]
     print()
-    print("Deliberately lossy variants (hsd_core.variants) on the same world:")
+    print("Deliberately lossy variants (hsd_core.variants) on the same world (some bugs need a world "
+          "that exposes them: see the pinned worlds below):")
     print(format_rows(vrows))
     print()
     print(f"The variants on their pinned worlds (hsd_core.variants.PINNED, max_new_tokens "

@@ -135,6 +135,16 @@ def check_run_args(target: Model, prompt: str, max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
+def check_alphabets(target: Model, drafter: Model) -> None:
+    """Raise ``ValueError`` unless the two vocabularies have the same alphabet, so that any text
+    either model writes can be re-tokenized by the other (the re-sync and the candidates)."""
+    a, b = set(target.vocab.alphabet), set(drafter.vocab.alphabet)
+    if a != b:
+        raise ValueError(
+            f"target and drafter alphabets differ (only in target: {sorted(a - b)}, only in drafter: "
+            f"{sorted(b - a)}); every character must be a token of both vocabularies")
+
+
 def sample(law: Sequence[Prob], rand: Rand, greedy: bool) -> int:
     """A draw from ``law``: its argmax (ties to the lowest id) when greedy, else ``rand.categorical``."""
     return argmax(law) if greedy else rand.categorical(law)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..laws import argmax
 from ..models import Model
 from ..rand import Rand
-from .base import Method, RoundOutcome, State, check_lookahead, draft_autoregressive, sample
+from .base import Method, check_alphabets, RoundOutcome, State, check_lookahead, draft_autoregressive, sample
 
 
 def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) -> tuple[int, ...]:
@@ -93,6 +93,12 @@ class SLEM(Method):
         """The round's candidate target ids (steps 1-3)."""
         return draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy,
                                 self.lookbehind, state.target_context(target))
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        """SLEM needs a drafter whose alphabet matches the target's (see ``check_alphabets``)."""
+        super().check_models(target, drafter)
+        assert drafter is not None
+        check_alphabets(target, drafter)
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
         assert drafter is not None

@@ -45,7 +45,7 @@ from ..models import Model
 from ..rand import Enumerator, Rand
 from ..tokenizers import Tokenizer
 from ..vocab import Vocabulary
-from .base import Method, RejectionVerifier, RoundOutcome, State, check_lookahead
+from .base import Method, RejectionVerifier, RoundOutcome, State, check_alphabets, check_lookahead
 from .slem import draft_candidates
 
 Proposal = tuple[int, ...]
@@ -122,8 +122,14 @@ class SLRS(RejectionVerifier, Method):
         self.lookbehind = lookbehind
         if max_tokens != 1:
             self.name = "SLRS-multi"
-        self._psi_cache: dict[tuple[int, int, State], PsiLaw] = {}
+        self._psi_cache: dict[tuple[int, int, State, int, int | None, bool, int], PsiLaw] = {}
         self._models: dict[int, Model] = {}
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        """SLRS needs a drafter whose alphabet matches the target's (see ``check_alphabets``)."""
+        super().check_models(target, drafter)
+        assert drafter is not None
+        check_alphabets(target, drafter)
 
     def propose(self, target: Model, drafter: Model, state: State, rand: Rand) -> Proposal:
         """One draw of the proposal tuple (the procedure in the module docstring)."""
@@ -133,7 +139,7 @@ class SLRS(RejectionVerifier, Method):
 
     def psi(self, target: Model, drafter: Model, state: State) -> PsiLaw:
         """The exact law of :meth:`propose` from ``state`` and its drafter-evaluation counts."""
-        key = (id(target), id(drafter), state)
+        key = (id(target), id(drafter), state, self.lookahead, self.max_tokens, self.greedy, self.lookbehind)
         hit = self._psi_cache.get(key)
         if hit is not None and self._models.get(id(target)) is target and self._models.get(id(drafter)) is drafter:
             return hit
@@ -151,6 +157,7 @@ class SLRS(RejectionVerifier, Method):
         res = PsiLaw(law, len(counting.contexts), naive)
         if len(self._psi_cache) > 4096:
             self._psi_cache.clear()
+            self._models.clear()
         self._models[id(target)], self._models[id(drafter)] = target, drafter
         self._psi_cache[key] = res
         return res

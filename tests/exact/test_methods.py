@@ -1,0 +1,145 @@
+"""SLEM, TLI, SLRS and multi-token SLRS (and the SD/AR baselines): exact law == target law.
+
+Each property runs on 200 generated worlds in the fast tier (derandomized, so the same 200 every
+run) plus the pinned nasty worlds of ``pinned.NASTY``; the slow tier runs 600 more with longer
+outputs. Equality is of Fractions: no tolerance.
+"""
+
+from collections.abc import Callable
+from fractions import Fraction
+
+import pytest
+from hypothesis import example, given, settings
+
+import hsd_core as hc
+from hsd_core.acceptance import closed_form_acceptance, union_acceptance
+from hsd_core.exact import analyze, assert_laws_equal, output_law, target_law
+from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Method, State
+from hsd_core.strategies import World, worlds
+
+from pinned import NASTY, world
+
+METHODS: dict[str, Callable[[bool], Method]] = {
+    "SLEM": lambda g: SLEM(lookahead=2, greedy=g),
+    "TLI": lambda g: TLI(lookahead=2, greedy=g),
+    "SLRS": lambda g: SLRS(lookahead=2, greedy=g),
+    "SLRS-multi": lambda g: SLRS(lookahead=2, max_tokens=None, greedy=g),
+}
+
+
+def with_nasty_examples(f: Callable[..., None]) -> Callable[..., None]:
+    for name in NASTY:
+        f = example(w=world(name))(f)
+    return f
+
+
+def check(method: Method, w: World, max_new_tokens: int) -> None:
+    law = output_law(method, w.target, w.drafter, w.prompt, max_new_tokens)
+    ref = target_law(w.target, w.prompt, max_new_tokens, greedy=method.greedy)
+    assert all(isinstance(p, Fraction) for p in law.values())
+    assert_laws_equal(law, ref, what=f"{method!r} on {w!r}")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_lossless(name: str) -> None:
+    @settings(max_examples=200)
+    @given(w=worlds())
+    @with_nasty_examples
+    def prop(w: World) -> None:
+        check(METHODS[name](False), w, 3)
+
+    prop()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_greedy_emits_the_targets_greedy_tokens(name: str) -> None:
+    @settings(max_examples=200)
+    @given(w=worlds())
+    @with_nasty_examples
+    def prop(w: World) -> None:
+        check(METHODS[name](True), w, 4)
+
+    prop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(METHODS))
+def test_lossless_slow(name: str) -> None:
+    @settings(max_examples=600)
+    @given(w=worlds(max_extra=4))
+    def prop(w: World) -> None:
+        m = {"SLEM": SLEM(3), "TLI": TLI(3), "SLRS": SLRS(3), "SLRS-multi": SLRS(3, max_tokens=None)}[name]
+        check(m, w, 4)
+
+    prop()
+
+
+@settings(max_examples=200)
+@given(w=worlds(same_vocab=True))
+def test_sd_and_ar_lossless(w: World) -> None:
+    for m in (SD(lookahead=2), SD(lookahead=3), SD(lookahead=2, greedy=True), AR(), AR(greedy=True)):
+        check(m, w, 3)
+
+
+@settings(max_examples=150)
+@given(w=worlds())
+@with_nasty_examples
+def test_enumerated_acceptance_equals_closed_forms(w: World) -> None:
+    """First-position acceptance from the enumerated round == the paper's closed form, and the
+    orderings TLI >= union, SLRS >= SLEM (same proposal psi) hold on every world."""
+    state = State(w.prompt, (), 2)
+    got = {}
+    for m in (SLEM(2), TLI(2), SLRS(2)):
+        a = analyze(m, w.target, w.drafter, w.prompt, 2)
+        cf = closed_form_acceptance(m, w.target, w.drafter, state)
+        assert a.first_acceptance == cf, m
+        got[m.name] = cf
+    assert got["TLI"] >= union_acceptance(w.target, w.drafter, state)
+    assert got["SLRS"] >= got["SLEM"]
+
+
+@settings(max_examples=100)
+@given(w=worlds(same_vocab=True))
+def test_sd_acceptance_closed_form(w: World) -> None:
+    a = analyze(SD(2), w.target, w.drafter, w.prompt, 2)
+    assert a.first_acceptance == closed_form_acceptance(SD(2), w.target, w.drafter, State(w.prompt, (), 2))
+
+
+def test_drafter_equal_to_target_accepts_everything_for_tli_and_slrs() -> None:
+    """Relabeled drafter: TLI and SLRS accept the first proposal with probability 1; SLEM does not."""
+    w = world("drafter_is_target")
+    st = State(w.prompt, (), 2)
+    assert closed_form_acceptance(TLI(2), w.target, w.drafter, st) == 1
+    assert analyze(TLI(2), w.target, w.drafter, w.prompt, 2).first_acceptance == 1
+    assert analyze(SLEM(2), w.target, w.drafter, w.prompt, 2).first_acceptance < 1
+
+
+def test_tli_with_no_mass_on_intersection_is_plain_decoding() -> None:
+    w = world("mass_outside")
+    a = analyze(TLI(3), w.target, w.drafter, w.prompt, 3)
+    assert a.tokens_per_call == 1 and a.law == target_law(w.target, w.prompt, 3)
+
+
+def test_slrs_psi_counts_shared_prefixes() -> None:
+    w = world("prefix_tokens")
+    pl = SLRS(3).psi(w.target, w.drafter, State(w.prompt, (), 3))
+    assert sum(pl.law.values()) == 1
+    assert 1 <= pl.evaluations < pl.naive_evaluations
+
+
+def test_alphabets_must_match() -> None:
+    T = hc.Vocabulary(["a", "b", "c"])
+    D = hc.Vocabulary(["a", "b"])
+    t = hc.toy.random_model(T, hc.LongestMatchTokenizer(T), 0)
+    d = hc.toy.random_model(D, hc.LongestMatchTokenizer(D), 0)
+    for m in (SLEM(), TLI(), SLRS()):
+        with pytest.raises(ValueError, match="alphabets differ"):
+            output_law(m, t, d, "a", 2)
+
+
+def test_slrs_settings_are_part_of_the_psi_cache() -> None:
+    w = world("prefix_tokens")
+    s = SLRS(lookahead=2)
+    check(s, w, 2)
+    s.lookahead = 1
+    check(s, w, 2)
