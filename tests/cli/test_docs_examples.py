@@ -1,0 +1,19 @@
+"""Every ```python block in README.md and docs/*.md runs as written."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [(p, i, b) for p in DOCS for i, b in enumerate(re.findall(r"```python\n(.*?)```", p.read_text(), re.S))]
+
+
+def test_docs_have_examples() -> None:
+    assert {p.name for p, _, _ in BLOCKS} >= {"README.md", "slrs.md"}
+
+
+@pytest.mark.parametrize("path, index, code", BLOCKS, ids=[f"{p.name}[{i}]" for p, i, _ in BLOCKS])
+def test_doc_example_runs(path: Path, index: int, code: str) -> None:
+    exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__doc_example__"})
