@@ -126,6 +126,23 @@ class Method:
         return f"{type(self).__name__}({self.name!r})"
 
 
+class HeterogeneousMethod(Method):
+    """A method for a drafter with its own vocabulary (SLEM, TLI, SLRS): it needs a drafter whose
+    alphabet is the target's, so that text written by either can be re-tokenized by the other."""
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        super().check_models(target, drafter)
+        assert drafter is not None
+        check_alphabets(target, drafter)
+
+
+def check_lookbehind(lookbehind: int) -> int:
+    """``lookbehind`` as an int >= 0, else ``ValueError``."""
+    if isinstance(lookbehind, bool) or not isinstance(lookbehind, (int, np.integer)) or lookbehind < 0:
+        raise ValueError(f"lookbehind must be an integer >= 0, got {lookbehind!r}")
+    return int(lookbehind)
+
+
 def check_run_args(target: Model, prompt: str, max_new_tokens: int) -> None:
     """Validate a prompt (text the target can encode) and a token budget (integer >= 1)."""
     if not isinstance(prompt, str):

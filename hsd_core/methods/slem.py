@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from ..laws import argmax
 from ..models import Model
+from .base import HeterogeneousMethod, RoundOutcome, State, check_lookahead, check_lookbehind, draft_autoregressive, sample
 from ..rand import Rand
-from .base import Method, check_alphabets, RoundOutcome, State, check_lookahead, draft_autoregressive, sample
 
 
 def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) -> tuple[int, ...]:
@@ -73,7 +73,7 @@ def draft_candidates(
     return cands + ((target.vocab.eos_id,) if ended else ())
 
 
-class SLEM(Method):
+class SLEM(HeterogeneousMethod):
     """String-level exact match: the target keeps the longest prefix of the re-tokenized draft that
     agrees with its own draws, plus one token of its own."""
 
@@ -82,9 +82,7 @@ class SLEM(Method):
     def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4) -> None:
         self.lookahead = check_lookahead(lookahead)
         self.greedy = bool(greedy)
-        if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
-            raise ValueError(f"lookbehind must be an integer >= 0, got {lookbehind!r}")
-        self.lookbehind = lookbehind
+        self.lookbehind = check_lookbehind(lookbehind)
 
     def _target_context(self, target: Model, state: State) -> tuple[int, ...]:
         return state.target_context(target)
@@ -93,12 +91,6 @@ class SLEM(Method):
         """The round's candidate target ids (steps 1-3)."""
         return draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy,
                                 self.lookbehind, state.target_context(target))
-
-    def check_models(self, target: Model, drafter: Model | None) -> None:
-        """SLEM needs a drafter whose alphabet matches the target's (see ``check_alphabets``)."""
-        super().check_models(target, drafter)
-        assert drafter is not None
-        check_alphabets(target, drafter)
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
         assert drafter is not None

@@ -45,7 +45,7 @@ from ..models import Model
 from ..rand import Enumerator, Rand
 from ..tokenizers import Tokenizer
 from ..vocab import Vocabulary
-from .base import Method, RejectionVerifier, RoundOutcome, State, check_alphabets, check_lookahead
+from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_lookahead, check_lookbehind
 from .slem import draft_candidates
 
 Proposal = tuple[int, ...]
@@ -101,7 +101,7 @@ class _Counting:
         return self.model.next_probs(context_ids)
 
 
-class SLRS(RejectionVerifier, Method):
+class SLRS(RejectionVerifier, HeterogeneousMethod):
     """String-level rejection sampling against the exact proposal law psi.
 
     ``max_tokens=1`` is the paper's algorithm (one verified proposal per round, plus the target's
@@ -117,19 +117,11 @@ class SLRS(RejectionVerifier, Method):
             check_lookahead(max_tokens)
         self.max_tokens = max_tokens
         self.greedy = bool(greedy)
-        if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
-            raise ValueError(f"lookbehind must be an integer >= 0, got {lookbehind!r}")
-        self.lookbehind = lookbehind
+        self.lookbehind = check_lookbehind(lookbehind)
         if max_tokens != 1:
             self.name = "SLRS-multi"
         self._psi_cache: dict[tuple[int, int, State, int, int | None, bool, int], PsiLaw] = {}
         self._models: dict[int, Model] = {}
-
-    def check_models(self, target: Model, drafter: Model | None) -> None:
-        """SLRS needs a drafter whose alphabet matches the target's (see ``check_alphabets``)."""
-        super().check_models(target, drafter)
-        assert drafter is not None
-        check_alphabets(target, drafter)
 
     def propose(self, target: Model, drafter: Model, state: State, rand: Rand) -> Proposal:
         """One draw of the proposal tuple (the procedure in the module docstring)."""

@@ -29,9 +29,9 @@ from fractions import Fraction
 
 from ..laws import Law, Prob, normalized
 from ..models import Model
+from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_lookahead, draft_autoregressive
 from ..rand import Rand
 from ..vocab import Vocabulary
-from .base import Method, check_alphabets, RejectionVerifier, RoundOutcome, State, check_lookahead, draft_autoregressive
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def drafter_context(target: Model, drafter: Model, state: State, inter: Intersec
     return tuple(ctx)
 
 
-class TLI(RejectionVerifier, Method):
+class TLI(RejectionVerifier, HeterogeneousMethod):
     """Token-level intersection: SD with the drafter renormalized onto the shared tokens."""
 
     name = "TLI"
@@ -118,12 +118,6 @@ class TLI(RejectionVerifier, Method):
 
     def _verification_law(self, inter: Intersection, q: Law, sampled: Law, size: int) -> Law:
         return inter.push(sampled, size)
-
-    def check_models(self, target: Model, drafter: Model | None) -> None:
-        """TLI needs a drafter whose alphabet matches the target's (see ``check_alphabets``)."""
-        super().check_models(target, drafter)
-        assert drafter is not None
-        check_alphabets(target, drafter)
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
         assert drafter is not None
