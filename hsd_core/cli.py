@@ -118,10 +118,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hsd`` console script."""
     parser = argparse.ArgumentParser(prog="hsd", description="Verify lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("audit", help="exact audit of every method on the built-in toy world")
+    audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world")
+    audit_p.add_argument("--sampled", type=int, default=0, metavar="N",
+                         help="also audit every method and variant by sampling N outputs each (default 0: skip)")
+    audit_p.add_argument("--report", default=None, metavar="PATH.md",
+                         help="with --sampled, write a markdown report (and PNG plots if matplotlib is installed)")
     args = parser.parse_args(argv)
     if args.command in (None, "audit"):
-        return run_audit()
+        sampled, report = getattr(args, "sampled", 0), getattr(args, "report", None)
+        if sampled < 0:
+            parser.error("--sampled N needs N >= 0")
+        if report is not None and sampled == 0:
+            parser.error("--report needs --sampled N with N > 0")
+        rc = run_audit()
+        if sampled > 0:
+            from .audit import sampled_audit_all
+            rc = max(rc, sampled_audit_all([(label(m), m) for m in default_methods()], sampled, report))
+        return rc
     parser.error(f"unknown command {args.command!r}")
     return 2
 
