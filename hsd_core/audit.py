@@ -495,6 +495,7 @@ def sampled_audit_all(
             det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
             parts.append(f"| {lab} | {'lossless' if correct else 'lossy'} | {rep.verdict} | {det} |")
         parts.append("")
+        os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
         for lab, _correct, rep in reports:
             slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in lab)
             png = f"{stem}_{slug}.png"

@@ -9,7 +9,7 @@ from hsd_core.cli import default_methods, label, main
 
 
 def test_sampled_audit_writes_report(tmp_path: pathlib.Path, capsys: object) -> None:
-    report = tmp_path / "report.md"
+    report = tmp_path / "new_dir" / "report.md"  # the folder is created
     assert main(["audit", "--sampled", "300", "--report", str(report)]) == 0
     captured = capsys.readouterr()  # type: ignore[attr-defined]
     assert report.exists()
@@ -22,6 +22,8 @@ def test_sampled_audit_writes_report(tmp_path: pathlib.Path, capsys: object) -> 
     total = len(names)
     assert f"[1/{total}]" in captured.err and f"[{total}/{total}]" in captured.err
     assert "detectable TV" in captured.out
+    pngs = sorted(p.name for p in report.parent.glob("report_*.png"))  # matplotlib is in the dev extra
+    assert len(pngs) == total and all(f"]({p})" in text for p in pngs)
 
 
 def test_plain_audit_has_no_sampled_section(capsys: object) -> None:
