@@ -2,16 +2,18 @@
 
 ``import hsd_core as hc`` gives :class:`Vocabulary`, the tokenizers, ``hc.toy`` (model families),
 ``hc.methods`` (AR, SD, SLEM, TLI, SLRS), ``hc.exact`` (the exact law engine), ``hc.rand``
-(the randomness interface) and ``hc.variants`` (deliberately lossy methods).
+(the randomness interface), ``hc.variants`` (deliberately lossy methods), ``hc.stats`` and
+``hc.audit`` (sized statistical audits of samplers). ``hsd_core.strategies`` (Hypothesis
+strategies) is imported on its own, since it needs hypothesis.
 """
 
-from . import exact, laws, methods, rand, toy
+from . import acceptance, audit, exact, laws, methods, rand, stats, toy, variants, worlds
 from .laws import InvalidLawError
 from .tokenizers import BPETokenizer, LongestMatchTokenizer, Tokenizer
 from .vocab import Vocabulary
 
 __all__ = [
     "BPETokenizer", "InvalidLawError", "LongestMatchTokenizer", "Tokenizer", "Vocabulary",
-    "exact", "laws", "methods", "rand", "toy",
+    "acceptance", "audit", "exact", "laws", "methods", "rand", "stats", "toy", "variants", "worlds",
 ]
 __version__ = "0.1.0"
