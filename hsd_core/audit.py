@@ -47,8 +47,8 @@ from fractions import Fraction
 from typing import Any, Literal, Union
 
 from .stats import (
-    InvalidTest, TestFamily, TestResult, chi_square_gof, chi_square_two_sample, counts_of,
-    g_test_gof, min_num_samples_for_tv, min_tv_detectable, tv_test, tv_two_sample,
+    InvalidTest, TestFamily, TestResult, chi_square_two_sample, counts_of, gof_test,
+    min_num_samples_for_tv, min_tv_detectable, tv_two_sample,
 )
 
 __all__ = ["AuditReport", "DEFAULT_EPS", "DEFAULT_MAX_N", "Deviation", "Verdict", "audit_sampler"]
@@ -190,27 +190,8 @@ def _pool_min_n(law: Mapping[Any, Prob]) -> int:
     return math.ceil(_MIN_EXPECTED / ps[-1])
 
 
-def _point_mass_result(name: str, law: Mapping[Any, Prob], counts: Mapping[Any, int], alpha: float) -> TestResult:
-    """Exact check of a point-mass law: every sample must equal its outcome."""
-    n = sum(counts.values())
-    (only,) = [x for x, p in law.items() if p > 0]
-    bad = {x: c for x, c in counts.items() if x != only}
-    if bad:
-        shown = ", ".join(f"{x!r} (observed {c})" for x, c in sorted(bad.items(), key=lambda t: -t[1])[:5])
-        return TestResult(name, math.inf, 0.0, alpha, n, None, True,
-                          f"point-mass law on {only!r}, but {sum(bad.values())} sample(s) differ: {shown}")
-    return TestResult(name, 0.0, 1.0, alpha, n, None, False, f"point-mass law on {only!r}: all {n} samples equal it")
-
-
 def _gof(kind: str, label: str, law: Mapping[Any, Prob], counts: Mapping[Any, int], alpha: float) -> TestResult:
-    if sum(1 for p in law.values() if p > 0) == 1:
-        res = _point_mass_result(kind, law, counts, alpha)
-    elif kind == "chi2":
-        res = chi_square_gof(law, counts, alpha)
-    elif kind == "g_test":
-        res = g_test_gof(law, counts, alpha)
-    else:
-        res = tv_test(law, counts, alpha)
+    res = gof_test(law, counts, alpha, {"g_test": "g"}.get(kind, kind))
     return TestResult(f"{label} {res.name}", res.statistic, res.p_value, res.alpha, res.n, res.dof,
                       res.rejected, res.detail)
 

@@ -420,14 +420,40 @@ def _reject_impossible(name: str, alpha: float, n: int, bad: Mapping[K, int]) ->
     )
 
 
-def _gof(law: Law[K], samples: Samples[K], alpha: float, lambda_: str, name: str,
-         min_expected: float, min_kept_mass: float) -> TestResult:
+def _prepare(law: Law[K], samples: Samples[K], alpha: float) -> tuple[float, dict[K, Prob], dict[K, int], int]:
+    """Validated (alpha, law, counts, n) for a goodness-of-fit test; InvalidTest if no samples."""
     alpha = _check_alpha(alpha)
     lw, _ = _validate_law(law)
     counts = counts_of(samples)
     n = sum(counts.values())
     if n == 0:
         raise InvalidTest("samples are empty; draw at least one sample")
+    return alpha, lw, counts, n
+
+
+def gof_test(law: Law[K], samples: Samples[K], alpha: float, test: str = "chi2") -> TestResult:
+    """Run the goodness-of-fit test named ``test`` ("chi2", "g" or "tv") of ``samples`` against
+    ``law`` at false-fail rate ``alpha``. A point-mass law is checked exactly instead (every sample
+    must be its one outcome), since no asymptotic test applies to a single cell."""
+    test = _check_test(test)
+    alpha, lw, counts, n = _prepare(law, samples, alpha)
+    support = [x for x, p in lw.items() if p > 0]
+    if len(support) == 1:
+        bad = _impossible(lw, counts)
+        if bad:
+            return _reject_impossible(test, alpha, n, bad)
+        return TestResult(name=test, statistic=0.0, p_value=1.0, alpha=alpha, n=n, dof=None, rejected=False,
+                          detail=f"point-mass law on {support[0]!r}: all {n} samples equal it (exact check)")
+    if test == "chi2":
+        return chi_square_gof(lw, counts, alpha)
+    if test == "g":
+        return g_test_gof(lw, counts, alpha)
+    return tv_test(lw, counts, alpha)
+
+
+def _gof(law: Law[K], samples: Samples[K], alpha: float, lambda_: str, name: str,
+         min_expected: float, min_kept_mass: float) -> TestResult:
+    alpha, lw, counts, n = _prepare(law, samples, alpha)
     bad = _impossible(lw, counts)
     if bad:
         return _reject_impossible(name, alpha, n, bad)
@@ -509,12 +535,7 @@ def tv_test(law: Law[K], samples: Samples[K], alpha: float) -> TestResult:
     >>> r.rejected, round(r.statistic, 3), round(r.p_value, 3)
     (False, 0.1, 0.271)
     """
-    alpha = _check_alpha(alpha)
-    lw, _ = _validate_law(law)
-    counts = counts_of(samples)
-    n = sum(counts.values())
-    if n == 0:
-        raise InvalidTest("samples are empty; draw at least one sample")
+    alpha, lw, counts, n = _prepare(law, samples, alpha)
     bad = _impossible(lw, counts)
     if bad:
         return _reject_impossible("tv", alpha, n, bad)
@@ -790,14 +811,9 @@ def assert_law_matches(law: Law[K], samples: Samples[K], alpha: float = 1e-6, ep
     ...
     AssertionError: chi2 test rejected the law: statistic=640, p_value=...
     """
-    alpha = _check_alpha(alpha)
     power = _check_power(power)
     test = _check_test(test)
-    lw, _ = _validate_law(law)
-    counts = counts_of(samples)
-    n = sum(counts.values())
-    if n == 0:
-        raise InvalidTest("samples are empty; draw at least one sample")
+    alpha, lw, counts, n = _prepare(law, samples, alpha)
     support = [x for x, p in lw.items() if p > 0]
     if eps is not None:
         need = min_num_samples_for_tv(max(2, len(support)), eps, alpha, power, test)
@@ -806,21 +822,7 @@ def assert_law_matches(law: Law[K], samples: Samples[K], alpha: float = 1e-6, ep
                 f"under-powered: need n >= {need} samples to detect TV >= {eps} with power {power} at "
                 f"alpha={alpha} (k={len(support)}, test={test!r}); got n={n}"
             )
-    result: TestResult
-    if len(support) == 1:
-        bad = _impossible(lw, counts)
-        if bad:
-            result = _reject_impossible(test, alpha, n, bad)
-        else:
-            result = TestResult(name=test, statistic=0.0, p_value=1.0, alpha=alpha, n=n, dof=None,
-                                rejected=False,
-                                detail=f"point-mass law on {support[0]!r}: all {n} samples equal it (exact check)")
-    elif test == "chi2":
-        result = chi_square_gof(lw, counts, alpha)
-    elif test == "g":
-        result = g_test_gof(lw, counts, alpha)
-    else:
-        result = tv_test(lw, counts, alpha)
+    result = gof_test(lw, counts, alpha, test)
     if result.rejected:
         raise AssertionError(_rejection_message(result, lw, counts, n))
     return result
