@@ -5,7 +5,8 @@ For the first proposal of a round, with ``p`` the target's law at the round's co
 * SD: ``sum_t min(p, q)``;
 * TLI: ``sum_{t in T∩D} min(p(t), q_cap(t))``; the union baseline ``sum_{t in T∩D} min(p(t), q(t))``;
 * SLEM: ``sum_t p(t) psi(t)``, psi the law of the first candidate;
-* SLRS: ``sum_t min(p(t), psi(t))``, with the same psi.
+* SLRS: ``sum_t min(p(t), psi(t))``, with the psi SLRS verifies against (``SLRS.psi``), which
+  the tests show equals SLEM's first-candidate law for the same lookahead and look-behind.
 
 The tests check these against the enumerated rounds (``Analysis.first_acceptance``).
 """
@@ -73,5 +74,5 @@ def closed_form_acceptance(method: Method, target: Model, drafter: Model | None,
         return sum((a * b for a, b in zip(p, psi)), zero)
     if type(method) is SLRS:
         assert isinstance(method, SLRS)
-        return _min_sum(p, first_candidate_law(method, target, drafter, state))
+        return _min_sum(p, method.psi(target, drafter, state).first(len(target.vocab)))
     return None
