@@ -1,0 +1,349 @@
+"""Batched verification kernels: the decisions of ``hsd_core``'s samplers, over tensors.
+
+Every kernel here is the tensor form of one piece of ``hsd_core`` and makes **the same decisions
+on the same uniforms**:
+
+=========================  ==========================================================
+kernel                     reference it mirrors
+=========================  ==========================================================
+:func:`sample`             :func:`hsd_core.rand.inverse_cdf` (``UniformRand.categorical``)
+:func:`rejection_verify`   :meth:`hsd_core.methods.base.RejectionVerifier.verify` (SD, TLI)
+:func:`exact_match_verify` the verification loop of :meth:`hsd_core.methods.slem.SLEM.step`
+=========================  ==========================================================
+
+Shapes: ``B`` rows (independent sequences), ``K`` draft positions (ragged: row ``b`` uses its
+first ``n_drafts[b]``), ``V`` the width of the probability vectors (a model's logits may be wider
+than its tokenizer; columns of probability 0 are never emitted). Tensors may live on any device;
+the outputs live on the device of ``p``. No Python loop runs over rows, positions or the
+vocabulary.
+
+Which uniforms a row reads, in the order the reference reads them (so that a
+``hsd_core.rand.UniformRand`` fed that list reproduces the row):
+
+* :func:`rejection_verify`: ``u_accept[b, j]`` for each draft tested (``j = 0 .. n_tested - 1``,
+  where ``n_tested = n_accepted + 1`` after a rejection, ``n_accepted`` otherwise), then
+  ``u_final[b]`` if and only if ``n_emitted > n_accepted`` (a correction or a bonus was drawn).
+  Greedy reads none.
+* :func:`exact_match_verify`: ``u[b, 0 .. n_emitted - 1]``, one per emitted token. Greedy reads none.
+* :func:`sample`: ``u[b]``.
+
+Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
+
+* **Compute dtype.** float64 inputs are computed in float64; float32, float16 and bfloat16 in
+  float32 (:func:`compute_dtype`). Only the rows a decision needs are converted (the gathered
+  ``p(x)``, ``q(x)`` and the one law each row finally samples from; :func:`exact_match_verify`
+  converts every position, since it samples at every one). In float64 on the CPU the decisions are
+  bit-identical to the reference (``torch.cumsum`` accumulates left to right there, as the
+  reference does); in float32, or on CUDA whose scan adds in another order, they differ only where
+  a uniform falls within rounding of a boundary (the measured rate is in ``docs/kernels.md``).
+* **Inverse CDF.** ``cs = cumsum(probs)``; the index is the first ``i`` with
+  ``u * cs[-1] < cs[i]``; it never has probability 0 (a zero entry leaves ``cs`` unchanged). When
+  rounding pushes ``u * cs[-1]`` to ``cs[-1]`` or past it, the result is the last index of
+  positive probability, as in the reference. Rows need not be normalized.
+* **A draft whose q underflowed to 0** (it was drawn, so its true q is positive): the ratio
+  ``p/q`` is taken as ``+inf`` when ``p(x) > 0`` (accept: the exact ratio is at least
+  ``p(x) / q_min``, beyond 1 whenever the underflow was to a value below ``p(x)``), and as 0
+  when ``p(x) = 0``. A token the target gives probability 0 is never accepted.
+* **A residual ``max(p - q, 0)`` whose mass rounds to 0**: the correction is drawn from ``p``
+  (exactly as :func:`hsd_core.laws.residual` does); in exact arithmetic a rejection implies a
+  positive residual, so this is the rule that changes the law least. Residual mass lies only where
+  ``p > q >= 0``, so a correction never has target probability 0.
+* A NaN, infinite or negative entry, or no mass, in any law row a row may read (``p[b, :n+1]``,
+  ``q[b, :n]``), raises ``ValueError``: never a NaN, never a silent wrong token. The check is two
+  read-only reductions over those rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What one verification step emitted, per row.
+
+    ``tokens``: ``LongTensor[B, K+1]``, the emitted target ids left-aligned, padded with -1.
+    ``n_accepted``: ``LongTensor[B]``, how many drafts (candidates) were kept as they were.
+    ``n_emitted``: ``LongTensor[B]``, how many ids ``tokens`` holds: ``n_accepted`` plus one
+    correction, mismatch or bonus token, or ``n_accepted`` alone when the row stopped on an
+    accepted EOS or on its budget.
+    """
+
+    tokens: Tensor
+    n_accepted: Tensor
+    n_emitted: Tensor
+
+    def rows(self) -> list[list[int]]:
+        """The emitted ids of every row as Python lists (one device sync)."""
+        toks = self.tokens.tolist()
+        return [r[:n] for r, n in zip(toks, self.n_emitted.tolist())]
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (float32, float16, bfloat16 inputs)."""
+    for t in tensors:
+        if not t.is_floating_point():
+            raise TypeError(f"expected a floating-point tensor of probabilities, got {t.dtype}")
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _fail_if(cond: Tensor, message: str) -> None:
+    if bool(cond.any()):
+        raise ValueError(message)
+
+
+def _check_uniforms(u: Tensor, name: str) -> None:
+    if not u.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor of uniforms in [0, 1), got {u.dtype}")
+    _fail_if(~((u >= 0) & (u < 1)), f"{name}: every uniform must lie in [0, 1)")
+
+
+def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
+    """Raise ``ValueError`` if a checked row of ``law [..., V]`` has a NaN, infinite or negative
+    entry, or no mass. ``rows`` (bool, ``law.shape[:-1]``) selects the rows to check (None: all).
+    Two read-only reductions per row, in the input dtype (sums accumulated in at least float32)."""
+    total = law.sum(-1, dtype=torch.float64 if law.dtype == torch.float64 else torch.float32)
+    bad = ~(law.amin(-1) >= 0) | ~torch.isfinite(total) | ~(total > 0)
+    if rows is not None:
+        bad = bad & rows
+    if bool(bad.any()):
+        where = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"{name}: row {where} is not a law (NaN, infinite or negative entry, or no mass)")
+
+
+def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
+    cs = torch.cumsum(probs, dim=-1)
+    target = (u.to(cs.dtype) * cs[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cs, target, right=True).squeeze(-1)
+    v = probs.shape[-1]
+    # Past the last partial sum (rounding): the last index of positive probability.
+    last_pos = (v - 1) - torch.argmax(torch.flip(probs > 0, dims=[-1]).to(torch.uint8), dim=-1)
+    return torch.where(idx >= v, last_pos, idx)
+
+
+def sample(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draws: ``LongTensor[B]``, row ``b`` drawn from ``probs[b]`` with ``u[b]``.
+
+    ``probs [B, V]`` holds non-negative weights (need not sum to 1; computed in
+    :func:`compute_dtype`), ``u [B]`` uniforms in [0, 1). The result is the index ``i`` with
+    ``cdf(i-1) <= u * total < cdf(i)``, never an index of probability zero; when rounding pushes
+    ``u * total`` past the last partial sum it is the last index of positive probability. Same rule,
+    and in float64 on the CPU the same result, as :func:`hsd_core.rand.inverse_cdf`.
+    Raises ``ValueError`` for a row with a NaN, infinite or negative entry or no mass, or a uniform
+    outside [0, 1).
+    """
+    if probs.dim() != 2 or u.dim() != 1 or u.shape[0] != probs.shape[0]:
+        raise ValueError(f"sample needs probs [B, V] and u [B], got {tuple(probs.shape)} and {tuple(u.shape)}")
+    if probs.shape[1] == 0:
+        raise ValueError("sample: empty vocabulary")
+    _check_uniforms(u, "u")
+    pr = probs.to(compute_dtype(probs))
+    _check_law_rows(pr, None, "probs")
+    return _inverse_cdf(pr, u.to(pr.device))
+
+
+def _greedy_or_sample(law: Tensor, u: Tensor | None, greedy: bool) -> Tensor:
+    if greedy:
+        return torch.argmax(law, dim=-1)  # ties to the lowest id, as hsd_core.laws.argmax
+    assert u is not None
+    return _inverse_cdf(law, u)
+
+
+def _check_ragged(name: str, n: Tensor, batch: int, k: int) -> None:
+    if n.dim() != 1 or n.shape[0] != batch:
+        raise ValueError(f"{name} must have shape [B] = [{batch}], got {tuple(n.shape)}")
+    if n.dtype.is_floating_point or n.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {n.dtype}")
+    _fail_if((n < 0) | (n > k), f"{name} must lie in [0, {k}]")
+
+
+def _stop_rule(ok: Tensor, tokens: Tensor, eos_id: int | None, budget: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Shared by both verifiers: how many drafts are kept, and whether the row stops there.
+
+    ``ok [B, K]`` says which positions pass their test (False beyond ``n_drafts``); ``tokens`` are
+    the ids kept at those positions. The kept prefix is the run of passing positions, cut after
+    the first kept EOS and at ``budget``; a row cut that way stops without a final token.
+    """
+    batch, k = ok.shape
+    run = torch.cumprod(ok.to(torch.int64), dim=1)
+    n_acc = run.sum(dim=1)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=ok.device)
+    if eos_id is not None and k > 0:
+        kept_eos = (tokens == eos_id) & run.bool()
+        has_eos = kept_eos.any(dim=1)
+        first_eos = torch.argmax(kept_eos.to(torch.uint8), dim=1)
+        n_acc = torch.where(has_eos, first_eos + 1, n_acc)
+        stopped |= has_eos
+    if budget is not None:
+        at_budget = n_acc >= budget
+        n_acc = torch.where(at_budget, torch.minimum(n_acc, budget), n_acc)
+        stopped |= at_budget
+    return n_acc, stopped
+
+
+def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int) -> Tensor | None:
+    if budget is None:
+        return None
+    budget = budget.to(device=n_drafts.device)
+    if budget.dim() != 1 or budget.shape[0] != batch or budget.dtype.is_floating_point:
+        raise ValueError(f"budget must be an integer tensor of shape [B] = [{batch}]")
+    _fail_if(budget < 1, "budget must be >= 1 in every row")
+    _fail_if(n_drafts > budget, "n_drafts must not exceed budget (the reference verifies at most budget drafts)")
+    return budget
+
+
+def _assemble(kept: Tensor, n_acc: Tensor, final: Tensor, has_final: Tensor) -> Verified:
+    """``tokens [B, K+1]``: ``kept[:, :n_acc]``, then ``final`` where ``has_final``, then -1."""
+    batch, k = kept.shape
+    pos = torch.arange(k + 1, device=kept.device).unsqueeze(0)
+    padded = torch.cat([kept, torch.full((batch, 1), -1, dtype=torch.int64, device=kept.device)], dim=1)
+    tokens = torch.where(pos < n_acc.unsqueeze(1), padded, torch.full_like(padded, -1))
+    tokens = torch.where((pos == n_acc.unsqueeze(1)) & has_final.unsqueeze(1), final.unsqueeze(1), tokens)
+    return Verified(tokens, n_acc, n_acc + has_final.to(torch.int64))
+
+
+def rejection_verify(
+    p: Tensor,
+    q: Tensor,
+    drafts: Tensor,
+    n_drafts: Tensor,
+    u_accept: Tensor,
+    u_final: Tensor,
+    *,
+    greedy: bool = False,
+    eos_id: int | None = None,
+    budget: Tensor | None = None,
+) -> Verified:
+    """Standard speculative verification of drafted target ids, batched and ragged.
+
+    ``p [B, K+1, V]``: the target's laws at each draft position and after the last (row ``b``
+    reads ``p[b, :n_drafts[b] + 1]``). ``q [B, K, V]``: the laws (over target ids) the drafts were
+    *actually* drawn from. ``drafts [B, K]`` target ids; ``n_drafts [B]`` in [0, K]; ``u_accept
+    [B, K]`` and ``u_final [B]`` uniforms in [0, 1) (ignored when ``greedy``).
+
+    Draft ``j`` is accepted when ``u_accept[b, j] < min(1, p_j(x_j) / q_j(x_j))`` (greedy: when
+    ``x_j`` is the argmax of ``p_j``, ties to the lowest id); at the first rejection a correction
+    token is drawn with ``u_final`` from ``norm(max(p_j - q_j, 0))`` (greedy: the argmax of
+    ``p_j``); when every draft is accepted, a bonus token is drawn from ``p_{n}``. Optional, as in
+    the reference: ``eos_id`` stops a row after an accepted EOS, ``budget [B]`` after that many
+    accepted drafts (``n_drafts <= budget``), in both cases with no final token.
+
+    Returns :class:`Verified`. The decisions equal those of
+    :meth:`hsd_core.methods.base.RejectionVerifier.verify` fed the uniforms the row read, in the
+    order listed in this module's docstring (bit for bit in float64 on the CPU). Underflowed q,
+    empty residuals and invalid entries follow the rules of the module docstring.
+    """
+    if p.dim() != 3 or q.dim() != 3:
+        raise ValueError(f"p must be [B, K+1, V] and q [B, K, V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    batch, k1, v = p.shape
+    k = k1 - 1
+    if k < 0 or q.shape != (batch, k, v):
+        raise ValueError(f"q must have shape [B, K, V] = {(batch, k, v)} for p {tuple(p.shape)}, got {tuple(q.shape)}")
+    if drafts.shape != (batch, k) or drafts.dtype != torch.int64:
+        raise ValueError(f"drafts must be a LongTensor of shape {(batch, k)}, got {drafts.dtype} {tuple(drafts.shape)}")
+    dev = p.device
+    for name, t in (("q", q), ("drafts", drafts), ("n_drafts", n_drafts), ("u_accept", u_accept), ("u_final", u_final)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
+    _check_ragged("n_drafts", n_drafts, batch, k)
+    budget = _check_budget(budget, n_drafts, batch)
+    if not greedy:
+        if u_accept.shape != (batch, k) or u_final.shape != (batch,):
+            raise ValueError(f"u_accept must be [B, K] = {(batch, k)} and u_final [B], got "
+                             f"{tuple(u_accept.shape)} and {tuple(u_final.shape)}")
+        _check_uniforms(u_accept, "u_accept")
+        _check_uniforms(u_final, "u_final")
+    cdt = compute_dtype(p, q)
+    valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
+    safe = torch.where(valid, drafts, torch.zeros_like(drafts))
+    _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
+    used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
+    _check_law_rows(p, used, "p")
+    px = p[:, :k].gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
+    if greedy:
+        ok = valid & (torch.argmax(p[:, :k], dim=-1) == drafts)
+    else:
+        _check_law_rows(q, valid, "q")
+        qx = q.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
+        inf = torch.full_like(px, float("inf"))
+        ratio = torch.where(qx > 0, px / torch.where(qx > 0, qx, torch.ones_like(qx)),
+                            torch.where(px > 0, inf, torch.zeros_like(px)))
+        ok = valid & (u_accept.to(cdt) < torch.clamp(ratio, max=1.0))
+    n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
+    has_final = ~stopped
+    rows = torch.arange(batch, device=dev)
+    p_sel = p[rows, n_acc].to(cdt)  # [B, V]: the law after the kept prefix
+    if greedy:
+        final = torch.argmax(p_sel, dim=-1)
+    else:
+        law = p_sel
+        if k > 0:
+            rejected = has_final & (n_acc < n_drafts)
+            q_sel = q[rows, torch.clamp(n_acc, max=k - 1)].to(cdt)
+            diff = torch.where(p_sel > q_sel, p_sel - q_sel, torch.zeros_like(p_sel))
+            mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left-to-right, as the reference sums
+            resid = diff / torch.where(mass > 0, mass, torch.ones_like(mass))
+            law = torch.where((rejected.unsqueeze(1) & (mass > 0)), resid, p_sel)
+        final = _inverse_cdf(law, u_final)
+    return _assemble(drafts, n_acc, final, has_final)
+
+
+def exact_match_verify(
+    p: Tensor,
+    candidates: Tensor,
+    n_candidates: Tensor,
+    u: Tensor,
+    *,
+    greedy: bool = False,
+    eos_id: int | None = None,
+    budget: Tensor | None = None,
+) -> Verified:
+    """SLEM's verification: the target draws its own token at every candidate position and keeps
+    the prefix that matches the candidates, plus its own next token.
+
+    ``p [B, K+1, V]`` the target's laws after each candidate prefix; ``candidates [B, K]`` target
+    ids; ``n_candidates [B]`` in [0, K]; ``u [B, K+1]`` uniforms in [0, 1) (ignored when greedy).
+    At position ``j`` the target's token is ``y_j = sample(p_j, u_j)`` (greedy: argmax). Tokens are
+    emitted while ``y_j`` equals candidate ``j``; the first ``y_j`` that differs, or ``y_n`` after
+    all ``n`` candidates matched, is emitted last. ``eos_id`` and ``budget [B]`` stop a row after a
+    matched EOS or that many matches, with no further token, as the reference does.
+
+    Returns :class:`Verified` (``n_accepted`` = matched candidates), with the decisions of the
+    verification loop of :meth:`hsd_core.methods.slem.SLEM.step` fed ``u[b, :n_emitted[b]]``.
+    """
+    if p.dim() != 3:
+        raise ValueError(f"p must be [B, K+1, V], got {tuple(p.shape)}")
+    batch, k1, v = p.shape
+    k = k1 - 1
+    if k < 0 or candidates.shape != (batch, k) or candidates.dtype != torch.int64:
+        raise ValueError(f"candidates must be a LongTensor of shape {(batch, k)}, got "
+                         f"{candidates.dtype} {tuple(candidates.shape)}")
+    dev = p.device
+    for name, t in (("candidates", candidates), ("n_candidates", n_candidates), ("u", u)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
+    _check_ragged("n_candidates", n_candidates, batch, k)
+    budget = _check_budget(budget, n_candidates, batch)
+    if not greedy:
+        if u.shape != (batch, k1):
+            raise ValueError(f"u must be [B, K+1] = {(batch, k1)}, got {tuple(u.shape)}")
+        _check_uniforms(u, "u")
+    cdt = compute_dtype(p)
+    used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
+    _check_law_rows(p, used, "p")
+    pf = p.reshape(batch * k1, v).to(cdt)
+    if greedy:
+        y = torch.argmax(pf, dim=-1).reshape(batch, k1)
+    else:
+        y = _inverse_cdf(torch.where(used.reshape(-1, 1), pf, torch.ones_like(pf)), u.reshape(-1)).reshape(batch, k1)
+    valid = torch.arange(k, device=dev).unsqueeze(0) < n_candidates.unsqueeze(1)
+    ok = valid & (y[:, :k] == candidates)
+    n_acc, stopped = _stop_rule(ok, y[:, :k], eos_id, budget)
+    final = y.gather(1, n_acc.unsqueeze(1)).squeeze(1)
+    return _assemble(y[:, :k], n_acc, final, ~stopped)
