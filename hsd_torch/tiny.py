@@ -1,0 +1,185 @@
+"""Build tiny tokenizers (and later models) locally, for tests and quick starts. Fully offline.
+
+- :func:`stdlib_corpus`: a few hundred KB of text from the CPython standard library on this
+  machine (deterministic choice of files).
+- :func:`train_byte_bpe`: byte-level BPE (the GPT-2 scheme), lossless round trip.
+- :func:`train_unigram_byte_fallback`: Unigram + ``Metaspace`` with ``<0xNN>`` byte fallback
+  (the SentencePiece scheme), lossless round trip up to the leading space SentencePiece adds.
+- :func:`train_bpe_byte_fallback`: BPE + ``▁`` normalizer + byte fallback (the LLaMA scheme).
+- :func:`tokenizer_from_strings`: a ``tokenizers.Tokenizer`` whose ids decode to given strings
+  (duplicates allowed), for mirroring ``hsd_core`` toy vocabularies.
+
+Trained tokenizers come back as ``PreTrainedTokenizerFast`` with ``<unk>``, ``<s>``, ``</s>``,
+``<pad>`` at ids 0..3 (special, out of band). Training is deterministic for a given corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SPECIALS: tuple[str, ...] = ("<unk>", "<s>", "</s>", "<pad>")
+"""The special tokens of trained tiny tokenizers, ids 0..3: unk, bos, eos, pad."""
+
+_SAMPLE_TEXT = (
+    "Unicode: naïve café, Ærøskøbing, 日本語のテキスト, Ελληνικά, русский, emoji 😀🚀👍🏽.\n"
+    "\ttabs\tand  double  spaces,\r\nwindows newlines, trailing space \n"
+)
+
+
+def stdlib_corpus(max_bytes: int = 300_000) -> list[str]:
+    """Texts (one per file) from the CPython stdlib, ``max_bytes`` UTF-8 bytes in all (about),
+    plus one short Unicode sample. Deterministic: files in sorted order from ``Lib/``."""
+    root = Path(sysconfig.get_paths().get("stdlib") or os.path.dirname(os.__file__))
+    texts = [_SAMPLE_TEXT]
+    total = len(_SAMPLE_TEXT.encode())
+    for path in sorted(root.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        texts.append(text)
+        total += len(text.encode())
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def _wrap(tok: Any) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    unk, bos, eos, pad = SPECIALS
+    cls: Any = PreTrainedTokenizerFast
+    return cls(tokenizer_object=tok, unk_token=unk, bos_token=bos,
+                                   eos_token=eos, pad_token=pad)
+
+
+def _byte_pieces() -> list[str]:
+    return [f"<0x{b:02X}>" for b in range(256)]
+
+
+def train_byte_bpe(texts: Iterable[str], vocab_size: int) -> Any:
+    """Byte-level BPE (GPT-2 byte alphabet, ``ByteLevel`` pre-tokenizer and decoder) trained on
+    ``texts``; ``vocab_size`` ids in all (4 specials + 256 bytes + merges). Lossless."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts), trainer)
+    return _wrap(tok)
+
+
+def _with_byte_tokens(tok: Any) -> Any:
+    """``tok`` with ``<0x00>..<0xFF>`` inserted into its model at ids 4..259 (after the specials,
+    as SentencePiece does) and byte fallback on."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    model = data["model"]
+    if model["type"] == "BPE":
+        old = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+        pieces = [s for s, _ in old]
+        new = pieces[:len(SPECIALS)] + [b for b in _byte_pieces() if b not in model["vocab"]] + pieces[len(SPECIALS):]
+        model["vocab"] = {s: i for i, s in enumerate(new)}
+    elif model["type"] == "Unigram":
+        pieces_scores = model["vocab"]
+        low = min(score for _, score in pieces_scores) - 1.0
+        have = {s for s, _ in pieces_scores}
+        model["vocab"] = pieces_scores[:len(SPECIALS)] + [[b, low] for b in _byte_pieces() if b not in have] \
+            + pieces_scores[len(SPECIALS):]
+        model["unk_id"] = 0
+    else:  # pragma: no cover - internal use only
+        raise ValueError(model["type"])
+    model["byte_fallback"] = True
+    for added in data["added_tokens"]:
+        assert added["id"] < len(SPECIALS), added
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def train_unigram_byte_fallback(texts: Iterable[str], vocab_size: int) -> Any:
+    """Unigram (SentencePiece style: ``Metaspace`` pre-tokenizer, ``▁`` for spaces, a ``▁``
+    prepended to the text) with ``<0xNN>`` byte fallback at ids 4..259; ``vocab_size`` ids in all,
+    approximately (the trainer may stop short). Lossless up to the prepended space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Metaspace(replacement="▁", prepend_scheme="always")])
+    trainer = trainers.UnigramTrainer(
+        vocab_size=max(vocab_size - 256, len(SPECIALS) + 1), special_tokens=list(SPECIALS),
+        unk_token="<unk>", show_progress=False, max_piece_length=12)
+    tok.train_from_iterator(list(texts), trainer)
+    return _wrap(_with_byte_tokens(tok))
+
+
+def train_bpe_byte_fallback(texts: Iterable[str], vocab_size: int) -> Any:
+    """BPE in the LLaMA style: normalizer ``Prepend("▁")`` + ``Replace(" ", "▁")``, no
+    pre-tokenizer, byte fallback (``<0xNN>`` at ids 4..259), decoder ``Replace("▁", " ")``,
+    ``ByteFallback``, ``Fuse``, ``Strip(" ", 1, 0)``; about ``vocab_size`` ids in all."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    # Training needs word boundaries; split before each ▁ (the trained model runs without it).
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=max(vocab_size - 256, len(SPECIALS) + 1),
+                                  special_tokens=list(SPECIALS), show_progress=False, max_token_length=12)
+    tok.train_from_iterator(list(texts), trainer)
+    out = _with_byte_tokens(tok)
+    out.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    return _wrap(out)
+
+
+def _alias(s: str) -> str:
+    """Another written form of ``s`` that the toy decoder maps back to ``s``: a single ASCII
+    character as a ``<0xNN>`` byte token, else every lowercase ASCII letter in upper case."""
+    if len(s) == 1 and ord(s) < 128:
+        return f"<0x{ord(s):02X}>"
+    if any("a" <= c <= "z" for c in s) and not any("A" <= c <= "Z" for c in s):
+        return s.upper()
+    raise ValueError(f"no second written form for the duplicate token {s!r}")
+
+
+def tokenizer_from_strings(strings: Sequence[str], eos: str = "<eos>") -> Any:
+    """A ``tokenizers.Tokenizer`` (``WordLevel`` model) whose id ``i`` decodes to ``strings[i]``
+    and whose id ``len(strings)`` is ``eos`` (a special added token), as ``hsd_core``'s
+    ``Vocabulary(strings, eos)`` numbers them.
+
+    Several ids may share a string: the first keeps it; later ones are written as a
+    SentencePiece byte token (``<0x61>`` for ``"a"``) or in upper case (``"AB"`` for ``"ab"``)
+    and the decoder (``Replace`` upper -> lower for each letter, then ``ByteFallback``, ``Fuse``)
+    maps them back. Raises ``ValueError`` for a duplicate that has no such second form, or for
+    upper-case letters in ``strings`` (reserved for the aliases).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    if any("A" <= c <= "Z" for s in strings for c in s):
+        raise ValueError("upper-case ASCII letters are reserved for duplicate aliases")
+    written: list[str] = []
+    seen: set[str] = set()
+    for s in strings:
+        w = s if s not in seen else _alias(s)
+        if w in written:
+            raise ValueError(f"string {s!r} occurs more than twice")
+        written.append(w)
+        seen.add(s)
+    vocab = {w: i for i, w in enumerate(written)}
+    vocab[eos] = len(written)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=eos))
+    letters = sorted({c for s in strings for c in s if "a" <= c <= "z"})
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(c.upper(), c) for c in letters] + [decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(eos, special=True, normalized=False)])
+    assert tok.token_to_id(eos) == len(written)
+    return tok

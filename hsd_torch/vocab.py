@@ -1,0 +1,637 @@
+"""The vocabulary bridge: exact byte strings of token ids, and the drafter/target intersection.
+
+Byte strings (:func:`token_bytes`)
+    The byte string of an id is what that token adds to the decoded text **in the middle of a
+    sequence**. It is computed from the tokenizer's own decoder (its JSON: ``decoder``, checked
+    against ``pre_tokenizer`` and the model's ``byte_fallback``), never from names, by running each
+    decoder step on every token string:
+
+    - ``ByteLevel``: each character of the GPT-2 byte alphabet (``Ġ`` = space, ``Ċ`` = newline,
+      ...) becomes its byte; a token with a character outside the alphabet is kept as its UTF-8
+      (what ``tokenizers`` does);
+    - ``Metaspace`` / ``Replace("▁", " ")``: ``▁`` becomes a space (SentencePiece);
+    - ``ByteFallback``: a token ``<0xNN>`` becomes the single byte ``NN``;
+    - ``Replace`` with a plain string, ``Strip`` (before ``Fuse``), ``Fuse``, ``BPEDecoder``
+      (suffix to a space), ``WordPiece`` without cleanup (``##x`` is ``x``, any other token gets a
+      leading space);
+    - anything else (``CTC``, a regex ``Replace``, ``WordPiece`` cleanup, ``Metaspace`` after
+      ``Fuse``, no decoder at all, i.e. tokens joined by spaces) raises
+      :class:`UnsupportedTokenizer`: the byte string would be a guess.
+
+    Conventions at the start of a sequence (SentencePiece drops the space of the first token:
+    ``Metaspace``'s first-token rule or ``Strip(" ", 1, 0)`` after ``Fuse``) are not part of a
+    token's bytes; :attr:`TokenBytes.leading_strip` records them. Added tokens (special or not),
+    the model's unknown token and the wrapper's special ids have no byte string (``None``): they
+    are out of band. So are ids that the tokenizer does not use (holes, as in cl100k) and ids of a
+    model embedding padded wider than the tokenizer.
+
+The bridge (:class:`VocabBridge`)
+    The intersection of two vocabularies by byte string, as index tensors, with the two EOS ids
+    corresponding; the pushforward of a drafter law to target ids (masses of drafter ids that
+    share a string are **added**, in ascending drafter id, as ``hsd_core.methods.tli`` does); the
+    restriction of a drafter law to the intersection. Everything is built once per tokenizer pair
+    (cached) and its invariants are checked at build time.
+
+Cost: building the bridge of two 150k-token vocabularies takes about 0.5 s on this project's CPUs
+after the tokenizers are loaded (see ``docs/vocab.md``); a cached pair is free.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+__all__ = [
+    "Restricted",
+    "TokenBytes",
+    "UnsupportedTokenizer",
+    "VocabBridge",
+    "byte_level_alphabet",
+    "clear_cache",
+    "token_bytes",
+]
+
+
+class UnsupportedTokenizer(ValueError):
+    """The byte strings of this tokenizer's ids cannot be determined exactly."""
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """The GPT-2 byte alphabet: the printable character standing for each byte 0..255."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    out: dict[str, int] = {chr(b): b for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            out[chr(256 + n)] = b
+            n += 1
+    return out
+
+
+_ALPHABET = byte_level_alphabet()
+_BYTE_TABLE = {ord(c): b for c, b in _ALPHABET.items()}  # str.translate: alphabet char -> latin-1 char
+_NOT_ALPHABET = re.compile("[^" + "".join(re.escape(c) for c in _ALPHABET) + "]")
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@dataclass(frozen=True)
+class TokenBytes(Sequence[bytes | None]):
+    """The byte string of every id ``0 .. len(self) - 1`` of a tokenizer (``None``: out of band).
+
+    ``by_id[i]`` is id ``i``'s bytes. ``kind`` names the decoding scheme found (``"byte_level"``, ``"sentencepiece"``,
+    ``"wordpiece"``, ``"bpe_suffix"`` or ``"plain"``); ``special`` maps every out-of-band id that
+    the tokenizer knows to its content (``<s>``, ``<|endoftext|>``, ...); ``leading_strip`` is what
+    decoding removes at the very start of a sequence (``b" "`` for SentencePiece, else ``b""``).
+    """
+
+    by_id: tuple[bytes | None, ...]
+    kind: str
+    special: Mapping[int, str] = field(default_factory=dict)
+    leading_strip: bytes = b""
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes | None: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[bytes | None]: ...
+    def __getitem__(self, i: int | slice) -> bytes | None | Sequence[bytes | None]:
+        return self.by_id[i]
+
+    def __iter__(self) -> Iterator[bytes | None]:
+        return iter(self.by_id)
+
+    def join(self, ids: Sequence[int]) -> bytes:
+        """The concatenated byte strings of ``ids`` (out-of-band ids contribute nothing)."""
+        return b"".join(b for b in (self.by_id[i] for i in ids) if b is not None)
+
+
+# --------------------------------------------------------------------------------------------
+# token_bytes
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` of a fast HF tokenizer, or ``tokenizer`` itself."""
+    from tokenizers import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):
+        return backend
+    raise TypeError(
+        f"{type(tokenizer).__name__} is neither a tokenizers.Tokenizer nor a fast Hugging Face "
+        "tokenizer (no backend_tokenizer); load it with use_fast=True")
+
+
+def _state(component: Any) -> Any:
+    """The JSON of a tokenizers component (decoder, normalizer, ...), ``None`` if absent."""
+    if component is None:
+        return None
+    return json.loads(component.__getstate__())
+
+
+def _id_strings(backend: Any) -> list[str | None]:
+    """The model's token string of every id ``0 .. max id`` (``None`` for an unused id), read id
+    by id with ``id_to_token`` (twice as fast as ``get_vocab`` for 150k ids, and free of the
+    order in which ``get_vocab`` lists tokens). Ids of added tokens not in the model are ``None``."""
+    model_count = backend.get_vocab_size(with_added_tokens=False)
+    n = backend.get_vocab_size(with_added_tokens=True)
+    id_to_token = backend.model.id_to_token
+    out: list[str | None] = [id_to_token(i) for i in range(n)]
+    found = len(out) - out.count(None)
+    # ids past the count exist when the vocabulary has holes (tiktoken-style): scan on
+    misses = 0
+    while found < model_count:
+        s = id_to_token(len(out))
+        out.append(s)
+        if s is None:
+            misses += 1
+            if misses > 1_000_000:
+                raise UnsupportedTokenizer("cannot find all of the model's ids (holes too large)")
+        else:
+            found += 1
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _flatten(state: Any, key: str) -> list[dict[str, Any]]:
+    if state is None:
+        return []
+    if state.get("type") == "Sequence":
+        out: list[dict[str, Any]] = []
+        for sub in state.get(key, []):
+            out.extend(_flatten(sub, key))
+        return out
+    return [state]
+
+
+Piece = str | bytes
+
+
+def _on_text(v: Piece, f: Any) -> Piece:
+    """Apply a string step to a piece; a byte piece (from ``ByteFallback``) takes part only when
+    it is valid UTF-8 on its own, as ``tokenizers`` turns it into text before the next step."""
+    if isinstance(v, str):
+        out: Piece = f(v)
+        return out
+    try:
+        s = v.decode("utf-8")
+    except UnicodeDecodeError:
+        return v
+    res: str = f(s)
+    return res.encode("utf-8") if res != s else v
+
+
+def _strip(s: str, content: str, start: int, stop: int) -> str:
+    i = 0
+    while i < start and i < len(s) and s[i] == content:
+        i += 1
+    j = len(s)
+    while len(s) - j < stop and j > i and s[j - 1] == content:
+        j -= 1
+    return s[i:j]
+
+
+def _byte_level(v: Piece) -> Piece:
+    if isinstance(v, bytes) or _NOT_ALPHABET.search(v):
+        return v  # tokenizers keeps such a token as its UTF-8
+    return v.translate(_BYTE_TABLE).encode("latin-1")
+
+
+def _byte_level_all(pieces: list[Piece]) -> list[Piece]:
+    """:func:`_byte_level` of every piece; one ``translate`` of the joined text when every piece
+    is alphabet-only text (then each character is one byte, so the offsets carry over)."""
+    if not all(isinstance(v, str) for v in pieces):
+        return [_byte_level(v) for v in pieces]
+    joined = "".join(pieces)  # type: ignore[arg-type]
+    if _NOT_ALPHABET.search(joined):
+        return [_byte_level(v) for v in pieces]
+    data = joined.translate(_BYTE_TABLE).encode("latin-1")
+    ends = np.cumsum([len(v) for v in pieces]).tolist()
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _decode_steps(steps: list[dict[str, Any]], pieces: list[Piece]) -> tuple[list[Piece], str, bytes]:
+    """Run the decoder steps on every piece; returns (pieces, kind, leading_strip)."""
+    kind = "plain"
+    leading = b""
+    fused = False
+    for st in steps:
+        t = st.get("type")
+        if t == "ByteLevel":
+            pieces = _byte_level_all(pieces)
+            kind = "byte_level"
+        elif t == "ByteFallback":
+            out: list[Piece] = []
+            for v in pieces:
+                m = _BYTE_TOKEN.fullmatch(v) if isinstance(v, str) else None
+                out.append(bytes([int(m.group(1), 16)]) if m else v)
+            pieces = out
+        elif t == "Fuse":
+            fused = True
+        elif t == "Replace":
+            pat = st.get("pattern", {})
+            if "String" not in pat:
+                raise UnsupportedTokenizer(f"decoder step Replace with a regex pattern: {st}")
+            old, new = pat["String"], st.get("content", "")
+            pieces = [_on_text(v, lambda s: s.replace(old, new)) for v in pieces]
+            if old == "▁" and new == " ":
+                kind = "sentencepiece"
+        elif t == "Metaspace":
+            if fused:
+                raise UnsupportedTokenizer(
+                    "decoder Metaspace after Fuse drops every '▁' of the fused text (tokenizers "
+                    "treats it as the first token); byte strings are not per token")
+            rep = st.get("replacement", "▁")
+            pieces = [_on_text(v, lambda s: s.replace(rep, " ")) for v in pieces]
+            if st.get("prepend_scheme", "always") != "never" or st.get("add_prefix_space", False):
+                leading = b" "
+            kind = "sentencepiece"
+        elif t == "Strip":
+            content, start, stop = st.get("content", " "), int(st.get("start", 0)), int(st.get("stop", 0))
+            if fused:  # acts on the whole text: a convention at the sequence's ends
+                if start:
+                    leading = (content * start).encode("utf-8")
+            else:
+                pieces = [_on_text(v, lambda s: _strip(s, content, start, stop)) for v in pieces]
+        elif t == "WordPiece":
+            if st.get("cleanup", True):
+                raise UnsupportedTokenizer(
+                    "decoder WordPiece with cleanup rewrites spaces around punctuation across "
+                    "tokens; byte strings are not per token")
+            prefix = st.get("prefix", "##")
+            pieces = [_on_text(v, lambda s: s[len(prefix):] if s.startswith(prefix) else " " + s)
+                      for v in pieces]
+            leading = b" "
+            kind = "wordpiece"
+        elif t == "BPEDecoder":
+            suffix = st.get("suffix", "</w>")
+            pieces = [_on_text(v, lambda s: s.replace(suffix, " ")) for v in pieces]
+            kind = "bpe_suffix"
+        else:
+            raise UnsupportedTokenizer(f"decoder step {t!r} is not supported: {st}")
+    return pieces, kind, leading
+
+
+def _compute_token_bytes(tokenizer: Any, vocab_size: int | None) -> TokenBytes:
+    backend = _backend(tokenizer)
+    decoder = _state(backend.decoder)
+    if decoder is None:
+        raise UnsupportedTokenizer(
+            "the tokenizer has no decoder, so decoding joins tokens with spaces; the byte string "
+            "of a token is not determined")
+    steps = _flatten(decoder, "decoders")
+    types = {s.get("type") for s in steps}
+    pre = _flatten(_state(backend.pre_tokenizer), "pretokenizers")
+    if any(p.get("type") == "ByteLevel" for p in pre) and "ByteLevel" not in types:
+        raise UnsupportedTokenizer("ByteLevel pre-tokenizer without a ByteLevel decoder")
+    model = backend.model
+    if getattr(model, "byte_fallback", False) and "ByteFallback" not in types:
+        raise UnsupportedTokenizer("model has byte_fallback but the decoder has no ByteFallback step")
+
+    strings = _id_strings(backend)
+    added = backend.get_added_tokens_decoder()
+    special: dict[int, str] = {int(i): str(t.content) for i, t in added.items()}
+    unk = getattr(model, "unk_token", None)
+    unk_id = backend.token_to_id(unk) if isinstance(unk, str) else None
+    if unk_id is not None:
+        special[int(unk_id)] = str(unk)
+    for i in getattr(tokenizer, "all_special_ids", None) or []:
+        if i is not None and int(i) not in special:
+            special[int(i)] = str(backend.id_to_token(int(i)))
+    n = max(len(strings), max(special, default=-1) + 1)
+    size = n if vocab_size is None else int(vocab_size)
+    if size < n:
+        raise ValueError(f"vocab_size {size} is smaller than the tokenizer's {n} ids")
+
+    ids = [i for i, s in enumerate(strings) if s is not None and i not in special]
+    pieces, kind, leading = _decode_steps(steps, [strings[i] for i in ids])  # type: ignore[misc]
+    out: list[bytes | None] = [None] * size
+    for i, v in zip(ids, pieces):
+        out[i] = v.encode("utf-8") if isinstance(v, str) else v
+    return TokenBytes(tuple(out), kind, dict(sorted(special.items())), leading)
+
+
+_CACHE_SIZE = 16
+_BYTES_CACHE: OrderedDict[tuple[int, int | None], tuple[Any, Any, TokenBytes]] = OrderedDict()
+
+
+def _fingerprint(tokenizer: Any) -> Any:
+    """Cheap identity-of-content check for a cached tokenizer object (catches added tokens,
+    decoder/normalizer/pre-tokenizer changes, a swapped model of another size or kind)."""
+    b = _backend(tokenizer)
+    model = b.model
+    added = tuple((int(i), str(t.content), bool(t.special)) for i, t in sorted(b.get_added_tokens_decoder().items()))
+    return (
+        b.get_vocab_size(with_added_tokens=True), added,
+        None if b.decoder is None else b.decoder.__getstate__(),
+        None if b.pre_tokenizer is None else b.pre_tokenizer.__getstate__(),
+        type(model).__name__, getattr(model, "byte_fallback", None), getattr(model, "unk_token", None),
+        tuple(getattr(tokenizer, "all_special_ids", None) or ()),
+    )
+
+
+def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> TokenBytes:
+    """The exact byte string of every id of a Hugging Face tokenizer (module docstring: rules).
+
+    ``tokenizer`` is a ``PreTrainedTokenizerFast`` / ``TokenizersBackend`` or a
+    ``tokenizers.Tokenizer``. The result has ``vocab_size`` entries (default: the tokenizer's
+    largest id + 1; a larger value pads with ``None`` for a model whose embedding is wider).
+    Raises :class:`UnsupportedTokenizer` when the byte strings cannot be determined exactly,
+    ``ValueError`` when ``vocab_size`` is smaller than the tokenizer, ``TypeError`` for a slow
+    tokenizer. Cached per tokenizer object (kept alive by the cache; see :func:`clear_cache`).
+    """
+    key = (id(tokenizer), vocab_size)
+    fp = _fingerprint(tokenizer)
+    hit = _BYTES_CACHE.get(key)
+    if hit is not None and hit[0] is tokenizer and hit[1] == fp:
+        _BYTES_CACHE.move_to_end(key)
+        return hit[2]
+    tb = _compute_token_bytes(tokenizer, vocab_size)
+    _BYTES_CACHE[key] = (tokenizer, fp, tb)
+    while len(_BYTES_CACHE) > _CACHE_SIZE:
+        _BYTES_CACHE.popitem(last=False)
+    return tb
+
+
+# --------------------------------------------------------------------------------------------
+# the bridge
+
+
+class Restricted(NamedTuple):
+    """A drafter law restricted to the intersection: ``law [..., Vd]`` (renormalized, all zeros
+    where ``mass`` is 0) and ``mass [...]`` (the law's mass on the intersection before)."""
+
+    law: torch.Tensor
+    mass: torch.Tensor
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise AssertionError(f"VocabBridge invariant violated: {msg}")
+
+
+def _lowest_ids(bs: Sequence[bytes | None]) -> dict[bytes, int]:
+    """byte string -> lowest id with it (later ids overwritten by earlier ones)."""
+    first: dict[bytes | None, int] = dict(zip(reversed(bs), range(len(bs) - 1, -1, -1)))
+    first.pop(None, None)
+    return first  # type: ignore[return-value]
+
+
+def _resolve_eos(tokenizer: Any, given: int | None, size: int, who: str) -> int:
+    eos = given if given is not None else getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError(
+            f"the {who} tokenizer has no eos_token_id; pass {who}_eos_id= to VocabBridge")
+    eos = int(eos)
+    if not 0 <= eos < size:
+        raise ValueError(f"{who} EOS id {eos} is outside the vocabulary of {size} ids")
+    return eos
+
+
+@dataclass(frozen=True)
+class _Core:
+    """Everything a bridge holds, on the CPU, built once per tokenizer pair."""
+
+    target_bytes: TokenBytes
+    drafter_bytes: TokenBytes
+    target_eos_id: int
+    drafter_eos_id: int
+    to_target: torch.Tensor
+    to_drafter: torch.Tensor
+    drafter_ids: torch.Tensor
+    target_ids: torch.Tensor
+    levels: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    shared: int
+    same_tokenizer: bool
+    build_seconds: float
+
+
+def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | None,
+                t_eos: int | None, d_eos: int | None) -> _Core:
+    t0 = time.perf_counter()
+    tb = token_bytes(target, t_size)
+    db = token_bytes(drafter, d_size)
+    vt, vd = len(tb), len(db)
+    te = _resolve_eos(target, t_eos, vt, "target")
+    de = _resolve_eos(drafter, d_eos, vd, "drafter")
+    tbl = list(tb.by_id)
+    dbl = list(db.by_id)
+    tbl[te] = None  # EOS is out of band whatever its text
+    dbl[de] = None
+    first_t = _lowest_ids(tbl)
+    first_d = _lowest_ids(dbl)
+    to_t: npt.NDArray[np.int64] = np.fromiter(map(first_t.get, dbl, repeat(-1)), dtype=np.int64, count=vd)  # type: ignore[arg-type]
+    to_d: npt.NDArray[np.int64] = np.fromiter(map(first_d.get, tbl, repeat(-1)), dtype=np.int64, count=vt)  # type: ignore[arg-type]
+    to_t[de] = te
+    to_d[te] = de
+    d_ids = np.flatnonzero(to_t >= 0)
+    t_ids = to_t[d_ids]
+    shared = len(first_t.keys() & first_d.keys())
+
+    # Invariants (checked, not assumed): equal bytes for every mapped pair, lowest ids on both
+    # sides, both maps agree, EOS <-> EOS only.
+    dl, tl = d_ids.tolist(), t_ids.tolist()
+    pair_bytes = [dbl[d] for d in dl]
+    _check(to_t[de] == te and to_d[te] == de, "EOS must map to EOS")
+    _check(pair_bytes == [tbl[t] if t != te else None for t in tl],
+           "a mapped drafter/target pair differs in bytes")
+    _check(sum(b is None for b in pair_bytes) == 1, "only EOS may map without a byte string")
+    _check([first_t.get(b, te) for b in pair_bytes] == tl,  # type: ignore[arg-type]
+           "a drafter id does not map to the lowest target id of its string")
+    _check([int(to_d[t]) if t != te else de for t in tl] == [first_d.get(b, de) for b in pair_bytes],  # type: ignore[arg-type]
+           "target-to-drafter map disagrees with the lowest drafter id of a shared string")
+    _check(int((to_d >= 0).sum()) - 1 == sum(map(first_d.__contains__, filter(None, tbl))),
+           "target-to-drafter map misses or invents shared strings")
+    _check(len(dl) - 1 == sum(map(first_t.__contains__, filter(None, dbl))),
+           "drafter-to-target map misses or invents shared strings")
+
+    # Pushforward plan: pairs sorted by (target, drafter); level r holds each target's r-th
+    # drafter id, so every level has distinct targets and index_add_ adds in ascending drafter id.
+    order = np.argsort(t_ids, kind="stable")  # d_ids ascending within equal targets
+    ts, ds = t_ids[order], d_ids[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(ts)) + 1] if len(ts) else np.zeros(0, dtype=np.int64)
+    rank = np.arange(len(ts)) - np.repeat(starts, np.diff(np.r_[starts, len(ts)]))
+    levels = tuple(
+        (torch.from_numpy(ds[rank == r].copy()), torch.from_numpy(ts[rank == r].copy()))
+        for r in range(int(rank.max()) + 1 if len(rank) else 0))
+
+    n = max(vt, vd)
+    pad_t = tb.by_id + (None,) * (n - vt)
+    pad_d = db.by_id + (None,) * (n - vd)
+    same = pad_t == pad_d and dict(tb.special) == dict(db.special) and te == de
+    return _Core(tb, db, te, de, torch.from_numpy(to_t), torch.from_numpy(to_d),
+                 torch.from_numpy(d_ids.astype(np.int64)), torch.from_numpy(t_ids.copy()),
+                 levels, shared, same, time.perf_counter() - t0)
+
+
+_CORE_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Any, _Core]] = OrderedDict()
+
+
+def clear_cache() -> None:
+    """Forget every cached byte table and bridge (and the tokenizers they keep alive)."""
+    _BYTES_CACHE.clear()
+    _CORE_CACHE.clear()
+
+
+class VocabBridge:
+    """The intersection of a target and a drafter vocabulary by exact byte string.
+
+    Attributes (index tensors are ``torch.long`` on :attr:`device`):
+
+    - ``target_bytes``, ``drafter_bytes``: :class:`TokenBytes` of ``Vt`` / ``Vd`` ids, where
+      ``Vt = target_vocab_size`` (default: the tokenizer's largest id + 1) and likewise ``Vd``;
+    - ``target_eos_id``, ``drafter_eos_id``: the EOS ids (default the tokenizers'
+      ``eos_token_id``); EOS maps to EOS and has no byte string;
+    - ``to_target [Vd]``: the lowest target id with drafter id ``d``'s byte string, ``-1`` if none;
+    - ``to_drafter [Vt]``: the lowest drafter id with target id ``t``'s byte string, ``-1`` if
+      none (the map that re-syncs the drafter's context from emitted target ids);
+    - ``drafter_ids [M]``, ``target_ids [M]``: the mapped pairs, drafter ids ascending (EOS
+      included), ``target_ids == to_target[drafter_ids]``;
+    - ``shared``: the number of distinct byte strings in both vocabularies (EOS not counted);
+    - ``same_tokenizer``: every id has the same byte string in both (ids past the shorter
+      vocabulary count as ``None``), the same special ids and the same EOS; never decided by
+      vocabulary size.
+
+    Building is cached per (tokenizer objects, sizes, EOS ids); ``device`` places the index
+    tensors (``.to(device)`` gives a copy elsewhere).
+    """
+
+    def __init__(self, target_tokenizer: Any, drafter_tokenizer: Any, *,
+                 target_vocab_size: int | None = None, drafter_vocab_size: int | None = None,
+                 target_eos_id: int | None = None, drafter_eos_id: int | None = None,
+                 device: torch.device | str | None = None) -> None:
+        key = (id(target_tokenizer), id(drafter_tokenizer), target_vocab_size, drafter_vocab_size,
+               target_eos_id, drafter_eos_id)
+        fps = (_fingerprint(target_tokenizer), _fingerprint(drafter_tokenizer))
+        hit = _CORE_CACHE.get(key)
+        if (hit is not None and hit[0][0] is target_tokenizer and hit[0][1] is drafter_tokenizer
+                and hit[1] == fps):
+            _CORE_CACHE.move_to_end(key)
+            core = hit[2]
+        else:
+            core = _build_core(target_tokenizer, drafter_tokenizer, target_vocab_size,
+                               drafter_vocab_size, target_eos_id, drafter_eos_id)
+            _CORE_CACHE[key] = ((target_tokenizer, drafter_tokenizer), fps, core)
+            while len(_CORE_CACHE) > _CACHE_SIZE:
+                _CORE_CACHE.popitem(last=False)
+        self._core = core
+        self._place(torch.device("cpu") if device is None else torch.device(device))
+
+    def _place(self, device: torch.device) -> None:
+        c = self._core
+        self.device: torch.device = device
+        self.to_target: torch.Tensor = c.to_target.to(device)
+        self.to_drafter: torch.Tensor = c.to_drafter.to(device)
+        self.drafter_ids: torch.Tensor = c.drafter_ids.to(device)
+        self.target_ids: torch.Tensor = c.target_ids.to(device)
+        self._levels = tuple((d.to(device), t.to(device)) for d, t in c.levels)
+        self._mask: torch.Tensor = self.to_target >= 0
+
+    def to(self, device: torch.device | str) -> VocabBridge:
+        """The same bridge with its index tensors on ``device`` (self if already there)."""
+        dev = torch.device(device)
+        if dev == self.device:
+            return self
+        out = object.__new__(VocabBridge)
+        out._core = self._core
+        out._place(dev)
+        return out
+
+    # plain attributes of the core
+    @property
+    def target_bytes(self) -> TokenBytes:
+        return self._core.target_bytes
+
+    @property
+    def drafter_bytes(self) -> TokenBytes:
+        return self._core.drafter_bytes
+
+    @property
+    def target_eos_id(self) -> int:
+        return self._core.target_eos_id
+
+    @property
+    def drafter_eos_id(self) -> int:
+        return self._core.drafter_eos_id
+
+    @property
+    def target_vocab_size(self) -> int:
+        """``Vt``: the number of target ids (the width of target laws)."""
+        return len(self._core.target_bytes)
+
+    @property
+    def drafter_vocab_size(self) -> int:
+        """``Vd``: the number of drafter ids (the width of drafter laws)."""
+        return len(self._core.drafter_bytes)
+
+    @property
+    def shared(self) -> int:
+        return self._core.shared
+
+    @property
+    def same_tokenizer(self) -> bool:
+        return self._core.same_tokenizer
+
+    @property
+    def build_seconds(self) -> float:
+        """Wall time the (first, uncached) build of this pair took, tokenizer loading excluded."""
+        return self._core.build_seconds
+
+    def __repr__(self) -> str:
+        return (f"VocabBridge(Vt={self.target_vocab_size}, Vd={self.drafter_vocab_size}, "
+                f"shared={self.shared}, mapped_drafter_ids={len(self.drafter_ids)}, "
+                f"same_tokenizer={self.same_tokenizer}, device={self.device})")
+
+    def _check_law(self, q: torch.Tensor) -> None:
+        if q.dim() < 1 or q.shape[-1] != self.drafter_vocab_size:
+            raise ValueError(f"expected a drafter law [..., {self.drafter_vocab_size}], got {tuple(q.shape)}")
+        if q.device != self.device:
+            raise ValueError(f"law on {q.device} but the bridge's indices are on {self.device}; use .to()")
+
+    def push(self, q_drafter: torch.Tensor) -> torch.Tensor:
+        """The law over target ids of ``to_target[d]`` for ``d ~ q_drafter``.
+
+        ``q_drafter [..., Vd]`` -> ``[..., Vt]``, same dtype and device. The masses of drafter ids
+        sharing one byte string are added (``index_add_``, one pass per multiplicity level, so in
+        ascending drafter id, deterministically also on CUDA); mass on unmapped ids is dropped.
+        """
+        self._check_law(q_drafter)
+        lead = q_drafter.shape[:-1]
+        q = q_drafter.reshape(-1, self.drafter_vocab_size)
+        out = q.new_zeros((q.shape[0], self.target_vocab_size))
+        for d_idx, t_idx in self._levels:
+            out.index_add_(1, t_idx, q.index_select(1, d_idx))
+        return out.reshape(*lead, self.target_vocab_size)
+
+    def restrict(self, q: torch.Tensor) -> Restricted:
+        """``q [..., Vd]`` zeroed outside the intersection (drafter ids with ``to_target >= 0``,
+        EOS included) and renormalized, with the mass it had there.
+
+        Returns ``Restricted(law [..., Vd], mass [...])`` in ``q``'s dtype and device (bfloat16 and
+        float16 are summed in float32). A row with no mass on the intersection gets an all-zero law
+        and mass 0, never NaN.
+        """
+        self._check_law(q)
+        work = q if q.dtype in (torch.float32, torch.float64) else q.to(torch.float32)
+        kept = torch.where(self._mask, work, torch.zeros((), dtype=work.dtype, device=work.device))
+        mass = kept.sum(-1)
+        positive = mass > 0
+        denom = torch.where(positive, mass, torch.ones((), dtype=mass.dtype, device=mass.device))
+        law = torch.where(positive.unsqueeze(-1), kept / denom.unsqueeze(-1),
+                          torch.zeros((), dtype=work.dtype, device=work.device))
+        return Restricted(law.to(q.dtype), mass.to(q.dtype))
