@@ -16,19 +16,30 @@ Bonferroni level rejects):
 * with ``text`` (a decode callable ``tuple[int, ...] -> str``), the law of the decoded text, by
   chi-square.
 
-Sizing: with ``n=None`` the sample size is ``min_num_samples_for_tv(k, eps, alpha / m, power)``
-for the joint chi-square test, with ``k`` the support size of the law (raised, if needed, until
-the pooled chi-square table keeps 90% of the mass). With ``eps=None`` too, ``eps`` is the larger of
-:data:`DEFAULT_EPS` and the TV that :data:`DEFAULT_MAX_N` samples can detect, so the default
-stays affordable. ``detectable_tv`` is ``min_tv_detectable(k, n, alpha / m, power)``: every law at
-TV >= ``detectable_tv`` from the reference is caught by the joint chi-square test (hence by the
-family) with probability >= ``power`` (asymptotically, for the k-cell test; see
-:func:`hsd_core.stats.min_num_samples_for_tv`).
+Everything is validated before the first draw: the law (a probability law; keys tuples of ints),
+the arguments (numpy numbers are fine), and the sample size the audit would pick (at most
+``max_n``). Every output of ``sample_fn`` must be a tuple (or list) of ints: nothing is coerced.
+
+The promise, ``detectable_tv``: every law at TV >= ``detectable_tv`` from the reference is caught
+with probability >= ``power``. For a point-mass law (greedy) it comes from the exact check, ``1 -
+(1 - power)^(1/n)``. Otherwise from the joint chi-square on the table it really runs: cells of
+expected count < 5 are pooled, and a discrepancy inside the pooled cell is invisible, so
+``detectable_tv = min_tv_detectable(k', n, alpha / m, power) + pooled_mass`` with k' the cells of
+the pooled table (TV <= TV of the pooled laws + the pooled mass; asymptotic, for the k'-cell
+test; see :func:`hsd_core.stats.min_num_samples_for_tv`). It is None when the table cannot run or
+even TV 1 is out of reach.
+
+Sizing: with ``n=None`` the sample size is the smallest n, from ``min_num_samples_for_tv(k, eps,
+alpha / m, power)`` up, at which that promise reaches ``eps`` (:func:`min_num_samples_for_law`);
+above ``max_n`` the audit refuses. With ``eps=None`` too, ``eps`` is the larger of
+:data:`DEFAULT_EPS` and the promise at :data:`DEFAULT_MAX_N` samples, so the default stays
+affordable.
 
 Verdicts: ``"lossy"`` when Holm rejects any test; else ``"inconclusive"`` when the joint
-chi-square test cannot be run (:class:`~hsd_core.stats.InvalidTest`: too sparse) or when ``eps``
-was given and ``n`` is too small to detect it; else ``"lossless-consistent"``. A position or text
-test that cannot be run is listed in ``skipped`` and does not change the verdict.
+chi-square test cannot be run (:class:`~hsd_core.stats.InvalidTest`: too sparse), when
+``detectable_tv`` is None (no power), or when ``eps`` was given and ``detectable_tv > eps``; else
+``"lossless-consistent"``. A position or text test that cannot be run is listed in ``skipped``
+and does not change the verdict.
 
 Two-sample mode (``law_or_reference`` is a list of samples): the joint, positional and text laws
 are compared with :func:`~hsd_core.stats.chi_square_two_sample` (and the joint law also with
@@ -46,12 +57,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, Union
 
+import numpy as np
+
 from .stats import (
-    InvalidTest, TestFamily, TestResult, chi_square_two_sample, counts_of, gof_test,
-    min_num_samples_for_tv, min_tv_detectable, tv_two_sample,
+    OTHER, InvalidTest, TestFamily, TestResult, _check_alpha, _check_eps, _check_n, _check_power,
+    _validate_law, chi_square_two_sample, counts_of, gof_test, min_num_samples_for_tv,
+    min_tv_detectable, pool_cells, tv_two_sample,
 )
 
-__all__ = ["AuditReport", "DEFAULT_EPS", "DEFAULT_MAX_N", "Deviation", "Verdict", "audit_sampler"]
+__all__ = ["AuditReport", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
+           "audit_sampler", "min_num_samples_for_law"]
 
 Output = tuple[int, ...]
 Prob = Union[float, Fraction]
@@ -64,8 +79,11 @@ DEFAULT_EPS = 0.05
 DEFAULT_MAX_N = 50_000
 """Default cap on the sample size chosen when neither ``n`` nor ``eps`` is given."""
 
+DEFAULT_MAX_SIZED_N = 2_000_000
+"""Default ``max_n``: the largest sample size :func:`audit_sampler` picks by itself (from ``eps``)
+before refusing with the size it would need (minutes to hours of sampling for real samplers)."""
+
 _MIN_EXPECTED = 5.0
-_MIN_KEPT_MASS = 0.9
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,10 @@ class AuditReport:
     ``tests`` holds each test that ran, each at level ``alpha / m`` (its own ``alpha`` field);
     ``holm_rejected[i]`` is the Holm-corrected verdict of ``tests[i]`` at the family-wise
     ``alpha``. ``m`` counts the planned tests (skipped ones count as not rejected, which is
-    conservative). ``detectable_tv`` is None when it cannot be computed (n too small).
+    conservative). ``detectable_tv`` is None when it cannot be computed (n too small); how it was
+    obtained is ``detectable_by`` (the joint chi-square table, plus ``pooled_mass``, the mass of
+    the cells pooled into one, which no pooled test sees inside; or the exact point-mass check).
+    ``name`` names the sampler (title of the plot).
     """
 
     n: int
@@ -105,6 +126,9 @@ class AuditReport:
     rng_note: str = ""
     observed: Mapping[Any, int] = field(default_factory=dict, repr=False, compare=False)
     expected: Mapping[Any, float] = field(default_factory=dict, repr=False, compare=False)
+    detectable_by: str = "joint chi-square"
+    pooled_mass: float = 0.0
+    name: str = "sampler"
 
     @property
     def per_test_alpha(self) -> float:
@@ -120,9 +144,13 @@ class AuditReport:
             f"- mode: {self.mode}; n = {self.n} samples; support size k = {self.k}",
             f"- family-wise alpha = {self.alpha:.3g} (Holm over m = {self.m} tests, each at "
             f"{self.per_test_alpha:.3g}); power = {self.power}",
-            f"- detectable TV (joint chi-square, power {self.power}): {det}"
+            f"- detectable TV ({self.detectable_by}, power {self.power}): {det}"
             + ("" if self.eps is None else f"; requested eps = {self.eps:.4g}"),
         ]
+        if self.pooled_mass > 0:
+            lines.append(f"- pooled: {self.pooled_mass:.4g} of the probability lies in cells pooled into one "
+                         "(expected count < 5); a discrepancy inside them is not seen, so the detectable TV "
+                         "includes it")
         if self.rng_note:
             lines.append(f"- rng: {self.rng_note}")
         lines += ["", "| test | statistic | p-value | dof | n | Holm rejects |", "|---|---|---|---|---|---|"]
@@ -145,10 +173,37 @@ class AuditReport:
         lines += table("Most under-represented outputs", self.under)
         return "\n".join(lines) + "\n"
 
-    def save_plot(self, path: str, max_bars: int = 40) -> bool:
-        """Write a PNG bar chart of the empirical vs the reference law (the ``max_bars`` outputs
-        of largest reference probability) to ``path``. matplotlib is optional (not a dependency
-        of hsd): without it, print a message to stderr and return False. Returns True if written.
+    def plot_data(self, max_bars: int = 40, band: float = 0.99) -> dict[str, Any]:
+        """What :meth:`save_plot` draws: the ``max_bars`` outputs of largest expected count (then
+        largest observed count), their observed and expected counts, the central ``band`` interval
+        of each observed count under the reference (binomial; noise stays inside it, bias does
+        not), and how many outputs (and what share of the samples) were cut from the plot."""
+        from scipy import stats as sps  # type: ignore[import-untyped]
+
+        everything = sorted(set(self.expected) | set(self.observed),
+                            key=lambda x: (-self.expected.get(x, 0.0), -self.observed.get(x, 0), repr(x)))
+        keys = everything[:max_bars]
+        cut = everything[max_bars:]
+        exp = [self.expected.get(x, 0.0) for x in keys]
+        obs = [self.observed.get(x, 0) for x in keys]
+        ps = [min(1.0, e / self.n) for e in exp]
+        q = (1.0 - band) / 2.0
+        lo = [float(sps.binom.ppf(q, self.n, p)) for p in ps]
+        hi = [float(sps.binom.ppf(1.0 - q, self.n, p)) for p in ps]
+        title = f"{self.name}: {self.verdict} (n={self.n})"
+        if cut:
+            cut_obs = sum(self.observed.get(x, 0) for x in cut)
+            title += f"; {len(cut)} more outputs not shown ({cut_obs} samples, {cut_obs / self.n:.2%})"
+        return {"keys": keys, "observed": obs, "expected": exp, "band_low": lo, "band_high": hi,
+                "band": band, "n_cut": len(cut), "title": title}
+
+    def save_plot(self, path: str, max_bars: int = 40, title: str | None = None, log: bool = False) -> bool:
+        """Write a PNG of the observed counts against the expected ones to ``path``: the
+        ``max_bars`` outputs of largest expected count as bars, the expected count of each as a
+        marker with its 99% sampling band (:meth:`plot_data`), the sampler's name (``title``
+        overrides it), the verdict and how many outputs were cut in the title; ``log=True`` for a
+        log count scale. matplotlib is optional (not a dependency of hsd): without it, print a
+        message to stderr and return False. Returns True if written.
         """
         try:
             mpl: Any = importlib.import_module("matplotlib")
@@ -158,19 +213,24 @@ class AuditReport:
             print(f"save_plot: matplotlib is not installed; skipped the plot {path!r} "
                   "(pip install matplotlib to get it)", file=sys.stderr)
             return False
-        keys = sorted(set(self.expected) | set(self.observed),
-                      key=lambda x: (-self.expected.get(x, 0.0), -self.observed.get(x, 0)))[:max_bars]
-        emp = [self.observed.get(x, 0) / self.n for x in keys]
-        ref = [self.expected.get(x, 0.0) / self.n for x in keys]
-        xs = list(range(len(keys)))
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(keys)), 4.0))
-        ax.bar([x - 0.2 for x in xs], ref, width=0.4, label="reference" if self.mode == "two-sample" else "exact")
-        ax.bar([x + 0.2 for x in xs], emp, width=0.4, label="empirical")
+        d = self.plot_data(max_bars)
+        if title is not None:
+            d["title"] = title + d["title"][len(self.name):]
+        xs = list(range(len(d["keys"])))
+        ref = "reference" if self.mode == "two-sample" else "expected"
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(xs)), 4.5))
+        ax.bar(xs, d["observed"], width=0.6, color="tab:orange", label="observed")
+        err_lo = [max(0.0, e - lo) for e, lo in zip(d["expected"], d["band_low"])]
+        err_hi = [max(0.0, hi - e) for e, hi in zip(d["expected"], d["band_high"])]
+        ax.errorbar(xs, d["expected"], yerr=[err_lo, err_hi], fmt="o", color="tab:blue", ms=3, capsize=2,
+                    label=f"{ref} count, {d['band']:.0%} sampling band")
         ax.set_xticks(xs)
-        ax.set_xticklabels([repr(x) for x in keys], rotation=90, fontsize=6)
-        ax.set_ylabel("probability")
-        ax.set_title(f"{self.verdict} (n={self.n})")
-        ax.legend()
+        ax.set_xticklabels([repr(x) for x in d["keys"]], rotation=90, fontsize=6)
+        ax.set_ylabel("count" + (" (log scale)" if log else ""))
+        if log:
+            ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_title(d["title"], fontsize=8)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
@@ -179,15 +239,113 @@ class AuditReport:
 
 # ---------------------------------------------------------------------------------------------
 
-def _pool_min_n(law: Mapping[Any, Prob]) -> int:
-    """Smallest n at which the cells with expected count >= 5 carry >= 90% of the mass."""
-    ps = sorted((float(p) for p in law.values() if p > 0), reverse=True)
-    acc = 0.0
-    for p in ps:
-        acc += p
-        if acc >= _MIN_KEPT_MASS - 1e-12:
-            return math.ceil(_MIN_EXPECTED / p)
-    return math.ceil(_MIN_EXPECTED / ps[-1])
+def _point_mass_detectable(n: int, power: float) -> float:
+    """Smallest TV caught by the exact point-mass check with probability >= power: a law at TV e
+    from a point mass puts e on other outcomes, and all n draws miss them with prob (1 - e)^n."""
+    return -math.expm1(math.log1p(-power) / n)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the joint test can promise at a sample size: the detectable TV (None: nothing), how
+    (``by``), and the mass pooled into one cell, which the pooled tests cannot see inside."""
+
+    detectable: float | None
+    by: str
+    pooled_mass: float
+    cells: int
+
+
+def _joint_plan(law: Mapping[Output, Prob], n: int, alpha: float, power: float) -> _Plan:
+    """The honest promise of the joint test at ``n`` samples (see the module docstring).
+
+    A point mass is checked exactly. Otherwise the chi-square table is the one the test builds
+    (:func:`~hsd_core.stats.pool_cells`); every alternative at TV >= d + pooled mass has TV >= d
+    on that table (TV <= TV of the pooled laws + the pooled mass), so it is caught with the
+    table's k'-cell chi-square power."""
+    support = [x for x, p in law.items() if p > 0]
+    if len(support) == 1:
+        return _Plan(_point_mass_detectable(n, power), "exact point-mass check", 0.0, 1)
+    try:
+        labels, _, _ = pool_cells(law, {}, n, absorb_small_other=True)
+    except InvalidTest:
+        return _Plan(None, "joint chi-square (too sparse to run)", 1.0, 0)
+    kept = set(labels) - {OTHER}
+    pooled = float(sum((p for x, p in law.items() if x not in kept), Fraction(0)))
+    if len(labels) < 2:
+        return _Plan(None, "joint chi-square (fewer than 2 cells)", pooled, len(labels))
+    try:
+        d = min_tv_detectable(len(labels), n, alpha, power) + pooled
+    except InvalidTest:
+        return _Plan(None, "joint chi-square (n too small)", pooled, len(labels))
+    by = f"joint chi-square on {len(labels)} cells" + (f" + pooled mass {pooled:.4g}" if pooled else "")
+    return _Plan(d if d < 1.0 else None, by, pooled, len(labels))
+
+
+def _size_for(law: Mapping[Output, Prob], eps: float, alpha: float, power: float, k: int) -> int:
+    """The sample size the audit picks for ``eps``: ``min_num_samples_for_tv(k, eps, alpha, power)``
+    when the honest promise at that n already reaches eps, else the smallest larger n at which it
+    does (found by doubling, then bisection)."""
+    if sum(1 for p in law.values() if p > 0) == 1:
+        return max(1, math.ceil(math.log1p(-power) / math.log1p(-eps))) if eps < 1 else 1
+
+    def ok(m: int) -> bool:
+        d = _joint_plan(law, m, alpha, power).detectable
+        return d is not None and d <= eps
+
+    lo = min_num_samples_for_tv(k, eps, alpha, power)
+    if ok(lo):
+        return lo
+    hi = lo * 2
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # ok(hi), not ok(lo)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def min_num_samples_for_law(law: Mapping[Any, Prob], eps: float, alpha: float, power: float = 0.99) -> int:
+    """The sample size :func:`audit_sampler` picks to detect TV ``eps`` on ``law`` with its joint
+    test run at level ``alpha`` (the per-test level ``alpha_total / m``): the smallest n (from
+    ``min_num_samples_for_tv(k, eps, alpha, power)`` up) at which the honest detectable TV,
+    pooled mass included, is at most ``eps``."""
+    lw = _normalise_law(law)
+    _validate_law(lw)
+    return _size_for(lw, _check_eps(eps), _check_alpha(alpha), _check_power(power),
+                     max(2, sum(1 for p in lw.values() if p > 0)))
+
+
+def _is_token(t: object) -> bool:
+    return isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+
+
+def _as_output(x: object, what: str) -> Output:
+    """``x`` as a tuple of Python ints; ``TypeError`` unless it is a tuple, a list or a 1-d integer
+    array of ints (numpy integers included): ``(1.7,)``, a dict, a str, None or a bare int are
+    refused rather than coerced."""
+    if isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.kind in "iu":
+        return tuple(int(t) for t in x.tolist())
+    if isinstance(x, (tuple, list)) and all(_is_token(t) for t in x):
+        return tuple(int(t) for t in x)
+    raise TypeError(
+        f"{what} is {x!r} ({type(x).__name__}); outputs are tuples (or lists) of int token ids, e.g. (3, 1)")
+
+
+def _normalise_law(law: object) -> dict[Output, Prob]:
+    """The law with its keys checked (tuples of ints, numpy ints allowed) and made Python ints;
+    probabilities are left for :func:`~hsd_core.stats._validate_law` to check."""
+    if not isinstance(law, Mapping):
+        raise TypeError(f"the law must be a Mapping from output tuples to probabilities, got {type(law).__name__}")
+    out: dict[Output, Any] = {}
+    for s, p in law.items():
+        if not isinstance(s, tuple):
+            raise TypeError(f"law key {s!r} ({type(s).__name__}) must be a tuple of int token ids, e.g. (3, 1)")
+        out[_as_output(s, f"law key {s!r}")] = p
+    return out
 
 
 def _gof(kind: str, label: str, law: Mapping[Any, Prob], counts: Mapping[Any, int], alpha: float) -> TestResult:
@@ -243,14 +401,6 @@ def _text_counts(counts: Mapping[Output, int], f: Callable[[Output], str]) -> di
     return out
 
 
-def _normalise_law(law: Mapping[Any, Any]) -> dict[Output, Prob]:
-    out: dict[Output, Prob] = {}
-    for s, p in law.items():
-        key = tuple(int(t) for t in s)
-        out[key] = out.get(key, 0) + p
-    return out
-
-
 def audit_sampler(
     sample_fn: Callable[[], Sequence[int]],
     law_or_reference: Mapping[Any, Prob] | Sequence[Sequence[int]],
@@ -261,6 +411,8 @@ def audit_sampler(
     positions: bool = True,
     text: Callable[[Output], str] | None = None,
     rng_note: str = "",
+    max_n: int = DEFAULT_MAX_SIZED_N,
+    name: str | None = None,
 ) -> AuditReport:
     """Draw ``n`` outputs with ``sample_fn()`` and test them against an exact law or reference samples.
 
@@ -270,34 +422,50 @@ def audit_sampler(
     (sizes ``n`` when ``n`` is None, and makes an under-sized ``n`` "inconclusive"); ``positions``
     adds one test per emitted position (law of the j-th token given that the output reaches j);
     ``text`` (a decode callable) adds a test of the law of the decoded text; ``rng_note`` is
-    recorded in the report (say which seed you used). See the module docstring for the details.
+    recorded in the report (say which seed you used); ``max_n`` caps the sample size the audit
+    picks by itself; ``name`` names the sampler in the report and its plot. See the module
+    docstring for the details.
 
-    Raises :class:`~hsd_core.stats.InvalidTest` for out-of-range arguments (alpha, power, eps,
-    n < 1) and ``ValueError`` for an empty law/reference.
+    Everything is checked before the first draw. Raises :class:`~hsd_core.stats.InvalidTest` for
+    out-of-range arguments (alpha, power, eps, n < 1; numpy numbers are fine), a law that is not a
+    probability law (sum not 1, negative, NaN, empty), or an ``n`` the sizing would pick above
+    ``max_n``; ``TypeError`` for law keys, reference outputs or sampler outputs that are not tuples
+    (or lists) of int token ids.
     """
-    if not (isinstance(alpha, (int, float)) and 0.0 < float(alpha) < 1.0):
-        raise InvalidTest(f"alpha={alpha!r} must lie strictly between 0 and 1 (e.g. alpha=1e-6)")
-    if not (isinstance(power, (int, float)) and 0.0 < float(power) < 1.0):
-        raise InvalidTest(f"power={power!r} must lie strictly between 0 and 1 (e.g. power=0.99)")
-    if eps is not None and not (isinstance(eps, (int, float)) and 0.0 < float(eps) <= 1.0):
-        raise InvalidTest(f"eps={eps!r} must be a TV distance in (0, 1]")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise InvalidTest(f"n={n!r} must be a positive integer (or None to size it from eps)")
+    alpha = _check_alpha(alpha)
+    power = _check_power(power)
+    if eps is not None:
+        eps = _check_eps(eps)
+    if n is not None:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise InvalidTest(f"n={n!r} must be a positive integer (or None to size it from eps)")
+        n = _check_n(n)
+    if isinstance(max_n, (bool, np.bool_)) or not isinstance(max_n, (int, np.integer)) or max_n < 1:
+        raise InvalidTest(f"max_n={max_n!r} must be a positive integer")
+    if not callable(sample_fn):
+        raise TypeError(f"sample_fn must be a callable returning one output per call, got {type(sample_fn).__name__}")
+    if name is None:
+        name = str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
+        name = "sampler" if name == "<lambda>" else name
 
     two_sample = not isinstance(law_or_reference, Mapping)
     law: dict[Output, Prob] = {}
     ref_counts: dict[Output, int] = {}
     n_ref = 0
     if two_sample:
-        ref_counts = counts_of([tuple(int(t) for t in s) for s in law_or_reference])
+        if isinstance(law_or_reference, (str, bytes)) or not isinstance(law_or_reference, (Sequence, np.ndarray)):
+            raise TypeError("law_or_reference must be a Mapping {output tuple: probability} or a sequence of "
+                            f"reference outputs, got {type(law_or_reference).__name__}")
+        ref_counts = counts_of([_as_output(s, f"reference output {i}") for i, s in enumerate(law_or_reference)])
         if not ref_counts:
             raise ValueError("the reference sample is empty")
         n_ref = sum(ref_counts.values())
-        ref_law: dict[Output, Prob] = {s: c / n_ref for s, c in ref_counts.items()}
+        ref_law: dict[Output, Prob] = {s: Fraction(c, n_ref) for s, c in ref_counts.items()}
     else:
-        law = _normalise_law(law_or_reference)  # type: ignore[arg-type]
+        law = _normalise_law(law_or_reference)
         if not law:
             raise ValueError("the law is empty")
+        _validate_law(law)  # sums to 1, no negative / NaN entries: before the first draw
         ref_law = law
     k = max(2, sum(1 for p in ref_law.values() if p > 0))
     max_len = max(len(s) for s in ref_law)
@@ -305,20 +473,32 @@ def audit_sampler(
     # the plan: how many tests (m) will run
     n_positions = max_len if positions else 0
     m = (2 if two_sample else 3) + n_positions + (1 if text is not None else 0)
-    a_test = float(alpha) / m
+    a_test = alpha / m
 
     if n is None:
         if two_sample:
-            n = sum(ref_counts.values())
+            n = n_ref
         else:
             if eps is None:
-                eps = max(DEFAULT_EPS, min_tv_detectable(k, DEFAULT_MAX_N, a_test, power))
-            n = max(min_num_samples_for_tv(k, eps, a_test, power), _pool_min_n(law))
+                at_cap = _joint_plan(law, DEFAULT_MAX_N, a_test, power).detectable
+                if at_cap is None:
+                    raise InvalidTest(
+                        f"this law ({k} outcomes) is too sparse for the default budget of {DEFAULT_MAX_N} "
+                        "samples: pass eps (and max_n) or n")
+                eps = max(DEFAULT_EPS, at_cap)
+                n = min(_size_for(law, eps, a_test, power, k), DEFAULT_MAX_N)
+            else:
+                n = _size_for(law, eps, a_test, power, k)
+            if n > max_n:
+                raise InvalidTest(
+                    f"detecting TV {eps:.4g} with power {power} at alpha {alpha:.3g} needs n = {n} samples, "
+                    f"above max_n={max_n} (at 100 us per sample that is {n * 1e-4 / 3600:.3g} h): increase eps, "
+                    "or pass a larger max_n (or n) if you mean it")
 
-    samples = [tuple(int(t) for t in sample_fn()) for _ in range(n)]
+    samples = [_as_output(sample_fn(), f"sample_fn() at draw {i}") for i in range(n)]
     counts = counts_of(samples)
 
-    family = TestFamily(float(alpha), m)
+    family = TestFamily(alpha, m)
     skipped: list[str] = []
     joint_invalid: str | None = None
 
@@ -367,12 +547,11 @@ def audit_sampler(
     tests = family.results
     holm_rej = tuple(family.verdicts())
 
-    n_eff: float = n * n_ref / (n + n_ref) if two_sample else float(n)
-    detectable: float | None
-    try:
-        detectable = min_tv_detectable(k, max(1, int(n_eff)), a_test, power)
-    except InvalidTest:
-        detectable = None
+    if two_sample:
+        plan = _two_sample_plan(counts, ref_counts, a_test, power)
+    else:
+        plan = _joint_plan(law, n, a_test, power)
+    detectable = plan.detectable
 
     verdict: Verdict
     if any(holm_rej):
@@ -380,15 +559,18 @@ def audit_sampler(
         verdict, reason = "lossy", f"Holm rejects {', '.join(names)} at family-wise alpha {alpha:.3g}"
     elif joint_invalid is not None:
         verdict, reason = "inconclusive", f"the joint test cannot run: {joint_invalid}"
-    elif eps is not None and (detectable is None or detectable > eps):
-        need = min_num_samples_for_tv(k, eps, a_test, power)
+    elif detectable is None:
+        verdict, reason = "inconclusive", (f"no test rejects, but n={n} has no power: no TV below 1 is detected "
+                                           f"with probability {power} ({plan.by}); increase n")
+    elif eps is not None and detectable > eps:
+        need = (_size_for(law, eps, a_test, power, k) if not two_sample
+                else min_num_samples_for_tv(k, eps, a_test, power))
         verdict, reason = "inconclusive", (f"under-powered: detecting TV {eps:.4g} with power {power} needs "
-                                           f"n >= {need}, got n={n}")
+                                           f"n >= {need}, got n={n} (detectable TV {detectable:.4g})")
     else:
         verdict = "lossless-consistent"
-        reason = (f"no test rejects at family-wise alpha {alpha:.3g}" +
-                  ("" if detectable is None else f"; any law at TV >= {detectable:.4g} would be caught "
-                                                 f"with probability >= {power}"))
+        reason = (f"no test rejects at family-wise alpha {alpha:.3g}; any law at TV >= {detectable:.4g} "
+                  f"would be caught with probability >= {power} ({plan.by})")
 
     expected = {s: n * float(p) for s, p in ref_law.items()}
     keys = list(expected) + [s for s in counts if s not in expected]
@@ -397,12 +579,35 @@ def audit_sampler(
     under = tuple(sorted((d for d in dev if d.observed < d.expected), key=lambda d: d.observed - d.expected)[:5])
 
     return AuditReport(
-        n=n, alpha=float(alpha), power=float(power), eps=None if eps is None else float(eps), m=m,
+        n=n, alpha=alpha, power=power, eps=eps, m=m,
         tests=tests, holm_rejected=holm_rej, skipped=tuple(skipped), k=k, detectable_tv=detectable,
         verdict=verdict, reason=reason, over=over, under=under,
         mode="two-sample" if two_sample else "exact", rng_note=rng_note,
-        observed=dict(counts), expected=expected,
+        observed=dict(counts), expected=expected, detectable_by=plan.by, pooled_mass=plan.pooled_mass,
+        name=name,
     )
+
+
+def _two_sample_plan(counts: Mapping[Output, int], ref: Mapping[Output, int], alpha: float, power: float) -> _Plan:
+    """The two-sample analogue of :func:`_joint_plan` (an approximation): the chi-square
+    homogeneity table's columns at the effective sample size ``n n_ref / (n + n_ref)``, plus the
+    share of both samples in the pooled column."""
+    na, nb = sum(counts.values()), sum(ref.values())
+    big = na + nb
+    cats = set(counts) | set(ref)
+    small_row = min(na, nb)
+    tot = {x: counts.get(x, 0) + ref.get(x, 0) for x in cats}
+    kept = [x for x in cats if small_row * tot[x] / big >= _MIN_EXPECTED]
+    pooled = sum(tot[x] for x in cats if x not in set(kept)) / big
+    cells = len(kept) + (1 if pooled > 0 else 0)
+    n_eff = max(1, int(na * nb / big))
+    try:
+        d = min_tv_detectable(max(2, cells), n_eff, alpha, power) + pooled
+    except InvalidTest:
+        return _Plan(None, "two-sample chi-square (n too small)", pooled, cells)
+    by = (f"two-sample chi-square on {cells} columns at effective n {n_eff} (approximate)"
+          + (f" + pooled share {pooled:.4g}" if pooled else ""))
+    return _Plan(d if d < 1.0 else None, by, pooled, cells)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,7 +665,7 @@ def sampled_audit_all(
             return str(t.tokenizer.decode(s))
 
         rep = audit_sampler(draw, law, n=n, alpha=1e-6, text=decode,
-                            rng_note=f"numpy default_rng(crc32({lab!r}))")
+                            rng_note=f"numpy default_rng(crc32({lab!r}))", name=lab)
         reports.append((lab, correct, rep))
         det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4f}"
         print(f"  {lab:34s} {rep.verdict:20s} detectable TV {det}")
@@ -481,7 +686,7 @@ def sampled_audit_all(
             slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in lab)
             png = f"{stem}_{slug}.png"
             parts.append(rep.to_markdown(title=lab))
-            if rep.save_plot(png):
+            if rep.save_plot(png, title=lab):
                 parts += [f"![{lab}]({os.path.basename(png)})", ""]
         with open(report_path, "w", encoding="utf-8") as f:
             f.write("\n".join(parts))

@@ -348,11 +348,14 @@ def pool_cells(
         raise InvalidTest(f"min_kept_mass={min_kept_mass!r} must lie in [0, 1] (e.g. 0.9)")
     total_p: Prob = sum(lw.values(), Fraction(0)) if exact else math.fsum(float(v) for v in lw.values())
 
+    # The threshold as the decimal it was written as (0.9 is 9/10, not the binary float above
+    # it), so that an exact law keeping exactly 90% passes, as the same law in floats does.
+    need_mass: Prob = Fraction(repr(float(min_kept_mass))) if exact else float(min_kept_mass) - 1e-12
     kept = [x for x, p in lw.items() if _expected_ok(n, p, min_expected)]
     kept_set = set(kept)
     kept_mass = (sum((lw[x] for x in kept), Fraction(0)) if exact
                  else math.fsum(float(lw[x]) for x in kept)) / total_p
-    if kept_mass < min_kept_mass:
+    if kept_mass < need_mass:
         # Smallest n whose kept cells carry min_kept_mass: the top-m cells by probability, where m
         # is the first prefix reaching the mass, are all kept once n * p_m >= min_expected.
         probs = sorted((p for p in lw.values() if p > 0), reverse=True)
@@ -360,7 +363,7 @@ def pool_cells(
         p_m = probs[-1]
         for p in probs:
             cum = cum + p
-            if cum / total_p >= min_kept_mass:
+            if cum / total_p >= need_mass:
                 p_m = p
                 break
         n_needed = max(1, math.ceil(float(min_expected) / float(p_m)))
