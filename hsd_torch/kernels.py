@@ -122,9 +122,13 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     target = (u.to(cs.dtype) * cs[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cs, target, right=True).squeeze(-1)
     v = probs.shape[-1]
-    # Past the last partial sum (rounding): the last index of positive probability.
-    last_pos = (v - 1) - torch.argmax(torch.flip(probs > 0, dims=[-1]).to(torch.uint8), dim=-1)
-    return torch.where(idx >= v, last_pos, idx)
+    past = idx >= v
+    if bool(past.any()):  # rounding pushed u * total to the total: the last index of positive probability
+        rows = torch.nonzero(past).squeeze(-1)
+        pos = probs.index_select(0, rows) > 0
+        last = (v - 1) - torch.argmax(torch.flip(pos, dims=[-1]).to(torch.uint8), dim=-1)
+        idx = idx.index_put((rows,), last)
+    return idx
 
 
 def sample(probs: Tensor, u: Tensor) -> Tensor:
@@ -148,11 +152,11 @@ def sample(probs: Tensor, u: Tensor) -> Tensor:
     return _inverse_cdf(pr, u.to(pr.device))
 
 
-def _greedy_or_sample(law: Tensor, u: Tensor | None, greedy: bool) -> Tensor:
-    if greedy:
-        return torch.argmax(law, dim=-1)  # ties to the lowest id, as hsd_core.laws.argmax
-    assert u is not None
-    return _inverse_cdf(law, u)
+def _rows_at(x: Tensor, rows: Tensor, pos: Tensor) -> Tensor:
+    """``x[rows[i], pos[i]]`` for ``x [B, P, V]``: ``[len(rows), V]``, copying only those rows."""
+    if x.is_contiguous():
+        return x.reshape(-1, x.shape[-1]).index_select(0, rows * x.shape[1] + pos)
+    return x[rows, pos]
 
 
 def _check_ragged(name: str, n: Tensor, batch: int, k: int) -> None:
@@ -278,18 +282,21 @@ def rejection_verify(
     n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
     has_final = ~stopped
     rows = torch.arange(batch, device=dev)
-    p_sel = p[rows, n_acc].to(cdt)  # [B, V]: the law after the kept prefix
+    p_sel = _rows_at(p, rows, n_acc).to(cdt)  # [B, V]: the law after the kept prefix
     if greedy:
         final = torch.argmax(p_sel, dim=-1)
     else:
         law = p_sel
         if k > 0:
             rejected = has_final & (n_acc < n_drafts)
-            q_sel = q[rows, torch.clamp(n_acc, max=k - 1)].to(cdt)
-            diff = torch.where(p_sel > q_sel, p_sel - q_sel, torch.zeros_like(p_sel))
-            mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left-to-right, as the reference sums
-            resid = diff / torch.where(mass > 0, mass, torch.ones_like(mass))
-            law = torch.where((rejected.unsqueeze(1) & (mass > 0)), resid, p_sel)
+            if bool(rejected.any()):
+                rej = torch.nonzero(rejected).squeeze(-1)
+                q_rej = _rows_at(q, rej, n_acc.index_select(0, rej)).to(cdt)
+                diff = (p_sel.index_select(0, rej) - q_rej).clamp_(min=0)  # max(p - q, 0)
+                mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left-to-right, as the reference sums
+                has_mass = (mass > 0).squeeze(-1)
+                rej, diff, mass = rej[has_mass], diff[has_mass], mass[has_mass]  # no mass: p itself
+                law = p_sel.index_copy(0, rej, diff / mass)
         final = _inverse_cdf(law, u_final)
     return _assemble(drafts, n_acc, final, has_final)
 
@@ -340,8 +347,8 @@ def exact_match_verify(
     pf = p.reshape(batch * k1, v).to(cdt)
     if greedy:
         y = torch.argmax(pf, dim=-1).reshape(batch, k1)
-    else:
-        y = _inverse_cdf(torch.where(used.reshape(-1, 1), pf, torch.ones_like(pf)), u.reshape(-1)).reshape(batch, k1)
+    else:  # rows past n_candidates hold whatever the caller padded with; their draws are never read
+        y = _inverse_cdf(pf, u.reshape(-1)).reshape(batch, k1)
     valid = torch.arange(k, device=dev).unsqueeze(0) < n_candidates.unsqueeze(1)
     ok = valid & (y[:, :k] == candidates)
     n_acc, stopped = _stop_rule(ok, y[:, :k], eos_id, budget)
