@@ -112,8 +112,10 @@ def train_unigram_byte_fallback(texts: Iterable[str], vocab_size: int) -> Any:
 
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Metaspace(replacement="▁", prepend_scheme="always")])
+    # Metaspace before Fuse: after Fuse it would treat the whole text as the first token and drop
+    # every space.
+    tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="always"),
+                                     decoders.ByteFallback(), decoders.Fuse()])
     trainer = trainers.UnigramTrainer(
         vocab_size=max(vocab_size - 256, len(SPECIALS) + 1), special_tokens=list(SPECIALS),
         unk_token="<unk>", show_progress=False, max_piece_length=12)

@@ -215,9 +215,10 @@ def _byte_level(v: Piece) -> Piece:
 def _byte_level_all(pieces: list[Piece]) -> list[Piece]:
     """:func:`_byte_level` of every piece; one ``translate`` of the joined text when every piece
     is alphabet-only text (then each character is one byte, so the offsets carry over)."""
-    if not all(isinstance(v, str) for v in pieces):
+    try:
+        joined = "".join(pieces)  # type: ignore[arg-type]
+    except TypeError:  # byte pieces from an earlier ByteFallback
         return [_byte_level(v) for v in pieces]
-    joined = "".join(pieces)  # type: ignore[arg-type]
     if _NOT_ALPHABET.search(joined):
         return [_byte_level(v) for v in pieces]
     data = joined.translate(_BYTE_TABLE).encode("latin-1")
@@ -443,21 +444,23 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     t_ids = to_t[d_ids]
     shared = len(first_t.keys() & first_d.keys())
 
-    # Invariants (checked, not assumed): equal bytes for every mapped pair, lowest ids on both
-    # sides, both maps agree, EOS <-> EOS only.
-    dl, tl = d_ids.tolist(), t_ids.tolist()
-    pair_bytes = [dbl[d] for d in dl]
+    # Invariants (checked, not assumed): EOS <-> EOS only; every mapped pair has equal bytes, in
+    # both maps; the maps are mutually consistent (a round trip never lands on a higher id, so
+    # both pick the lowest id of a string); they cover exactly the shared strings.
     _check(to_t[de] == te and to_d[te] == de, "EOS must map to EOS")
-    _check(pair_bytes == [tbl[t] if t != te else None for t in tl],
+    pair_bytes = [dbl[d] for d in d_ids.tolist()]
+    _check(pair_bytes == [tbl[t] if t != te else None for t in t_ids.tolist()],
            "a mapped drafter/target pair differs in bytes")
-    _check(sum(b is None for b in pair_bytes) == 1, "only EOS may map without a byte string")
-    _check([first_t.get(b, te) for b in pair_bytes] == tl,  # type: ignore[arg-type]
-           "a drafter id does not map to the lowest target id of its string")
-    _check([int(to_d[t]) if t != te else de for t in tl] == [first_d.get(b, de) for b in pair_bytes],  # type: ignore[arg-type]
-           "target-to-drafter map disagrees with the lowest drafter id of a shared string")
-    _check(int((to_d >= 0).sum()) - 1 == sum(map(first_d.__contains__, filter(None, tbl))),
+    _check(pair_bytes.count(None) == 1, "only EOS may map without a byte string")
+    mapped_t = np.flatnonzero(to_d >= 0)
+    _check([tbl[t] for t in mapped_t.tolist()] == [dbl[d] if d != de else None for d in to_d[mapped_t].tolist()],
+           "a target id and its drafter id differ in bytes")
+    _check(bool((to_t[to_d[mapped_t]] <= mapped_t).all()),
+           "target -> drafter -> target gives a higher target id")
+    _check(bool((to_d[t_ids] <= d_ids).all()), "a drafter id maps back to a higher drafter id")
+    _check(len(mapped_t) == sum(map(first_d.__contains__, filter(None, tbl))) + 1,
            "target-to-drafter map misses or invents shared strings")
-    _check(len(dl) - 1 == sum(map(first_t.__contains__, filter(None, dbl))),
+    _check(len(d_ids) == sum(map(first_t.__contains__, filter(None, dbl))) + 1,
            "drafter-to-target map misses or invents shared strings")
 
     # Pushforward plan: pairs sorted by (target, drafter); level r holds each target's r-th
