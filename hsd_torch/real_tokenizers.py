@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: UNAVAILABLE: {e}")
             bad += 1
             continue
-        print(f"{name}: {len(tok)} ids, eos {tok.eos_token_id}, {time.perf_counter() - t0:.1f} s "
+        print(f"{name}: len() {len(tok)}, eos {tok.eos_token_id}, {time.perf_counter() - t0:.1f} s "
               f"({cache_dir() / 'converted' / name})")
     return 1 if bad else 0
 
