@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -444,10 +442,8 @@ def test_cache_reuses_and_notices_added_tokens(corpus: list[str]) -> None:
     b = tiny.train_byte_bpe(corpus[3:6], 700)
     clear_cache()
     first = VocabBridge(a, b)
-    t0 = time.perf_counter()
     again = VocabBridge(a, b)
-    assert time.perf_counter() - t0 < first.build_seconds + 0.05
-    assert again._core is first._core
+    assert again._core is first._core  # built once
     b.add_tokens(["zzqqzz"])
     grown = VocabBridge(a, b)
     assert grown._core is not first._core and grown.drafter_vocab_size == 701
@@ -510,8 +506,3 @@ def test_build_time_150k() -> None:
         took = time.perf_counter() - t0
         print(f"qwen (151,851) x cl100k (100,277) bridge build: {took:.3f} s")
         assert took < 5.0
-
-
-def test_hsd_core_does_not_import_torch() -> None:
-    code = "import sys, hsd_core; assert 'torch' not in sys.modules, 'hsd_core imported torch'"
-    subprocess.run([sys.executable, "-c", code], check=True)
