@@ -32,8 +32,8 @@ The bridge (:class:`VocabBridge`)
     restriction of a drafter law to the intersection. Everything is built once per tokenizer pair
     (cached) and its invariants are checked at build time.
 
-Cost: building the bridge of two 150k-token vocabularies takes about 0.5 s on this project's CPUs
-after the tokenizers are loaded (see ``docs/vocab.md``); a cached pair is free.
+Cost: building the bridge of two 150k-token vocabularies takes 0.5-1.0 s on this project's 2 busy
+CPU cores after the tokenizers are loaded (``docs/vocab.md``); a cached pair takes milliseconds.
 """
 
 from __future__ import annotations
@@ -537,8 +537,8 @@ class VocabBridge:
 
     def _place(self, device: torch.device) -> None:
         c = self._core
-        self.device: torch.device = device
         self.to_target: torch.Tensor = c.to_target.to(device)
+        self.device: torch.device = self.to_target.device  # e.g. cuda:0 for "cuda"
         self.to_drafter: torch.Tensor = c.to_drafter.to(device)
         self.drafter_ids: torch.Tensor = c.drafter_ids.to(device)
         self.target_ids: torch.Tensor = c.target_ids.to(device)
@@ -548,6 +548,8 @@ class VocabBridge:
     def to(self, device: torch.device | str) -> VocabBridge:
         """The same bridge with its index tensors on ``device`` (self if already there)."""
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         if dev == self.device:
             return self
         out = object.__new__(VocabBridge)
