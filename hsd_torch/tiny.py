@@ -185,3 +185,121 @@ def tokenizer_from_strings(strings: Sequence[str], eos: str = "<eos>") -> Any:
     tok.add_special_tokens([AddedToken(eos, special=True, normalized=False)])
     assert tok.token_to_id(eos) == len(written)
     return tok
+
+
+# --------------------------------------------------------------------------------------------
+# tiny random-init causal LMs (appended for issue 9)
+
+
+def _peaked_head(model: Any, head_std: float, seed: int) -> None:
+    """Give ``model`` an untied output head with i.i.d. ``N(0, (head_std / sqrt(d))^2)`` weights.
+
+    The head's input is the final norm's output (unit scale per position), so logits have a
+    standard deviation of about ``head_std``: laws far from uniform (``head_std = 3`` over 500 ids
+    puts roughly a third to a half of the mass on the top token)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    g = torch.Generator().manual_seed(seed + 1_000_003)
+    w = torch.randn(tuple(head.weight.shape), generator=g, dtype=torch.float64) * (head_std / head.weight.shape[1] ** 0.5)
+    new = torch.nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
+    with torch.no_grad():
+        new.weight.copy_(w.to(head.weight.dtype))
+    model.set_output_embeddings(new)
+
+
+def _special_ids(tokenizer: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = getattr(tokenizer, name, None)
+        if v is not None:
+            out[name] = int(v)
+    return out
+
+
+def _finish(model: Any, tokenizer: Any, head_std: float, seed: int, dtype: Any) -> Any:
+    _peaked_head(model, head_std, seed)
+    for k, v in _special_ids(tokenizer).items():
+        setattr(model.generation_config, k, v)
+    model.to(dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def tiny_gpt2(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, n_layer: int = 2,
+              n_embd: int = 64, n_head: int = 2, n_positions: int = 512, head_std: float = 3.0,
+              dtype: Any = None) -> Any:
+    """A random-init ``GPT2LMHeadModel`` over ``tokenizer`` with a peaked, untied head.
+
+    ``vocab_size`` (default ``len(tokenizer)``) may exceed the tokenizer: a padded embedding,
+    whose extra ids have no text. BOS/EOS/PAD ids come from the tokenizer. The model is in eval
+    mode, without gradients, in ``dtype`` (default float32), and a deterministic function of its
+    arguments (the global torch RNG is left untouched). About 0.1M parameters plus
+    ``2 * vocab_size * n_embd`` at the defaults; built in well under a second.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    v = len(tokenizer) if vocab_size is None else int(vocab_size)
+    if v < len(tokenizer):
+        raise ValueError(f"vocab_size {v} is smaller than the tokenizer's {len(tokenizer)} ids")
+    cfg = GPT2Config(vocab_size=v, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                     tie_word_embeddings=False, **_special_ids(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(cfg)
+    return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
+
+
+def tiny_llama(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, num_hidden_layers: int = 2,
+               hidden_size: int = 64, intermediate_size: int = 128, num_attention_heads: int = 4,
+               num_key_value_heads: int = 2, max_position_embeddings: int = 512, head_std: float = 3.0,
+               dtype: Any = None) -> Any:
+    """A random-init ``LlamaForCausalLM`` (RoPE, grouped-query attention) over ``tokenizer`` with
+    a peaked, untied head; same conventions as :func:`tiny_gpt2`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    v = len(tokenizer) if vocab_size is None else int(vocab_size)
+    if v < len(tokenizer):
+        raise ValueError(f"vocab_size {v} is smaller than the tokenizer's {len(tokenizer)} ids")
+    cfg = LlamaConfig(vocab_size=v, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
+                      tie_word_embeddings=False, **_special_ids(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
+
+
+_TOKENIZERS: dict[tuple[str, int], Any] = {}
+
+
+def tiny_tokenizer(kind: str, vocab_size: int | None = None, max_bytes: int = 60_000) -> Any:
+    """A cached tiny tokenizer trained on ``stdlib_corpus(max_bytes)``: ``kind`` is
+    ``"byte_bpe"`` (default 384 ids), ``"unigram"`` (Unigram + byte fallback, about 520) or
+    ``"bpe_fallback"`` (LLaMA-style BPE + byte fallback, about 448). The sizes differ on purpose
+    (transformers tells tokenizers apart by size). A few seconds for the first call of each."""
+    sizes = {"byte_bpe": 384, "unigram": 520, "bpe_fallback": 448}
+    trainers = {"byte_bpe": train_byte_bpe, "unigram": train_unigram_byte_fallback,
+                "bpe_fallback": train_bpe_byte_fallback}
+    if kind not in trainers:
+        raise ValueError(f"unknown tiny tokenizer kind {kind!r}; one of {sorted(trainers)}")
+    size = sizes[kind] if vocab_size is None else int(vocab_size)
+    key = (f"{kind}/{max_bytes}", size)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = trainers[kind](stdlib_corpus(max_bytes), size)
+    return _TOKENIZERS[key]
+
+
+def tiny_pair(target_kind: str = "byte_bpe", drafter_kind: str = "unigram", *, seed: int = 0,
+              dtype: Any = None) -> tuple[Any, Any, Any, Any]:
+    """``(target, target_tokenizer, drafter, drafter_tokenizer)`` for quick starts: a tiny Llama
+    target and a tiny GPT-2 drafter with a padded embedding (32 ids wider than its tokenizer)."""
+    tt = tiny_tokenizer(target_kind)
+    dt = tiny_tokenizer(drafter_kind)
+    target = tiny_llama(tt, seed=seed, dtype=dtype)
+    drafter = tiny_gpt2(dt, seed=seed + 1, vocab_size=len(dt) + 32, dtype=dtype)
+    return target, tt, drafter, dt

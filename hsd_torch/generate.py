@@ -1,0 +1,609 @@
+"""Speculative generation over Hugging Face causal LMs: ``hsd_torch.generate``.
+
+Methods (names as in :mod:`hsd_core.methods`; each round is one target forward pass):
+
+- ``"ar"``: one token from the target's processed law per round.
+- ``"sd"``: same-tokenizer speculative decoding: ``min(lookahead, budget)`` drafts from the
+  drafter's processed law, verified by :func:`hsd_torch.kernels.rejection_verify`.
+- ``"tli"``: token-level intersection: drafts from the drafter's processed law restricted to the
+  intersection (:meth:`VocabBridge.restrict`), mapped by ``to_target``; each draft is verified
+  against the pushforward (:meth:`VocabBridge.push`) of exactly the law it was drawn from.
+  Drafting stops early where that law has no mass (a round with no draft is plain target
+  decoding). The drafter's context is re-synced as ``hsd_core``'s TLI does: each emitted target
+  id becomes ``to_drafter`` of it when the drafter has its text, else the drafter's encoding of
+  its text (:meth:`TokenText.encode`).
+- ``"slem"``: ``lookahead`` drafter tokens from its processed law; their text is re-tokenized for
+  the target after its context (look-behind 4, :func:`retokenize`), the target's EOS appended if
+  the drafter ended; :func:`hsd_torch.kernels.exact_match_verify`. The drafter's context is its
+  encoding of (prompt + emitted text), recomputed every round.
+- ``"slrs"``: not implemented yet (issue 9): raises ``NotImplementedError``.
+
+The law every method is lossless for is the target's **processed** law (:func:`process_logits`):
+ids without text other than EOS removed (special tokens, a padded embedding's extra ids),
+then temperature, top-k, top-p. The drafter's laws are processed the same way.
+
+How a batch runs. All rows advance together, one round per target forward pass. Each model has a
+:class:`_Runner`: one ``DynamicCache`` for the batch and a boolean mask of its columns. A row's
+tokens sit in the columns it was fed; a column a row must forget (a rejected draft, a drafter
+token that the re-sync replaced, padding of a ragged block) is masked out of attention from then on
+(a hole), and position ids count only a row's kept tokens, so every row computes what it would
+compute alone, up to float rounding. After each round the trailing columns that no row keeps are
+cropped off the cache (``DynamicCache.crop(-n)``). So the target's cache holds exactly the
+accepted context plus holes, and the drafter's holds the longest prefix of its new context that
+it had already seen (only the rest is recomputed; ``stats`` counts both). Finished rows stay in the
+batch with empty blocks (masked, never read).
+
+Randomness. Row ``i`` draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(n)[i])``
+(the same for any batch size ``n``), and how many uniforms a round draws depends only on that
+row's own state, so a row's output is a function of ``(seed, i, its prompt)`` alone. Per round a
+row draws its drafting uniforms (one per possible draft), then its verification uniforms; the
+uniforms it actually *consumes*, in the order ``hsd_core``'s method consumes them (drafts, then
+what the kernel read: see :mod:`hsd_torch.kernels`), can be recorded (``record_uniforms=True``)
+and replayed into ``hsd_core`` through :class:`hsd_core.rand.UniformRand` (the mirror test).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import kernels
+from .text import TokenText
+from .vocab import VocabBridge
+
+__all__ = ["GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
+
+METHODS = ("ar", "sd", "tli", "slem", "slrs")
+
+
+@dataclass
+class RowStats:
+    """What generating one prompt cost. Forward passes count the calls in which this row had a
+    token to feed; ``*_positions`` the tokens it fed, ``*_recomputed`` those fed again after a
+    rollback (rejected or re-synced context). ``wall_time`` is the whole batch's time (seconds)."""
+
+    target_calls: int = 0
+    drafter_calls: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    target_positions: int = 0
+    drafter_positions: int = 0
+    target_recomputed: int = 0
+    drafter_recomputed: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+
+@dataclass
+class GenerateOutput:
+    """``sequences[i]``: the new target ids of prompt ``i`` (ending with EOS if it came);
+    ``texts[i]``: their text (the tokens' bytes decoded as UTF-8, invalid bytes replaced);
+    ``stats[i]``: :class:`RowStats`; ``uniforms[i]``: the uniforms row ``i`` consumed, in
+    ``hsd_core``'s order (only with ``record_uniforms=True``, else ``None``)."""
+
+    sequences: list[list[int]]
+    texts: list[str]
+    stats: list[RowStats]
+    uniforms: list[list[float]] | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# laws
+
+
+def process_logits(logits: Tensor, text_mask: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> Tensor:
+    """The processed law of ``logits [..., V]``: probabilities, float64 for float64 logits, else
+    float32.
+
+    In order: ids where ``text_mask [V]`` is False get probability 0; logits are divided by
+    ``temperature``; top-k keeps the ids whose logit is at least the k-th largest (ties kept);
+    top-p keeps, in order of decreasing probability (ties by lower id), the ids whose preceding mass
+    is below ``top_p`` (the smallest such head of mass >= ``top_p``), renormalized.
+    """
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(cdt)
+    v = x.shape[-1]
+    if text_mask.shape[0] != v:
+        raise ValueError(f"logits have {v} columns but the text mask {text_mask.shape[0]}")
+    x = x.masked_fill(~text_mask.to(x.device), float("-inf"))
+    if temperature != 1.0:
+        x = x / temperature
+    if top_k is not None and top_k < v:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        before = torch.cumsum(sp, dim=-1) - sp
+        keep_sorted = before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, torch.zeros((), dtype=cdt, device=probs.device))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+# --------------------------------------------------------------------------------------------
+# one model's batched cache
+
+
+def _max_positions(config: Any) -> int | None:
+    for name in ("n_positions", "max_position_embeddings"):
+        v = getattr(config, name, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _device(model: Any) -> torch.device:
+    dev: torch.device = next(model.parameters()).device
+    return dev
+
+
+def _logit_width(model: Any) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+class _Runner:
+    """A model, its batch cache and, per row, the ids it holds and the cache columns they sit in."""
+
+    def __init__(self, model: Any, batch: int, pad_id: int, name: str) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.name = name
+        self.device = _device(model)
+        self.cache = DynamicCache(config=model.config)
+        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.cols: list[list[int]] = [[] for _ in range(batch)]
+        self.high = [0] * batch
+        self.calls = [0] * batch
+        self.positions = [0] * batch
+        self.recomputed = [0] * batch
+        self.pad_id = pad_id
+        self.max_pos = _max_positions(model.config)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def feed(self, blocks: Sequence[Sequence[int]]) -> Tensor:
+        """Run the model on one block of new ids per row (ragged; an empty block feeds nothing);
+        returns the logits ``[B, W, V]``, row ``b``'s first ``len(blocks[b])`` columns valid."""
+        batch = len(blocks)
+        width = max(1, max(len(b) for b in blocks))
+        start = self.mask.shape[1]
+        toks = [[self.pad_id] * width for _ in range(batch)]
+        pos = [[0] * width for _ in range(batch)]
+        valid = [[False] * width for _ in range(batch)]
+        cap = (self.max_pos - 1) if self.max_pos is not None else None
+        for i, b in enumerate(blocks):
+            n0 = len(self.ids[i])
+            if b and self.max_pos is not None and n0 + len(b) > self.max_pos:
+                raise NotImplementedError(
+                    f"the {self.name}'s context would grow to {n0 + len(b)} tokens, beyond its {self.max_pos} "
+                    "positions; a sliding window is not implemented yet (issue 9)")
+            for j in range(width):
+                p = n0 + j
+                pos[i][j] = p if cap is None else min(p, cap)
+            for j, t in enumerate(b):
+                toks[i][j] = int(t)
+                valid[i][j] = True
+            if b:
+                self.calls[i] += 1
+                self.positions[i] += len(b)
+                self.recomputed[i] += max(0, min(self.high[i], n0 + len(b)) - n0)
+                self.ids[i].extend(int(t) for t in b)
+                self.cols[i].extend(range(start, start + len(b)))
+                self.high[i] = max(self.high[i], len(self.ids[i]))
+        dev = self.device
+        new_valid = torch.tensor(valid, dtype=torch.bool, device=dev)
+        mask = torch.cat([self.mask, new_valid], dim=1)
+        out = self.model(input_ids=torch.tensor(toks, dtype=torch.long, device=dev),
+                         attention_mask=mask.to(torch.long),
+                         position_ids=torch.tensor(pos, dtype=torch.long, device=dev),
+                         use_cache=True, **{self._cache_kw: self.cache})
+        self.mask = mask
+        logits: Tensor = out.logits
+        return logits
+
+    def sync(self, i: int, context: Sequence[int]) -> list[int]:
+        """Keep the longest prefix of row ``i``'s cached ids that ``context`` starts with (mask
+        the rest); returns the ids of ``context`` still to feed, at least one (the last id is
+        fed again when the cache holds all of ``context``: its logits are needed)."""
+        have = self.ids[i]
+        m = 0
+        n = min(len(have), len(context))
+        while m < n and have[m] == context[m]:
+            m += 1
+        if m == len(context) and m > 0:
+            m -= 1
+        if m < len(have):
+            drop = self.cols[i][m:]
+            self.mask[i, torch.tensor(drop, dtype=torch.long, device=self.device)] = False
+            del have[m:]
+            del self.cols[i][m:]
+        return list(context[m:])
+
+    def trim(self) -> None:
+        """Crop the trailing cache columns that no row keeps."""
+        last = max((c[-1] + 1 for c in self.cols if c), default=0)
+        n = self.mask.shape[1] - last
+        if n > 0:
+            self.cache.crop(-n)
+            self.mask = self.mask[:, :last]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by the methods
+
+
+def retokenize(text_of: TokenText, ctx: Sequence[int], text: bytes, lookbehind: int) -> list[int]:
+    """``hsd_core.methods.slem.retokenize`` over ids and bytes: for ``w`` from
+    ``min(lookbehind, len(ctx))`` down to 0, encode the text of the last ``w`` ids of ``ctx``
+    followed by ``text``; the first encoding that starts with exactly those ``w`` ids gives the
+    candidates (the rest of it)."""
+    for w in range(min(lookbehind, len(ctx)), -1, -1):
+        tail = list(ctx[len(ctx) - w:])
+        ids = text_of.encode(text_of.decode(tail) + text)
+        if ids[:w] == tail:
+            return ids[w:]
+    raise AssertionError("unreachable: the empty look-behind always matches")
+
+
+def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Tensor:
+    out = np.zeros((len(rows), max(width, 0)), dtype=np.float64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r[:width]
+    return torch.from_numpy(out).to(dev)
+
+
+def _gather_positions(logits: Tensor, starts: Sequence[int], width: int) -> Tensor:
+    """``logits[b, starts[b] + j]`` for ``j < width`` (clamped into range): ``[B, width, V]``."""
+    w = logits.shape[1]
+    idx = torch.tensor([[min(max(s + j, 0), w - 1) for j in range(width)] for s in starts],
+                       dtype=torch.long, device=logits.device)
+    return logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+
+def _fit_width(law: Tensor, v: int) -> Tensor:
+    """A law over drafter ids as one over ``v`` target ids of the same tokenizer (SD): columns past
+    the tokenizer carry no mass, so padding with zeros or cutting them changes nothing."""
+    n = law.shape[-1]
+    if n == v:
+        return law
+    if n > v:
+        return law[..., :v]
+    return torch.nn.functional.pad(law, (0, v - n))
+
+
+class _EosLast:
+    """The column order in which laws are sampled: the ids in increasing order with EOS moved to
+    the end, which is ``hsd_core``'s order (its EOS is the last id). Inverse-CDF draws and argmax
+    ties depend on the order, so the backend samples in this one (the mirror needs it)."""
+
+    def __init__(self, eos: int, v: int, device: torch.device) -> None:
+        self.eos, self.v = eos, v
+        self.perm = torch.cat([torch.arange(eos), torch.arange(eos + 1, v), torch.tensor([eos])]).to(device)
+
+    def law(self, x: Tensor) -> Tensor:
+        """``x [..., V]`` with its columns in sampling order."""
+        e = self.eos
+        return torch.cat([x[..., :e], x[..., e + 1:], x[..., e:e + 1]], dim=-1)
+
+    def to_id(self, c: Tensor) -> Tensor:
+        """Sampling-order positions back to ids."""
+        return self.perm[c]
+
+    def from_id(self, ids: Tensor) -> Tensor:
+        """Ids to sampling-order positions."""
+        e = self.eos
+        return torch.where(ids == e, torch.full_like(ids, self.v - 1), ids - (ids > e).to(ids.dtype))
+
+
+def _seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
+    if isinstance(seed, torch.Generator):
+        return np.random.SeedSequence(int(torch.randint(0, 2**62, (1,), generator=seed).item()))
+    if seed is None:
+        return np.random.SeedSequence()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, a torch.Generator or None, got {seed!r}")
+    return np.random.SeedSequence(int(seed))
+
+
+# --------------------------------------------------------------------------------------------
+# the API
+
+
+@torch.inference_mode()
+def generate(
+    target: Any,
+    drafter: Any = None,
+    prompts: str | Sequence[str] = (),
+    *,
+    target_tokenizer: Any,
+    drafter_tokenizer: Any = None,
+    method: str = "tli",
+    lookahead: int = 4,
+    max_new_tokens: int = 64,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | torch.Generator | None = 0,
+    record_uniforms: bool = False,
+    lookbehind: int = 4,
+) -> GenerateOutput:
+    """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
+
+    ``target``, ``drafter``: Hugging Face causal LMs in eval mode on one device (``drafter`` may be
+    None for ``method="ar"``); ``prompts``: a str or a list of str, encoded by each tokenizer with
+    its own special prefix (a BOS) and no other special token. ``method`` in {"ar", "sd", "tli",
+    "slem"} (module docstring; "slrs" raises ``NotImplementedError``); ``lookahead``: drafts per
+    round; ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
+    ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
+    (:func:`process_logits`); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
+    or None (fresh entropy). ``record_uniforms=True`` fills ``GenerateOutput.uniforms``.
+
+    Returns :class:`GenerateOutput`. The models are never modified (no attribute, weight, config
+    or generation config is written); everything runs under ``torch.inference_mode``.
+    """
+    t_start = time.perf_counter()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "slrs":
+        raise NotImplementedError("method 'slrs' is not implemented in hsd_torch yet (issue 9); "
+                                  "use 'tli' or 'slem', or hsd_core.methods.SLRS on toy models")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be a str or a non-empty list of str")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
+    greedy = not do_sample
+    for role, m in (("target", target), ("drafter", drafter)):
+        if m is not None and getattr(m, "training", False):
+            raise ValueError(f"the {role} is in training mode (dropout would make its law random); "
+                             "call .eval() on it first (generate never changes the models itself)")
+    needs_drafter = method != "ar"
+    if needs_drafter and (drafter is None or drafter_tokenizer is None):
+        raise ValueError(f"method {method!r} needs a drafter and a drafter_tokenizer")
+    dev = _device(target)
+    if needs_drafter and _device(drafter) != dev:
+        raise ValueError(f"the target is on {dev} and the drafter on {_device(drafter)}: put both models on "
+                         "one device")
+
+    vt = _logit_width(target)
+    tt = TokenText(target_tokenizer, vt)
+    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+    t_mask = tt.text_mask.to(dev)
+    batch = len(prompts)
+    prompt_bytes = [p.encode("utf-8") for p in prompts]
+    t_ctx = [tt.prompt_ids(p) for p in prompts]
+    n_prefix_t = len(tt.prefix)
+    emitted: list[list[int]] = [[] for _ in range(batch)]
+    finished = [False] * batch
+    stats = [RowStats() for _ in range(batch)]
+    ss = _seed_sequence(seed)
+    rngs = [np.random.default_rng(s) for s in ss.spawn(batch)]
+    used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
+    t_pad = tt.eos_id
+    trun = _Runner(target, batch, t_pad, "target")
+
+    dt: TokenText | None = None
+    drun: _Runner | None = None
+    bridge: VocabBridge | None = None
+    d_ctx: list[list[int]] = []
+    d_mask: Tensor | None = None
+    if needs_drafter:
+        vd = _logit_width(drafter)
+        dt = TokenText(drafter_tokenizer, vd)
+        bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
+                             target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev)
+        if method == "sd" and not bridge.same_tokenizer:
+            raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
+                             "text); use 'tli' or 'slem' for different tokenizers")
+        d_mask = dt.text_mask.to(dev)
+        d_ctx = [dt.prompt_ids(p) for p in prompts]
+        drun = _Runner(drafter, batch, dt.eos_id, "drafter")
+        d_order = _EosLast(dt.eos_id, vd, dev)
+    t_order = _EosLast(tt.eos_id, vt, dev)
+
+    def record(i: int, values: Sequence[float]) -> None:
+        if used is not None:
+            used[i].extend(float(v) for v in values)
+
+    def target_probs(logits: Tensor) -> Tensor:
+        return process_logits(logits, t_mask, **process)  # type: ignore[arg-type]
+
+    def drafter_probs(logits: Tensor) -> Tensor:
+        assert d_mask is not None
+        return process_logits(logits, d_mask, **process)  # type: ignore[arg-type]
+
+    while not all(finished):
+        active = [not f for f in finished]
+        budget = [max_new_tokens - len(e) for e in emitted]
+        # ---- drafting ------------------------------------------------------------------------
+        n_d = [0] * batch
+        drafts_t: list[list[int]] = [[] for _ in range(batch)]
+        q_steps: list[Tensor] = []  # [B, Vt] per draft position: the law each draft was drawn from
+        d_uniforms: list[list[float]] = [[] for _ in range(batch)]
+        if method in ("sd", "tli", "slem"):
+            assert drun is not None and dt is not None and bridge is not None
+            if method == "slem":
+                d_ctx = [dt.prefix + dt.encode(prompt_bytes[i] + tt.decode(emitted[i])) if active[i] else d_ctx[i]
+                         for i in range(batch)]
+                k = [lookahead if active[i] else 0 for i in range(batch)]
+            else:
+                k = [min(lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
+            if not greedy:
+                d_uniforms = [list(rngs[i].random(k[i])) if k[i] else [] for i in range(batch)]
+            blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
+            still = [k[i] > 0 for i in range(batch)]
+            drafts_d: list[list[int]] = [[] for _ in range(batch)]
+            logits = drun.feed(blocks)
+            last = _gather_positions(logits, [len(b) - 1 for b in blocks], 1)[:, 0]
+            for j in range(max(k)):
+                probs = drafter_probs(last)  # [B, Vd]
+                if method == "tli":
+                    law, mass = bridge.restrict(probs)
+                    has = (mass > 0).tolist()
+                    still = [s and bool(h) for s, h in zip(still, has)]
+                else:
+                    law = probs
+                rows = [i for i in range(batch) if still[i]]
+                if not rows:
+                    break
+                ridx = torch.tensor(rows, dtype=torch.long, device=dev)
+                sel = d_order.law(law.index_select(0, ridx))
+                if greedy:
+                    picked = d_order.to_id(torch.argmax(sel, dim=-1))
+                else:
+                    u = torch.tensor([d_uniforms[i][j] for i in rows], dtype=torch.float64, device=dev)
+                    picked = d_order.to_id(kernels.sample(sel, u))
+                picked_l = picked.tolist()
+                if method == "tli":
+                    q_steps.append(bridge.push(law))
+                    mapped = bridge.to_target[picked].tolist()
+                elif method == "sd":
+                    q_steps.append(_fit_width(law, vt))
+                    mapped = picked_l
+                else:
+                    mapped = picked_l
+                for r, d, t in zip(rows, picked_l, mapped):
+                    drafts_d[r].append(int(d))
+                    drafts_t[r].append(int(t))
+                    n_d[r] += 1
+                    record(r, d_uniforms[r][j:j + 1] if not greedy else [])
+                    if d == dt.eos_id or n_d[r] >= k[r]:
+                        still[r] = False
+                if not any(still):
+                    break
+                logits = drun.feed([[drafts_d[i][-1]] if still[i] else [] for i in range(batch)])
+                last = logits[:, 0]
+            if method == "slem":
+                for i in range(batch):
+                    if not active[i]:
+                        continue
+                    ended = bool(drafts_d[i]) and drafts_d[i][-1] == dt.eos_id
+                    text = dt.decode(drafts_d[i])
+                    cands = retokenize(tt, t_ctx[i][n_prefix_t:], text, lookbehind)
+                    if ended:
+                        cands = cands + [tt.eos_id]
+                    drafts_t[i] = cands[:budget[i]]
+                    n_d[i] = len(drafts_t[i])
+        # ---- target pass --------------------------------------------------------------------
+        pend = [trun.sync(i, t_ctx[i]) if active[i] else [] for i in range(batch)]
+        blocks = [pend[i] + drafts_t[i] if active[i] else [] for i in range(batch)]
+        kmax = max(n_d)
+        logits = trun.feed(blocks)
+        p = target_probs(_gather_positions(logits, [len(pend[i]) - 1 for i in range(batch)], kmax + 1))
+        n_drafts = torch.tensor(n_d, dtype=torch.long, device=dev)
+        budget_t = torch.tensor([max(b, 1) for b in budget], dtype=torch.long, device=dev)
+        cand = t_order.from_id(torch.tensor([d + [0] * (kmax - len(d)) for d in drafts_t], dtype=torch.long,
+                                            device=dev).reshape(batch, kmax))
+        p = t_order.law(p)
+        if method in ("ar", "slem"):
+            if greedy:
+                uv = torch.zeros(batch, kmax + 1, dtype=torch.float64, device=dev)
+            else:
+                uv = _pad2([list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)],
+                           kmax + 1, dev)
+            ver = kernels.exact_match_verify(p, cand.reshape(batch, kmax), n_drafts, uv, greedy=greedy,
+                                             eos_id=vt - 1, budget=budget_t)
+            read_u = [uv[i, :int(n)].tolist() for i, n in enumerate(ver.n_emitted.tolist())]
+        else:
+            q = (torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])).to(p.dtype)
+            if q.shape[1] < kmax:  # pragma: no cover - every draft position has its law
+                raise AssertionError("missing draft laws")
+            q = t_order.law(q[:, :kmax])
+            if greedy:
+                ua = torch.zeros(batch, kmax, dtype=torch.float64, device=dev)
+                uf = torch.zeros(batch, dtype=torch.float64, device=dev)
+            else:
+                ua_rows = [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
+                uf_rows = [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
+                ua = _pad2(ua_rows, kmax, dev)
+                uf = torch.tensor(uf_rows, dtype=torch.float64, device=dev)
+            ver = kernels.rejection_verify(p, q, cand.reshape(batch, kmax), n_drafts, ua, uf, greedy=greedy,
+                                           eos_id=vt - 1, budget=budget_t)
+            read_u = []
+            for i, (na, ne) in enumerate(zip(ver.n_accepted.tolist(), ver.n_emitted.tolist())):
+                tested = na + 1 if (ne > na and na < n_d[i]) else na
+                read_u.append(ua[i, :tested].tolist() + ([float(uf[i])] if ne > na else []))
+        rows_out = [t_order.to_id(torch.tensor(r, dtype=torch.long, device=dev)).tolist() for r in ver.rows()]
+        for i in range(batch):
+            if not active[i]:
+                continue
+            out = rows_out[i]
+            if not greedy:
+                record(i, read_u[i])
+            emitted[i].extend(out)
+            t_ctx[i].extend(out)
+            st = stats[i]
+            st.target_calls += 1
+            if method != "ar":
+                st.proposed += n_d[i]
+                st.accepted += int(ver.n_accepted[i])
+            if (out and out[-1] == tt.eos_id) or len(emitted[i]) >= max_new_tokens:
+                finished[i] = True
+            elif method in ("sd", "tli"):
+                assert bridge is not None and dt is not None
+                if method == "sd":
+                    d_ctx[i].extend(out)
+                else:
+                    to_d = bridge.to_drafter
+                    for t in out:
+                        d = int(to_d[t])
+                        if d >= 0:
+                            d_ctx[i].append(d)
+                        else:
+                            b = tt.bytes_of[t]
+                            assert b is not None
+                            d_ctx[i].extend(dt.encode(b))
+        # the target keeps exactly the verified context; the drafter what is still valid
+        for i in range(batch):
+            if active[i]:
+                trun.sync(i, t_ctx[i])
+        trun.trim()
+        if drun is not None:
+            for i in range(batch):
+                if active[i] and not finished[i] and method != "slem":
+                    drun.sync(i, d_ctx[i])
+            drun.trim()
+    wall = time.perf_counter() - t_start
+    for i, st in enumerate(stats):
+        st.new_tokens = len(emitted[i])
+        st.target_positions = trun.positions[i]
+        st.target_recomputed = trun.recomputed[i]
+        if drun is not None:
+            st.drafter_calls = drun.calls[i]
+            st.drafter_positions = drun.positions[i]
+            st.drafter_recomputed = drun.recomputed[i]
+        st.wall_time = wall
+    texts = [tt.decode(e).decode("utf-8", errors="replace") for e in emitted]
+    return GenerateOutput(emitted, texts, stats, used)

@@ -1,0 +1,131 @@
+"""The mirror: a Hugging Face model and tokenizer presented as an :mod:`hsd_core` model.
+
+:class:`CoreModel` lets the reference methods (``hsd_core.methods.AR/SD/TLI/SLEM``) run over the
+very models :func:`hsd_torch.generate` runs, so that, fed the uniforms the backend consumed
+(``GenerateOutput.uniforms`` through ``hsd_core.rand.UniformRand``), the reference must emit the
+same tokens.
+
+The mapping to ``hsd_core``'s toy world (``hsd_core.vocab.Vocabulary``: token strings, every
+character a single-character token, EOS out of band with the last id):
+
+- **Text is bytes.** A token's string is its byte string (:attr:`TokenText.bytes_of`) read as
+  latin-1, one character per byte, so core text is the latin-1 reading of UTF-8 bytes
+  (``prompt.encode("utf-8").decode("latin-1")``) and any byte sequence, partial UTF-8 included,
+  is a string. The alphabet rule holds when every byte that occurs in a token is itself a
+  single-byte token: true for byte-level BPE (256 byte tokens) and for byte fallback
+  (``<0x00>..<0xFF>``); :class:`CoreModel` checks it and raises ``ValueError`` otherwise.
+- **Ids.** Core ids are the tokenizer's ids that have text, in increasing order, then EOS; ids
+  without text (special tokens, a padded embedding's extra ids) have no core id, and the backend
+  gives them probability 0 (:func:`hsd_torch.generate.process_logits`). The order is kept, so
+  "lowest id with a string" and argmax ties mean the same on both sides.
+- **Encoding.** ``encode``/``decode`` are :class:`TokenText`'s (the rule both sides share; for
+  SentencePiece tokenizers ``decode(encode(x))`` gains the ``▁`` space the tokenizer prepends,
+  which costs acceptance, never correctness). The tokenizer's special prefix (a BOS) is put
+  before every context by :meth:`CoreModel.next_probs`, not into core contexts.
+- **Laws.** ``next_probs`` runs the model on the full context (no cache, batch 1) and returns the
+  processed law (same :func:`process_logits`, same temperature / top-k / top-p) as float64.
+  The backend's batched, cached forward passes agree with it up to float rounding, so the two
+  can differ only where a uniform falls within rounding of a decision boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from hsd_core.vocab import Vocabulary
+
+from .generate import _device, _logit_width, process_logits
+from .text import TokenText
+
+__all__ = ["CoreModel", "CoreTokenizer"]
+
+
+class CoreTokenizer:
+    """An ``hsd_core`` tokenizer over core ids (see the module docstring)."""
+
+    def __init__(self, text: TokenText) -> None:
+        self.text = text
+        self.hf_ids: list[int] = [i for i, b in enumerate(text.bytes_of) if b is not None] + [text.eos_id]
+        self.core_id: dict[int, int] = {h: c for c, h in enumerate(self.hf_ids)}
+        strings = [b.decode("latin-1") for b in (text.bytes_of[i] for i in self.hf_ids[:-1]) if b is not None]
+        eos = "<eos>"
+        while eos in strings:
+            eos = "<" + eos + ">"
+        missing = sorted({c for s in strings for c in s} - set(strings))
+        if missing:
+            raise ValueError(f"bytes {[hex(ord(c)) for c in missing]} occur in tokens but are not single-byte "
+                             "tokens: the tokenizer has no byte-level alphabet or byte fallback")
+        self._vocab = Vocabulary(strings, eos)
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self._vocab
+
+    def to_core(self, hf_ids: Iterable[int]) -> list[int]:
+        """Core ids of Hugging Face ids (``KeyError`` for an id without text)."""
+        return [self.core_id[int(i)] for i in hf_ids]
+
+    def to_hf(self, core_ids: Iterable[int]) -> list[int]:
+        return [self.hf_ids[int(i)] for i in core_ids]
+
+    def encode(self, text: str) -> list[int]:
+        return self.to_core(self.text.encode(text.encode("latin-1")))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.text.decode(self.to_hf(ids)).decode("latin-1")
+
+
+def core_text(s: str) -> str:
+    """A Python str as core text: its UTF-8 bytes read as latin-1."""
+    return s.encode("utf-8").decode("latin-1")
+
+
+class CoreModel:
+    """``model`` + ``tokenizer`` as an ``hsd_core.models.Model`` (float64 ``next_probs``).
+
+    ``temperature``, ``top_k``, ``top_p`` give the processed law (as :func:`hsd_torch.generate`
+    uses). ``evaluations`` counts forward passes (cached per context).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None) -> None:
+        self.model = model
+        self.text = TokenText(tokenizer, _logit_width(model))
+        self._tokenizer = CoreTokenizer(self.text)
+        self._process: dict[str, Any] = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+        self._cache: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
+        self._cols = torch.tensor(self._tokenizer.hf_ids, dtype=torch.long)
+        self.evaluations = 0
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self._tokenizer.vocab
+
+    @property
+    def tokenizer(self) -> CoreTokenizer:
+        return self._tokenizer
+
+    def next_probs(self, context_ids: Sequence[int]) -> npt.NDArray[np.float64]:
+        """The processed law after ``prefix + context`` over core ids (EOS last), float64."""
+        ctx = tuple(int(i) for i in context_ids)
+        hit = self._cache.get(ctx)
+        if hit is not None:
+            return hit
+        ids = self.text.prefix + self._tokenizer.to_hf(ctx)
+        if not ids:
+            raise ValueError("empty context and no BOS: the model has nothing to condition on")
+        dev = _device(self.model)
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev)).logits[0, -1]
+            probs = process_logits(logits, self.text.text_mask.to(dev), **self._process)
+            law = probs.to(torch.float64).cpu().index_select(0, self._cols).numpy().copy()
+        if probs.dtype != torch.float64:
+            law = law / law.sum()  # a float32 law, summed in float64, is 1 only to about 1e-7
+        self._cache[ctx] = law
+        self.evaluations += 1
+        return law

@@ -1,0 +1,105 @@
+"""Text of Hugging Face token ids as bytes, and the one encoding rule both backends share.
+
+:class:`TokenText` wraps a tokenizer (at the width of a model's logits) with
+
+- ``bytes_of[i]``: the byte string id ``i`` adds in the middle of a sequence
+  (:func:`hsd_torch.vocab.token_bytes`), ``None`` for ids without text (special tokens, ids of a
+  padded embedding, EOS, empty strings);
+- ``text_mask [V]``: ids a generated law may put mass on: ids with text, and EOS. Every other id
+  is removed from the laws (:func:`hsd_torch.generate.process_logits`), so every emitted id has
+  text or ends the sequence;
+- :meth:`TokenText.encode`: the **one** encoding rule used for prompts, for TLI's re-sync of a
+  token the drafter lacks, for SLEM's drafter context and for SLEM's re-tokenization, by
+  :func:`hsd_torch.generate` and by the mirror :class:`hsd_torch.mirror.CoreModel` alike. On
+  valid UTF-8 it is the tokenizer's own encoding without special tokens (so a SentencePiece
+  tokenizer prepends its ``▁`` as it always does: ``decode(encode(x)) == x`` then holds only
+  for text starting with a space). Text that is not valid UTF-8 (drafts often end inside a
+  character) is split into maximal valid runs, each encoded as above, and single invalid bytes,
+  each encoded as the lowest id whose text is exactly that byte.
+- ``prefix``: the special ids the tokenizer puts before a text (a BOS), part of every context the
+  model sees but not of the text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .vocab import token_bytes
+
+__all__ = ["TokenText"]
+
+_INVALID = re.compile("([\udc80-\udcff])")
+
+
+class TokenText:
+    """The text of a tokenizer's ids, at ``vocab_size`` ids (a model's logit width)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_id: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        tb = token_bytes(tokenizer, vocab_size)
+        eos = eos_id if eos_id is not None else getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token_id")
+        self.eos_id: int = int(eos)
+        self.vocab_size = vocab_size
+        self.bytes_of: list[bytes | None] = [b if b else None for b in tb.by_id]
+        self.bytes_of[self.eos_id] = None
+        mask = [b is not None for b in self.bytes_of]
+        mask[self.eos_id] = True
+        self.text_mask = torch.tensor(mask, dtype=torch.bool)
+        self.byte_id: dict[int, int] = {}
+        for i, b in enumerate(self.bytes_of):
+            if b is not None and len(b) == 1 and b[0] not in self.byte_id:
+                self.byte_id[b[0]] = i
+        with_special = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+        plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+        n = len(with_special) - len(plain)
+        self.prefix: list[int] = with_special[:n] if n > 0 and with_special[n:n + len(plain)] == plain else []
+
+    def _encode_str(self, s: str) -> list[int]:
+        ids = [int(i) for i in self.tokenizer(s, add_special_tokens=False)["input_ids"]]
+        for i in ids:
+            if not 0 <= i < self.vocab_size or self.bytes_of[i] is None:
+                raise ValueError(f"encoding {s!r} gave id {i}, which has no text")
+        return ids
+
+    def encode(self, data: bytes) -> list[int]:
+        """Ids of ``data`` (the rule of the module docstring); no special ids."""
+        if not data:
+            return []
+        s = data.decode("utf-8", errors="surrogateescape")
+        out: list[int] = []
+        for part in _INVALID.split(s):
+            if not part:
+                continue
+            if len(part) == 1 and 0xDC80 <= ord(part) <= 0xDCFF:
+                b = ord(part) - 0xDC00
+                if b not in self.byte_id:
+                    raise ValueError(f"the tokenizer has no token for the byte {b:#04x}")
+                out.append(self.byte_id[b])
+            else:
+                out.extend(self._encode_str(part))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> bytes:
+        """The concatenated text of ``ids`` (ids without text contribute nothing)."""
+        bs = self.bytes_of
+        return b"".join(b for b in (bs[i] for i in ids) if b is not None)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """``prefix`` followed by :meth:`encode` of the prompt's UTF-8; ``ValueError`` if empty."""
+        ids = self.prefix + self.encode(prompt.encode("utf-8"))
+        if not ids:
+            raise ValueError(
+                f"prompt {prompt!r} encodes to no tokens and the tokenizer adds no BOS, so the model has "
+                "nothing to condition on; empty prompts are not supported yet (issue 9)")
+        return ids
+
+    def ids_without_prefix(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` with the leading :attr:`prefix` removed."""
+        n = len(self.prefix)
+        return list(ids[n:])
