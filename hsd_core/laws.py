@@ -9,9 +9,9 @@ exactly on rationals and approximately on floats.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
-from numbers import Rational
+from numbers import Rational, Real
 from typing import Union
 
 import numpy as np
@@ -30,16 +30,29 @@ def as_law(values: Iterable[object], size: int, where: str = "law") -> Law:
     """Validate ``values`` as a law of length ``size`` and return it as a tuple.
 
     Integers and Fractions give an exact law (Fractions); anything with a float gives a float law.
-    Raises :class:`InvalidLawError` for a wrong length, NaN or infinite entries, negative entries,
-    or a sum that is not 1 (exactly for rationals, within ``FLOAT_TOL`` for floats).
+    Raises :class:`InvalidLawError` for something that is not a sequence (a dict, a str, ...), a
+    wrong length, an entry that is not a number (a str such as ``"0.5"``, a bool), NaN or infinite
+    entries, negative entries, or a sum that is not 1 (exactly for rationals, within ``FLOAT_TOL``
+    for floats).
     """
+    if isinstance(values, (Mapping, str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidLawError(
+            f"{where}: is a {type(values).__name__}; a law is a sequence with one probability per id "
+            "(EOS included), e.g. a list or a tuple")
     if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise InvalidLawError(f"{where}: is an array of shape {values.shape}; a law is 1-d")
+        if values.dtype.kind == "f" and len(values) == size:
+            return _float_array_law(values, where)
         vals: list[object] = values.tolist()
     else:
         vals = list(values)
     if len(vals) != size:
         raise InvalidLawError(f"{where}: has {len(vals)} entries, expected {size} (one per id, EOS included)")
-    exact = all(isinstance(v, (Rational, np.integer)) and not isinstance(v, bool) for v in vals)
+    for i, v in enumerate(vals):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (Real, np.number)):
+            raise InvalidLawError(f"{where}: entry {i} is {v!r} ({type(v).__name__}), not a number")
+    exact = all(isinstance(v, (Rational, np.integer)) for v in vals)
     out: list[Prob] = []
     if exact:
         for v in vals:
@@ -67,6 +80,24 @@ def as_law(values: Iterable[object], size: int, where: str = "law") -> Law:
     elif abs(float(total) - 1.0) > FLOAT_TOL:
         raise InvalidLawError(f"{where}: sums to {float(total)!r}, not 1 (tolerance {FLOAT_TOL})")
     return tuple(out)
+
+
+def _float_array_law(values: np.ndarray, where: str) -> Law:
+    """The fast path of :func:`as_law` for a float numpy vector (a real model's output): the same
+    checks, vectorized, and the same Python floats as the entry-by-entry path."""
+    arr = values.astype(np.float64, copy=False)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        i = int(np.argmin(finite))
+        raise InvalidLawError(f"{where}: entry {i} is {float(arr[i])!r} (NaN or infinite)")
+    if (arr < 0).any():
+        i = int(np.argmax(arr < 0))
+        raise InvalidLawError(f"{where}: entry {i} is negative ({float(arr[i])})")
+    out: Law = tuple(arr.tolist())
+    total = sum(out)
+    if abs(float(total) - 1.0) > FLOAT_TOL:
+        raise InvalidLawError(f"{where}: sums to {float(total)!r}, not 1 (tolerance {FLOAT_TOL})")
+    return out
 
 
 def is_exact(law: Sequence[Prob]) -> bool:

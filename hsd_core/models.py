@@ -22,7 +22,7 @@ import numpy as np
 
 from .laws import InvalidLawError, Law, as_law
 from .tokenizers import Tokenizer
-from .vocab import Vocabulary
+from .vocab import Vocabulary, check_id
 
 Context = tuple[int, ...]
 
@@ -40,6 +40,12 @@ class Model(Protocol):
     def next_probs(self, context_ids: Sequence[int]) -> Law: ...
 
 
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 class BaseModel:
     """Validation and caching around a ``_law(ctx)`` that subclasses provide.
 
@@ -51,6 +57,8 @@ class BaseModel:
     def __init__(self, vocab: Vocabulary, tokenizer: Tokenizer) -> None:
         if not isinstance(vocab, Vocabulary):
             raise TypeError("model needs a Vocabulary")
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"model needs a Tokenizer (with vocab, encode, decode), got {type(tokenizer).__name__}")
         if tokenizer.vocab != vocab:
             raise ValueError("the tokenizer's vocabulary is not the model's vocabulary")
         self._vocab = vocab
@@ -114,7 +122,14 @@ class TableModel(BaseModel):
     ) -> None:
         super().__init__(vocab, tokenizer)
         n = len(vocab)
-        self._table = {tuple(k): as_law(v, n, where=f"table[{tuple(k)}]") for k, v in table.items()}
+        if not isinstance(table, Mapping):
+            raise TypeError(f"table must be a dict {{context tuple: law}}, got {type(table).__name__}")
+        self._table: dict[Context, Law] = {}
+        for k, v in table.items():
+            if isinstance(k, (str, bytes)) or not isinstance(k, Sequence):
+                raise TypeError(f"table key {k!r} is not a context: use a tuple of ids, e.g. {{(): law, (0,): law}}")
+            ctx = tuple(check_id(i) for i in k)
+            self._table[ctx] = as_law(v, n, where=f"table[{ctx}]")
         self._default = None if default is None else as_law(default, n, where="default law")
 
     def _law(self, ctx: Context) -> Sequence[object]:
@@ -139,12 +154,16 @@ class RandomModel(BaseModel):
         eos_weight: int | None = None,
     ) -> None:
         super().__init__(vocab, tokenizer)
-        if seed < 0:
-            raise ValueError("seed must be non-negative")
-        if max_weight < 1:
-            raise ValueError("max_weight must be >= 1")
-        if not 0.0 <= zero_prob < 1.0:
-            raise ValueError("zero_prob must be in [0, 1)")
+        seed = _check_int(seed, "seed", 0)
+        max_weight = _check_int(max_weight, "max_weight", 1)
+        if eos_weight is not None:
+            eos_weight = _check_int(eos_weight, "eos_weight", 0)
+        if isinstance(zero_prob, bool) or not isinstance(zero_prob, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= zero_prob < 1.0:
+            raise ValueError(f"zero_prob must be a number in [0, 1), got {zero_prob!r}")
+        if not isinstance(exact, (bool, np.bool_)):
+            raise TypeError(f"exact must be a bool, got {exact!r}")
+        exact = bool(exact)
         self.seed, self.exact, self.max_weight, self.zero_prob, self.eos_weight = (
             seed, exact, max_weight, zero_prob, eos_weight)
 
@@ -183,7 +202,8 @@ def random_model(
     At each context, every id gets an integer weight in ``1..max_weight``, is zeroed with
     probability ``zero_prob``, and the weights are normalized (Fractions if ``exact``, else floats).
     ``eos_weight`` fixes EOS's weight (0 means EOS never occurs). The law depends on the seed and
-    on the whole context.
+    on the whole context. ``seed``, ``max_weight`` and ``eos_weight`` must be integers (``seed``
+    and ``eos_weight`` >= 0, ``max_weight`` >= 1), else ``ValueError``.
     """
     return RandomModel(vocab, tokenizer, seed, exact, max_weight, zero_prob, eos_weight)
 
@@ -292,6 +312,66 @@ def relabeled(base: Model, vocab: Vocabulary, tokenizer: Tokenizer) -> Relabeled
     """The same model as ``base`` over ``vocab`` (same strings, other ids): a drafter equal to the
     target with another vocabulary."""
     return RelabeledModel(base, vocab, tokenizer)
+
+
+class CheckedModel:
+    """A :class:`Model` that is not a :class:`BaseModel`, with every law it returns validated.
+
+    ``next_probs`` passes the context through and checks the result with
+    :func:`~hsd_core.laws.as_law` (length ``len(vocab)``, numbers, non-negative, sum 1), so that a
+    model of any class that returns a malformed law raises
+    :class:`~hsd_core.laws.InvalidLawError` instead of producing ids that do not exist. The methods
+    and the exact engine wrap the models they are given with :func:`checked`.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._n = len(model.vocab)
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self.model.vocab
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.model.tokenizer
+
+    def next_probs(self, context_ids: Sequence[int]) -> Law:
+        ctx = tuple(context_ids)
+        return as_law(self.model.next_probs(ctx), self._n, where=f"{type(self.model).__name__}.next_probs{ctx}")
+
+    def __getattr__(self, name: str) -> object:  # anything else the model offers (counters, ...)
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __repr__(self) -> str:
+        return f"checked({self.model!r})"
+
+
+_CHECKED: dict[int, CheckedModel] = {}
+
+
+def checked(model: object, role: str = "model") -> Model:
+    """``model`` itself when it validates its own laws (a :class:`BaseModel`), else a (cached)
+    :class:`CheckedModel` around it. Raises ``TypeError`` when ``model`` is not a model at all
+    (``role`` names it in the message: "target", "drafter")."""
+    if isinstance(model, (BaseModel, CheckedModel)):
+        return model
+    if not isinstance(model, Model):
+        raise TypeError(
+            f"the {role} is a {type(model).__name__}, not a model: a model has .vocab (a Vocabulary), "
+            ".tokenizer and .next_probs(context_ids) (see hsd_core.models.Model, or build one with "
+            "hsd_core.toy.FunctionModel)")
+    if not isinstance(model.vocab, Vocabulary):
+        raise TypeError(f"the {role}'s .vocab is a {type(model.vocab).__name__}, not a hsd_core Vocabulary")
+    hit = _CHECKED.get(id(model))
+    if hit is not None and hit.model is model:
+        return hit
+    if len(_CHECKED) > 1024:
+        _CHECKED.clear()
+    _CHECKED[id(model)] = wrapper = CheckedModel(model)
+    return wrapper
 
 
 def uniform_law(n: int) -> Law:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from fractions import Fraction
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, Union
 
 import numpy as np
 
@@ -98,17 +98,49 @@ class UniformRand:
 
 
 class NumpyRand(UniformRand):
-    """Sampler over a ``numpy.random.Generator``: ``UniformRand`` fed by ``rng.random()``."""
+    """Sampler over a ``numpy.random.Generator``: ``UniformRand`` fed by ``rng.random()``.
 
-    def __init__(self, rng: np.random.Generator) -> None:
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError("NumpyRand needs a numpy.random.Generator (np.random.default_rng(seed))")
+    ``rng`` is anything :func:`as_generator` takes (an int seed, a Generator, a SeedSequence, None).
+    """
+
+    def __init__(self, rng: RngLike) -> None:
+        rng = as_generator(rng)
 
         def stream() -> Iterator[float]:
             while True:
                 yield float(rng.random())
 
         super().__init__(stream())
+
+
+class CostLimitError(ValueError):
+    """An exact computation (an enumeration, psi, an output law) would cost more than its stated
+    limit; the message says what to lower (the lookahead, max_new_tokens) or which limit to raise."""
+
+
+RngLike = Union[int, np.integer, np.random.Generator, np.random.SeedSequence, np.random.BitGenerator, None]
+
+
+def as_generator(rng: object) -> np.random.Generator:
+    """A ``numpy.random.Generator`` from what SPEC 7 (Scientific Python) accepts as ``rng``: an
+    int seed, a ``Generator`` (used as it is), a ``SeedSequence`` or ``BitGenerator``, or None
+    (fresh entropy from the OS). ``numpy.random.RandomState`` and ``random.Random`` raise
+    ``TypeError`` with the line that converts them; so does anything else."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, np.random.RandomState) or type(rng).__module__ == "random":
+        raise TypeError(
+            f"rng is a legacy {type(rng).__module__}.{type(rng).__name__}; hsd follows SPEC 7 and takes an int "
+            "seed, a numpy.random.Generator, a SeedSequence or None (e.g. rng=np.random.default_rng(0))")
+    if rng is None or isinstance(rng, (np.random.SeedSequence, np.random.BitGenerator)):
+        return np.random.default_rng(rng)
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
+        if rng < 0:
+            raise ValueError(f"rng seed {rng} must be >= 0")
+        return np.random.default_rng(int(rng))
+    raise TypeError(
+        f"rng is a {type(rng).__name__}; pass an int seed, a numpy.random.Generator, a SeedSequence or None "
+        "(or an hsd_core.rand.Rand such as UniformRand)")
 
 
 class _Branch(BaseException):  # not an Exception: method code must not swallow it
@@ -166,13 +198,17 @@ class Enumerator:
         self.paths = 0
         self.calls = 0
 
-    def law(self, fn: Callable[[Rand], R]) -> dict[R, Prob]:
+    def law(self, fn: Callable[[Rand], R], max_calls: int | None = None) -> dict[R, Prob]:
+        """The exact law of ``fn``'s result. With ``max_calls``, raise :class:`CostLimitError`
+        before the ``max_calls + 1``-th execution of ``fn``."""
         out: dict[R, Prob] = {}
         one: Prob = Fraction(1)
         stack: list[tuple[list[object], Prob]] = [([], one)]
         self.paths = self.calls = 0
         while stack:
             prefix, prob = stack.pop()
+            if max_calls is not None and self.calls >= max_calls:
+                raise CostLimitError(f"the enumeration needs more than {max_calls} executions")
             self.calls += 1
             try:
                 result = fn(_Replay(prefix))

@@ -8,10 +8,10 @@ EOS decodes to the empty string and is never produced by ``encode``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from .vocab import Vocabulary
+from .vocab import Vocabulary, check_id
 
 
 @runtime_checkable
@@ -38,8 +38,11 @@ class _Base:
         return self._vocab
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Concatenated text of ``ids`` (EOS contributes nothing). Unknown ids raise ``ValueError``."""
-        return "".join(self._vocab.string(int(i)) for i in ids)
+        """Concatenated text of ``ids`` (EOS contributes nothing). Unknown ids raise ``ValueError``,
+        ids that are not integers (``0.9``) ``TypeError``."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"decode takes a sequence of token ids, got {type(ids).__name__}")
+        return "".join(self._vocab.string(check_id(i)) for i in ids)
 
     def encode(self, text: str) -> list[int]:
         """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
@@ -89,7 +92,8 @@ class BPETokenizer(_Base):
     """Merge-based BPE: split into characters, then apply merges in rank order.
 
     ``merges`` is an ordered list of string pairs ``(left, right)``; each merged string
-    ``left + right`` must be a token of ``vocab`` (ValueError otherwise). Encoding repeatedly
+    ``left + right`` must be a token of ``vocab`` (ValueError otherwise, and for a merge that is
+    not a pair of strings: ``"ab"`` or ``("a", "b", "c")``). Encoding repeatedly
     applies the lowest-ranked merge present anywhere in the current sequence (all its
     non-overlapping occurrences, left to right), as GPT-2-style BPE does. Vocabulary tokens that no
     merge produces are never emitted by ``encode`` but are valid ids for ``decode``.
@@ -97,7 +101,17 @@ class BPETokenizer(_Base):
 
     def __init__(self, vocab: Vocabulary, merges: Sequence[tuple[str, str]]) -> None:
         super().__init__(vocab)
-        self.merges: tuple[tuple[str, str], ...] = tuple((str(a), str(b)) for a, b in merges)
+        if isinstance(merges, (str, bytes, Mapping)) or not isinstance(merges, Iterable):
+            raise TypeError(f"merges must be a list of (left, right) string pairs, got {type(merges).__name__}")
+        pairs: list[tuple[str, str]] = []
+        for r, m in enumerate(merges):
+            if (isinstance(m, (str, bytes)) or not isinstance(m, Sequence) or len(m) != 2
+                    or not all(isinstance(x, str) for x in m)):
+                raise ValueError(
+                    f"merge {r} is {m!r}; each merge is a pair of strings (left, right), e.g. ('a', 'b') "
+                    "for the token 'ab'")
+            pairs.append((m[0], m[1]))
+        self.merges: tuple[tuple[str, str], ...] = tuple(pairs)
         self._rank: dict[tuple[str, str], int] = {}
         for r, (a, b) in enumerate(self.merges):
             if a + b not in vocab:

@@ -10,16 +10,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+
+
+def check_id(token_id: object) -> int:
+    """``token_id`` as an int; ``TypeError`` unless it is a Python or numpy integer (not a bool)."""
+    if isinstance(token_id, (bool, np.bool_)) or not isinstance(token_id, (int, np.integer)):
+        raise TypeError(f"token id {token_id!r} is a {type(token_id).__name__}, not an integer")
+    return int(token_id)
+
 
 class Vocabulary:
     """An ordered set of token strings plus an EOS id placed right after them.
 
     ``Vocabulary(["a", "b", "ab"], eos="<eos>")`` has ids 0, 1, 2 for the strings and
-    ``eos_id == 3``. Raises ``ValueError`` for an empty token list, an empty token string, a
+    ``eos_id == 3``. ``tokens`` must be a sequence (a list or a tuple; a set, whose order depends
+    on the hash seed, raises ``TypeError``). Raises ``ValueError`` for an empty token list, an empty token string, a
     character that is not itself a token, or an EOS name that is also a token string.
     """
 
     def __init__(self, tokens: Sequence[str], eos: str = "<eos>") -> None:
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+            raise TypeError(
+                f"Vocabulary takes a sequence of token strings (a list or a tuple: the order gives the "
+                f"ids), got {type(tokens).__name__}"
+                + ("; a set has no fixed order (it depends on PYTHONHASHSEED): pass sorted(...)"
+                   if isinstance(tokens, (set, frozenset)) else "")
+                + ("; a str is not a list of tokens: pass list(...)" if isinstance(tokens, str) else ""))
         toks = list(tokens)
         if not toks:
             raise ValueError("Vocabulary needs at least one token string")
@@ -78,7 +95,9 @@ class Vocabulary:
         return self._tokens
 
     def string(self, token_id: int) -> str:
-        """Text of a token id; EOS has no text and gives ``""``. Raises ``ValueError`` if unknown."""
+        """Text of a token id; EOS has no text and gives ``""``. Raises ``ValueError`` if unknown and
+        ``TypeError`` if ``token_id`` is not an integer (a Python or numpy int, not a bool)."""
+        token_id = check_id(token_id)
         if token_id == self.eos_id:
             return ""
         if not 0 <= token_id < len(self._tokens):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..models import Model
 from ..rand import Rand
-from .base import Method, RoundOutcome, State, sample
+from .base import Method, RoundOutcome, State, check_greedy, sample
 
 
 class AR(Method):
@@ -17,7 +17,7 @@ class AR(Method):
     name = "AR"
 
     def __init__(self, greedy: bool = False) -> None:
-        self.greedy = bool(greedy)
+        self.greedy = check_greedy(greedy)
 
     def check_models(self, target: Model, drafter: Model | None) -> None:
         """AR runs with or without a drafter (it ignores it)."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..laws import Law, Prob, argmax, residual
-from ..models import Model
-from ..rand import NumpyRand, Rand
+from ..models import Model, checked
+from ..rand import NumpyRand, Rand, RngLike, as_generator
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,32 @@ def check_lookahead(lookahead: int) -> int:
     return int(lookahead)
 
 
+class _Unset:
+    """The type of :data:`_UNSET`, the default of ``generate``'s ``rng`` (not given)."""
+
+    def __repr__(self) -> str:
+        return "<rng not given>"
+
+
+_UNSET = _Unset()
+
+
+def check_greedy(greedy: object) -> bool:
+    """``greedy`` as a bool; ``TypeError`` for anything but a bool (``"no"`` is not False)."""
+    if not isinstance(greedy, (bool, np.bool_)):
+        raise TypeError(f"greedy must be True or False, got {greedy!r}")
+    return bool(greedy)
+
+
+def check_method(method: object) -> Method:
+    """``method`` if it is a :class:`Method` instance, else ``TypeError`` (a class is named)."""
+    if isinstance(method, type) and issubclass(method, Method):
+        raise TypeError(f"pass a method instance such as {method.__name__}(), not the class {method.__name__}")
+    if not isinstance(method, Method):
+        raise TypeError(f"{method!r} is not a decoding method (hsd_core.methods.AR(), SD(), SLEM(), TLI(), SLRS())")
+    return method
+
+
 class Method:
     """Base of all decoding methods. Subclasses implement :meth:`step`."""
 
@@ -102,20 +128,33 @@ class Method:
         drafter: Model | None,
         prompt: str,
         max_new_tokens: int,
-        rng: np.random.Generator | Rand | None = None,
+        rng: RngLike | Rand | _Unset = _UNSET,
     ) -> list[int]:
         """Sample up to ``max_new_tokens`` target ids (stopping after EOS) with this method.
 
-        ``rng`` is a ``numpy.random.Generator`` (or any :class:`Rand`); ``None`` means greedy
-        methods only. Returns the list of emitted target ids.
+        ``rng`` follows SPEC 7: an int seed, a ``numpy.random.Generator``, a ``SeedSequence``, or
+        ``None`` (fresh OS entropy); or any :class:`Rand` (``UniformRand`` to replay uniforms).
+        Legacy ``RandomState``/``random.Random`` raise ``TypeError``. Leaving ``rng`` out is
+        allowed for greedy methods only (a sampling method raises ``ValueError``, so an unseeded
+        run is never an accident). Every law the models return is validated, whatever their
+        class (:func:`~hsd_core.models.checked`). Returns the list of emitted target ids.
         """
+        target = checked(target, "target")
+        drafter = None if drafter is None else checked(drafter, "drafter")
         check_run_args(target, prompt, max_new_tokens)
         self.check_models(target, drafter)
-        if rng is None:
+        if isinstance(rng, _Unset):
             if not self.greedy:
-                raise ValueError("a sampling method needs rng (e.g. np.random.default_rng(0))")
-            rng = np.random.default_rng(0)
-        rand: Rand = NumpyRand(rng) if isinstance(rng, np.random.Generator) else rng
+                raise ValueError("a sampling method needs rng (e.g. rng=0 or np.random.default_rng(0); "
+                                 "rng=None for fresh OS entropy)")
+            rng = 0
+        rand: Rand
+        if isinstance(rng, np.random.Generator):
+            rand = NumpyRand(rng)
+        elif callable(getattr(rng, "categorical", None)) and callable(getattr(rng, "bernoulli", None)):
+            rand = rng  # type: ignore[assignment]
+        else:
+            rand = NumpyRand(as_generator(rng))
         emitted: tuple[int, ...] = ()
         eos = target.vocab.eos_id
         while len(emitted) < max_new_tokens and not (emitted and emitted[-1] == eos):
@@ -145,8 +184,10 @@ def check_lookbehind(lookbehind: int) -> int:
 
 def check_run_args(target: Model, prompt: str, max_new_tokens: int) -> None:
     """Validate a prompt (text the target can encode) and a token budget (integer >= 1)."""
+    if not isinstance(target, Model):
+        raise TypeError(f"the target is a {type(target).__name__}, not a model (.vocab, .tokenizer, .next_probs)")
     if not isinstance(prompt, str):
-        raise TypeError("prompt must be a str")
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
     target.tokenizer.encode(prompt)  # raises on characters outside the alphabet
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 from ..models import Model
 from ..rand import Rand
-from .base import Method, RejectionVerifier, RoundOutcome, State, check_lookahead, draft_autoregressive
+from .base import Method, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead, draft_autoregressive
 
 
 class SD(RejectionVerifier, Method):
-    """Speculative decoding when drafter and target share one vocabulary."""
+    """Speculative decoding when drafter and target share one vocabulary.
+
+    Defaults: ``lookahead=3``, ``greedy=False``.
+    """
 
     name = "SD"
 
     def __init__(self, lookahead: int = 3, greedy: bool = False) -> None:
         self.lookahead = check_lookahead(lookahead)
-        self.greedy = bool(greedy)
+        self.greedy = check_greedy(greedy)
 
     def check_models(self, target: Model, drafter: Model | None) -> None:
         """SD needs a drafter over exactly the target's vocabulary (same strings, same ids)."""

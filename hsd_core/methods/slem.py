@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..laws import argmax
 from ..models import Model
-from .base import HeterogeneousMethod, RoundOutcome, State, check_lookahead, check_lookbehind, draft_autoregressive, sample
+from .base import HeterogeneousMethod, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind, draft_autoregressive, sample
 from ..rand import Rand
 
 
@@ -75,13 +75,16 @@ def draft_candidates(
 
 class SLEM(HeterogeneousMethod):
     """String-level exact match: the target keeps the longest prefix of the re-tokenized draft that
-    agrees with its own draws, plus one token of its own."""
+    agrees with its own draws, plus one token of its own.
+
+    Defaults: ``lookahead=3``, ``greedy=False``, ``lookbehind=4``.
+    """
 
     name = "SLEM"
 
     def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4) -> None:
         self.lookahead = check_lookahead(lookahead)
-        self.greedy = bool(greedy)
+        self.greedy = check_greedy(greedy)
         self.lookbehind = check_lookbehind(lookbehind)
 
     def _target_context(self, target: Model, state: State) -> tuple[int, ...]:

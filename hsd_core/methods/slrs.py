@@ -41,14 +41,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..laws import Law, Prob, normalized
-from ..models import Model
-from ..rand import Enumerator, Rand
+from ..models import Model, checked
+from ..rand import CostLimitError, Enumerator, Rand
 from ..tokenizers import Tokenizer
 from ..vocab import Vocabulary
-from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_lookahead, check_lookbehind
+from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind
 from .slem import draft_candidates
 
 Proposal = tuple[int, ...]
+
+DEFAULT_MAX_PSI_CALLS = 200_000
+"""Default bound on the drafter calls one psi enumeration may make (a few seconds of pure Python):
+past it :meth:`SLRS.psi` raises :class:`~hsd_core.rand.CostLimitError` instead of hanging
+(``SLRS(lookahead=10)`` would need minutes, ``lookahead=50`` forever)."""
 
 
 @dataclass(frozen=True)
@@ -82,10 +87,12 @@ class _Counting:
     """A drafter proxy that records the distinct contexts it is asked about and the calls made on
     completed paths (a path that branches is re-run by the enumerator and not counted twice)."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, max_calls: int | None = None) -> None:
         self.model = model
         self.contexts: set[tuple[int, ...]] = set()
         self.run_calls = 0
+        self.total_calls = 0
+        self.max_calls = max_calls
 
     @property
     def vocab(self) -> Vocabulary:
@@ -96,6 +103,9 @@ class _Counting:
         return self.model.tokenizer
 
     def next_probs(self, context_ids: Sequence[int]) -> Law:
+        self.total_calls += 1
+        if self.max_calls is not None and self.total_calls > self.max_calls:
+            raise CostLimitError(f"more than {self.max_calls} drafter calls")
         self.contexts.add(tuple(context_ids))
         self.run_calls += 1
         return self.model.next_probs(context_ids)
@@ -106,17 +116,23 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
 
     ``max_tokens=1`` is the paper's algorithm (one verified proposal per round, plus the target's
     own next token when it is accepted); ``max_tokens=None`` verifies every candidate.
+
+    Defaults: ``lookahead=2``, ``max_tokens=1``, ``greedy=False``, ``lookbehind=4``,
+    ``max_psi_calls=200_000`` (the cost guard of :meth:`psi`; above it, ``CostLimitError``).
     """
 
     name = "SLRS"
 
     def __init__(self, lookahead: int = 2, max_tokens: int | None = 1, greedy: bool = False,
-                 lookbehind: int = 4) -> None:
+                 lookbehind: int = 4, max_psi_calls: int = DEFAULT_MAX_PSI_CALLS) -> None:
         self.lookahead = check_lookahead(lookahead)
+        if isinstance(max_psi_calls, bool) or not isinstance(max_psi_calls, int) or max_psi_calls < 1:
+            raise ValueError(f"max_psi_calls must be an integer >= 1, got {max_psi_calls!r}")
+        self.max_psi_calls = max_psi_calls
         if max_tokens is not None:
             check_lookahead(max_tokens)
         self.max_tokens = max_tokens
-        self.greedy = bool(greedy)
+        self.greedy = check_greedy(greedy)
         self.lookbehind = check_lookbehind(lookbehind)
         if max_tokens != 1:
             self.name = "SLRS-multi"
@@ -130,12 +146,17 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         return cands[:m]
 
     def psi(self, target: Model, drafter: Model, state: State) -> PsiLaw:
-        """The exact law of :meth:`propose` from ``state`` and its drafter-evaluation counts."""
+        """The exact law of :meth:`propose` from ``state`` and its drafter-evaluation counts.
+
+        Cached per (models, state, settings): a second call for the same state returns the same
+        object without calling the drafter. Past ``max_psi_calls`` drafter calls it raises
+        :class:`~hsd_core.rand.CostLimitError`."""
+        target, drafter = checked(target, "target"), checked(drafter, "drafter")
         key = (id(target), id(drafter), state, self.lookahead, self.max_tokens, self.greedy, self.lookbehind)
         hit = self._psi_cache.get(key)
         if hit is not None and self._models.get(id(target)) is target and self._models.get(id(drafter)) is drafter:
             return hit
-        counting = _Counting(drafter)
+        counting = _Counting(drafter, self.max_psi_calls)
         naive = 0
 
         def run(rand: Rand) -> Proposal:
@@ -145,7 +166,13 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
             naive += counting.run_calls
             return out
 
-        law = Enumerator().law(run)
+        try:
+            law = Enumerator().law(run)
+        except CostLimitError:
+            raise CostLimitError(
+                f"{self!r}: computing psi needs more than max_psi_calls={self.max_psi_calls} drafter calls "
+                f"(lookahead={self.lookahead}); the enumeration grows about (drafter support)^lookahead. Lower "
+                f"the lookahead (2-4 is typical), or pass SLRS(max_psi_calls=...) if you mean to wait") from None
         res = PsiLaw(law, len(counting.contexts), naive)
         if len(self._psi_cache) > 4096:
             self._psi_cache.clear()

@@ -29,7 +29,7 @@ from fractions import Fraction
 
 from ..laws import Law, Prob, normalized
 from ..models import Model
-from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_lookahead, draft_autoregressive
+from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead, draft_autoregressive
 from ..rand import Rand
 from ..vocab import Vocabulary
 
@@ -100,13 +100,16 @@ def drafter_context(target: Model, drafter: Model, state: State, inter: Intersec
 
 
 class TLI(RejectionVerifier, HeterogeneousMethod):
-    """Token-level intersection: SD with the drafter renormalized onto the shared tokens."""
+    """Token-level intersection: SD with the drafter renormalized onto the shared tokens.
+
+    Defaults: ``lookahead=3``, ``greedy=False``.
+    """
 
     name = "TLI"
 
     def __init__(self, lookahead: int = 3, greedy: bool = False) -> None:
         self.lookahead = check_lookahead(lookahead)
-        self.greedy = bool(greedy)
+        self.greedy = check_greedy(greedy)
 
     def _sampling_law(self, inter: Intersection, q: Law) -> Law | None:
         return inter.restrict(q)
