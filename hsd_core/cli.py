@@ -9,6 +9,7 @@ SLRS the drafter evaluations psi needs (with prefix sharing, and without).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,8 +115,37 @@ def run_audit() -> int:
     return 0
 
 
+def check_report_path(path: str) -> str | None:
+    """Why ``path`` cannot take the sampled audit's report (None if it can): checked before any
+    sampling, so a bad path fails in a second rather than after the whole audit. The report's folder
+    is created; the PNGs go next to the report, so the path must name a file."""
+    if not path or not path.strip():
+        return "--report needs a file path (e.g. out/report.md); an empty path would scatter the PNGs"
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return f"--report {path!r} is a folder; name the report file in it (e.g. {os.path.join(path, 'report.md')})"
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        existed = os.path.exists(path)
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as e:
+        return f"--report {path!r} cannot be written: {e.strerror or e}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hsd`` console script."""
+    """Entry point of the ``hsd`` console script. Ctrl-C exits with status 130 and one line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("hsd: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hsd", description="Verify lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command")
     audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world")
@@ -130,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--sampled N needs N >= 0")
         if report is not None and sampled == 0:
             parser.error("--report needs --sampled N with N > 0")
+        if report is not None:
+            problem = check_report_path(report)
+            if problem is not None:
+                parser.error(problem)
         rc = run_audit()
         if sampled > 0:
             from .audit import sampled_audit_all
