@@ -344,6 +344,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | torch.Generator | None = 0,
+    drafter_temperature: float | None = None,
     record_uniforms: bool = False,
     lookbehind: int = 4,
 ) -> GenerateOutput:
@@ -355,7 +356,8 @@ def generate(
     "slem"} (module docstring; "slrs" raises ``NotImplementedError``); ``lookahead``: drafts per
     round; ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
     ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
-    (:func:`process_logits`); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
+    (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
+    drafter: its processing is free, the target's defines the law); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
     or None (fresh entropy). ``record_uniforms=True`` fills ``GenerateOutput.uniforms``.
 
     Returns :class:`GenerateOutput`. The models are never modified (no attribute, weight, config
@@ -400,6 +402,9 @@ def generate(
     vt = _logit_width(target)
     tt = TokenText(target_tokenizer, vt)
     process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+    if drafter_temperature is not None and not drafter_temperature > 0:
+        raise ValueError(f"drafter_temperature must be > 0, got {drafter_temperature!r}")
+    d_process = dict(process, temperature=float(temperature if drafter_temperature is None else drafter_temperature))
     t_mask = tt.text_mask.to(dev)
     batch = len(prompts)
     prompt_bytes = [p.encode("utf-8") for p in prompts]
@@ -442,7 +447,7 @@ def generate(
 
     def drafter_probs(logits: Tensor) -> Tensor:
         assert d_mask is not None
-        return process_logits(logits, d_mask, **process)  # type: ignore[arg-type]
+        return process_logits(logits, d_mask, **d_process)  # type: ignore[arg-type]
 
     while not all(finished):
         active = [not f for f in finished]
