@@ -282,21 +282,21 @@ def rejection_verify(
     n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
     has_final = ~stopped
     rows = torch.arange(batch, device=dev)
-    p_sel = _rows_at(p, rows, n_acc).to(cdt)  # [B, V]: the law after the kept prefix
+    p_sel = _rows_at(p, rows, n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
     if greedy:
         final = torch.argmax(p_sel, dim=-1)
     else:
         law = p_sel
         if k > 0:
             rejected = has_final & (n_acc < n_drafts)
-            if bool(rejected.any()):
+            if bool(rejected.any()):  # in place on fresh buffers: large allocations dominate on the CPU
                 rej = torch.nonzero(rejected).squeeze(-1)
-                q_rej = _rows_at(q, rej, n_acc.index_select(0, rej)).to(cdt)
-                diff = (p_sel.index_select(0, rej) - q_rej).clamp_(min=0)  # max(p - q, 0)
-                mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left-to-right, as the reference sums
+                scratch = _rows_at(q, rej, n_acc.index_select(0, rej)).to(cdt)
+                diff = p_sel.index_select(0, rej).sub_(scratch).clamp_(min=0)  # max(p - q, 0)
+                mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:].clone()  # left to right, as the reference sums
                 has_mass = (mass > 0).squeeze(-1)
-                rej, diff, mass = rej[has_mass], diff[has_mass], mass[has_mass]  # no mass: p itself
-                law = p_sel.index_copy(0, rej, diff / mass)
+                # rows whose residual has no mass keep p itself
+                law = p_sel.index_copy_(0, rej[has_mass], diff[has_mass].div_(mass[has_mass]))
         final = _inverse_cdf(law, u_final)
     return _assemble(drafts, n_acc, final, has_final)
 
