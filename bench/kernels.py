@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = args.device
     sync = (lambda: torch.cuda.synchronize()) if dev.startswith("cuda") else (lambda: None)
     if args.agreement:
-        res = [agreement(20_000, 4, 4096, dev), agreement(2_000, 4, 50_000, dev)]
+        res = [agreement(5_000, 4, 4096, dev), agreement(1_000, 4, 50_000, dev)]
         for r in res:
             print(json.dumps(r))
         if args.json:
