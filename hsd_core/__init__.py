@@ -9,11 +9,12 @@ strategies) is imported on its own, since it needs hypothesis.
 
 from . import acceptance, audit, exact, laws, methods, rand, stats, toy, variants, worlds
 from .laws import InvalidLawError
+from .rand import CostLimitError
 from .tokenizers import BPETokenizer, LongestMatchTokenizer, Tokenizer
 from .vocab import Vocabulary
 
 __all__ = [
-    "BPETokenizer", "InvalidLawError", "LongestMatchTokenizer", "Tokenizer", "Vocabulary",
+    "BPETokenizer", "CostLimitError", "InvalidLawError", "LongestMatchTokenizer", "Tokenizer", "Vocabulary",
     "acceptance", "audit", "exact", "laws", "methods", "rand", "stats", "toy", "variants", "worlds",
 ]
 __version__ = "0.1.0"
