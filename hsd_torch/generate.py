@@ -40,6 +40,13 @@ row draws its drafting uniforms (one per possible draft), then its verification 
 uniforms it actually *consumes*, in the order ``hsd_core``'s method consumes them (drafts, then
 what the kernel read: see :mod:`hsd_torch.kernels`), can be recorded (``record_uniforms=True``)
 and replayed into ``hsd_core`` through :class:`hsd_core.rand.UniformRand` (the mirror test).
+Every draw (inverse CDF, and argmax ties) reads a law's columns in ``hsd_core``'s order: ids
+increasing with EOS moved last (:class:`_EosLast`); with the tokenizer's order (EOS at id 2, say)
+the same uniform would pick another token than the reference.
+
+Not implemented yet (issue 9): SLRS; a sliding window for a context longer than a model's
+positions (``NotImplementedError``); prompts that encode to no token without a BOS
+(``ValueError``); dropping finished rows from the batch (they are masked instead).
 """
 
 from __future__ import annotations
