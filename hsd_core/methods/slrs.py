@@ -30,6 +30,17 @@ prefixes of others); the engine finds it lossy (``hsd_core.variants``, ``docs/sl
 lossless psi is "the probability of every draft whose re-tokenization starts with t", taken over
 exactly the drafts the procedure makes.
 
+The bounded procedure (``min_path_prob`` and/or ``proposal_map="longest_prefix"``; issue 11,
+``proofs/slrs_bounded.md``): after each drafted token, drafting also stops when the path's drafter
+probability (the product of the drafted tokens' probabilities) is below ``min_path_prob``, and,
+with the longest-prefix map, as soon as the first ``m`` proposed target tokens are *settled* by
+the text drafted so far (:meth:`LongestPrefixMap.settled`: no continuation of the text can change
+them). The proposal is read off the text drafted so far. Every drafter context evaluated then has
+path probability >= ``min_path_prob``, so psi costs at most ``1 + (lookahead - 1) /
+min_path_prob`` drafter evaluations, whatever the vocabulary. The stopping rule depends only on the
+drafted path and its probabilities, so it can be run level by level (one batched drafter pass per
+depth over the surviving prefixes).
+
 Multi-token SLRS (``max_tokens`` > 1 or None) verifies t_2, t_3, ... against psi conditioned on
 the proposed prefix: a joint proposal law with its conditionals is all that standard
 speculative verification needs (``proofs/slrs_multi.md``).
@@ -39,14 +50,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from ..laws import Law, Prob, normalized
 from ..models import Model, checked
 from ..rand import CostLimitError, Enumerator, Rand
 from ..tokenizers import Tokenizer
 from ..vocab import Vocabulary
-from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind
-from .slem import draft_candidates
+from .base import (HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead,
+                   check_lookbehind, sample)
+from .slem import draft_candidates, retokenize
 
 Proposal = tuple[int, ...]
 
@@ -54,6 +67,56 @@ DEFAULT_MAX_PSI_CALLS = 200_000
 """Default bound on the drafter calls one psi enumeration may make (a few seconds of pure Python):
 past it :meth:`SLRS.psi` raises :class:`~hsd_core.rand.CostLimitError` instead of hanging
 (``SLRS(lookahead=10)`` would need minutes, ``lookahead=50`` forever)."""
+
+
+PROPOSAL_MAPS = ("retokenize", "longest_prefix")
+"""The proposal maps (drafted text -> target ids) SLRS offers: ``"retokenize"`` is SLEM's
+re-tokenization in context with look-behind (the default, today's procedure); ``"longest_prefix"``
+is the greedy longest match of the text against the target's token strings
+(:class:`LongestPrefixMap`), which ignores the target context and needs no tokenizer call."""
+
+
+class LongestPrefixMap:
+    """Greedy longest match of a text against a vocabulary's token strings, and when it is settled.
+
+    ``parse(text)``: repeatedly take the longest token string that prefixes the rest of the text
+    (its lowest id when several ids share the string). Every character is a token, so the parse
+    covers the text. ``settled(text, m)``: the first ``m`` ids of ``parse(text + rest)`` are the same
+    for every continuation ``rest``, i.e. for each of the first ``m`` tokens the text left before
+    it is non-empty and is not a proper prefix of any token string (then no longer token can match
+    there, whatever follows). A text longer than the longest token is never a proper prefix.
+    """
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self.max_len = vocab.max_token_len
+        self.proper_prefixes: frozenset[str] = frozenset(t[:i] for t in vocab.tokens for i in range(1, len(t)))
+
+    def _longest(self, text: str, i: int) -> tuple[int, int]:
+        for j in range(min(len(text), i + self.max_len), i, -1):
+            ids = self.vocab.ids_of(text[i:j])
+            if ids:
+                return ids[0], j
+        raise ValueError(f"character {text[i]!r} is not a token")
+
+    def parse(self, text: str, limit: int | None = None) -> tuple[int, ...]:
+        """The greedy longest-match ids of ``text`` (the first ``limit`` of them)."""
+        out: list[int] = []
+        i = 0
+        while i < len(text) and (limit is None or len(out) < limit):
+            t, i = self._longest(text, i)
+            out.append(t)
+        return tuple(out)
+
+    def settled(self, text: str, m: int) -> bool:
+        """Whether no continuation of ``text`` changes the first ``m`` ids of its parse."""
+        i = 0
+        for _ in range(m):
+            rest = text[i:]
+            if not rest or rest in self.proper_prefixes:
+                return False
+            _, i = self._longest(text, i)
+        return True
 
 
 @dataclass(frozen=True)
@@ -118,14 +181,34 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
     own next token when it is accepted); ``max_tokens=None`` verifies every candidate.
 
     Defaults: ``lookahead=2``, ``max_tokens=1``, ``greedy=False``, ``lookbehind=4``,
-    ``max_psi_calls=200_000`` (the cost guard of :meth:`psi`; above it, ``CostLimitError``).
+    ``max_psi_calls=200_000`` (the cost guard of :meth:`psi`; above it, ``CostLimitError``),
+    ``min_path_prob=None``, ``proposal_map="retokenize"`` (these two give the procedure of the
+    module docstring exactly).
+
+    The bounded procedure: ``min_path_prob=tau`` (0 < tau <= 1, a Fraction or float) stops a draft
+    path once its drafter probability is below ``tau``, so psi costs at most
+    ``1 + (lookahead - 1) / tau`` drafter evaluations; ``proposal_map="longest_prefix"`` reads the
+    proposal off the text by greedy longest match and stops drafting as soon as the proposal is
+    settled. ``min_path_prob=None`` or ``0`` means no probability stop.
     """
 
     name = "SLRS"
 
     def __init__(self, lookahead: int = 2, max_tokens: int | None = 1, greedy: bool = False,
-                 lookbehind: int = 4, max_psi_calls: int = DEFAULT_MAX_PSI_CALLS) -> None:
+                 lookbehind: int = 4, max_psi_calls: int = DEFAULT_MAX_PSI_CALLS,
+                 min_path_prob: Prob | float | None = None, proposal_map: str = "retokenize") -> None:
         self.lookahead = check_lookahead(lookahead)
+        if min_path_prob is not None:
+            if isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float, Fraction)) \
+                    or not 0 <= min_path_prob <= 1:
+                raise ValueError(f"min_path_prob must be None or a number in [0, 1], got {min_path_prob!r}")
+            if min_path_prob == 0:
+                min_path_prob = None
+        self.min_path_prob: Prob | float | None = min_path_prob
+        if proposal_map not in PROPOSAL_MAPS:
+            raise ValueError(f"proposal_map must be one of {PROPOSAL_MAPS}, got {proposal_map!r}")
+        self.proposal_map = proposal_map
+        self._maps: dict[Vocabulary, LongestPrefixMap] = {}
         if isinstance(max_psi_calls, bool) or not isinstance(max_psi_calls, int) or max_psi_calls < 1:
             raise ValueError(f"max_psi_calls must be an integer >= 1, got {max_psi_calls!r}")
         self.max_psi_calls = max_psi_calls
@@ -136,13 +219,67 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         self.lookbehind = check_lookbehind(lookbehind)
         if max_tokens != 1:
             self.name = "SLRS-multi"
-        self._psi_cache: dict[tuple[int, int, State, int, int | None, bool, int], PsiLaw] = {}
+        self._psi_cache: dict[tuple[object, ...], PsiLaw] = {}
         self._models: dict[int, Model] = {}
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the procedure is the bounded one (a probability stop or the longest-prefix map)."""
+        return self.min_path_prob is not None or self.proposal_map != "retokenize"
+
+    def prefix_map(self, vocab: Vocabulary) -> LongestPrefixMap:
+        """The longest-prefix map over ``vocab`` (built once per vocabulary)."""
+        hit = self._maps.get(vocab)
+        if hit is None:
+            hit = self._maps[vocab] = LongestPrefixMap(vocab)
+        return hit
 
     def propose(self, target: Model, drafter: Model, state: State, rand: Rand) -> Proposal:
         """One draw of the proposal tuple (the procedure in the module docstring)."""
-        cands = draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy, self.lookbehind)
         m = state.budget if self.max_tokens is None else min(self.max_tokens, state.budget)
+        if not self.bounded:
+            cands = draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy, self.lookbehind)
+            return cands[:m]
+        return self._propose_bounded(target, drafter, state, rand, m)
+
+    def _extra_stop(self, rand: Rand) -> bool:
+        """Hook for the lossy variant ``hsd_core.variants.SLRSCoinStop`` only: a further stop that
+        psi does not account for. SLRS itself never stops here and draws nothing."""
+        return False
+
+    def _propose_bounded(self, target: Model, drafter: Model, state: State, rand: Rand, m: int) -> Proposal:
+        """The bounded procedure: draft until the drafter's EOS, ``lookahead`` tokens, a path
+        probability below ``min_path_prob``, or (longest-prefix map) a settled proposal; then read
+        the first ``m`` target ids off the drafted text (target EOS appended after drafter EOS)."""
+        d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+        eos_d = drafter.vocab.eos_id
+        longest = self.proposal_map == "longest_prefix"
+        pmap = self.prefix_map(target.vocab) if longest else None
+        tau = self.min_path_prob
+        drafts: list[int] = []
+        path: Prob | float = 1
+        text = ""
+        ended = False
+        for _ in range(self.lookahead):
+            q = drafter.next_probs(d_ctx + tuple(drafts))
+            d = sample(q, rand, self.greedy)
+            drafts.append(d)
+            path = path * q[d]
+            if d == eos_d:
+                ended = True
+                break
+            text += drafter.vocab.string(d)
+            if tau is not None and path < tau:
+                break
+            if pmap is not None and pmap.settled(text, m):
+                break
+            if self._extra_stop(rand):
+                break
+        if pmap is not None:
+            cands = pmap.parse(text, m)
+        else:
+            cands = retokenize(target, state.target_context(target), text, self.lookbehind)
+        cands = cands + ((target.vocab.eos_id,) if ended else ())
         return cands[:m]
 
     def psi(self, target: Model, drafter: Model, state: State) -> PsiLaw:
@@ -152,7 +289,8 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         object without calling the drafter. Past ``max_psi_calls`` drafter calls it raises
         :class:`~hsd_core.rand.CostLimitError`."""
         target, drafter = checked(target, "target"), checked(drafter, "drafter")
-        key = (id(target), id(drafter), state, self.lookahead, self.max_tokens, self.greedy, self.lookbehind)
+        key = (id(target), id(drafter), state, self.lookahead, self.max_tokens, self.greedy, self.lookbehind,
+               self.min_path_prob, self.proposal_map)
         hit = self._psi_cache.get(key)
         if hit is not None and self._models.get(id(target)) is target and self._models.get(id(drafter)) is drafter:
             return hit
