@@ -19,6 +19,7 @@ from .methods.slem import SLEM
 from .methods.slrs import SLRS, Proposal
 from .methods.tli import TLI, Intersection
 from .models import Model
+from .rand import Rand
 
 
 class AcceptEveryDraft(SD):
@@ -172,6 +173,31 @@ class SLRSUnconditioned(SLRS):
         return out
 
 
+class SLRSCoinStop(SLRS):
+    """Bounded SLRS (longest-prefix map) whose drafting also stops on a fair coin after each
+    unsettled draft, while psi is still the law of the procedure without the coin: the stopping
+    rule looks at something psi does not account for (a stop that changes which token is proposed
+    when the text is not settled yet)."""
+
+    name = "slrs_coin_stop"
+
+    def __init__(self, lookahead: int = 2, min_path_prob: Fraction | None = Fraction(1, 16)) -> None:
+        super().__init__(lookahead=lookahead, max_tokens=1, min_path_prob=min_path_prob,
+                         proposal_map="longest_prefix")
+        self.name = "slrs_coin_stop"
+        self._honest = SLRS(lookahead=lookahead, max_tokens=1, min_path_prob=min_path_prob,
+                            proposal_map="longest_prefix")
+
+    def _extra_stop(self, rand: Rand) -> bool:
+        return rand.bernoulli(Fraction(1, 2))
+
+    def proposal_laws(self, target: Model, drafter: Model, state: State, proposal: Proposal) -> list[Law]:
+        return [self._honest.psi(target, drafter, state).first(len(target.vocab)) for _ in proposal]
+
+    def _accept_prob(self, p: Law, q: Law, x: int) -> Prob:
+        return p[x] - p[x] + 1 if q[x] == 0 else super()._accept_prob(p, q, x)
+
+
 VARIANTS: dict[str, Callable[[], Method]] = {
     "accept_every_draft": lambda: AcceptEveryDraft(lookahead=2),
     "residual_from_p": lambda: ResidualFromP(lookahead=2),
@@ -182,6 +208,7 @@ VARIANTS: dict[str, Callable[[], Method]] = {
     "slem_retokenized_context": lambda: SLEMRetokenizedContext(lookahead=2),
     "slrs_concat_psi": lambda: SLRSConcatPsi(lookahead=2),
     "slrs_unconditioned": lambda: SLRSUnconditioned(lookahead=2),
+    "slrs_coin_stop": lambda: SLRSCoinStop(lookahead=2),
 }
 """Name -> factory of each deliberately lossy method."""
 
@@ -204,6 +231,7 @@ PINNED: dict[str, dict[str, object]] = {
                                  "drafter": {"tokens": _ABC + ["ab"], "random": 0}, "prompt": "a"},
     "slrs_concat_psi": {"target": {"tokens": _ABC, "random": 0}, "drafter": {"tokens": _ABC + ["aa"], "random": 0}},
     "slrs_unconditioned": {"target": {"tokens": _ABC, "random": 0}, "drafter": {"tokens": _ABC, "random": 0}},
+    "slrs_coin_stop": {"target": {"tokens": _ABC + ["ab"], "random": 2}, "drafter": {"tokens": _ABC, "random": 2}},
 }
 """For each variant, the spec (:func:`hsd_core.worlds.from_spec`) of a small world, found by
 Hypothesis and shrunk, on which the exact engine shows it lossy with ``max_new_tokens=2``."""

@@ -29,6 +29,7 @@ RECORDED_TV = {
     "slem_retokenized_context": F(8441, 112651),
     "slrs_concat_psi": F(5, 72),
     "slrs_unconditioned": F(3168423353887, 53429274001152),
+    "slrs_coin_stop": F(909, 11396),
 }
 
 

@@ -95,7 +95,8 @@ def _variant_case(name: str) -> tuple[float, int, int]:
 # Stated sizes (alpha 1e-6, power 0.99; N from the exact TV): computed in _variant_case, e.g.
 # accept_every_draft TV 0.80 k 13 (N 72: the table needs that many samples to run); residual_from_p 0.245; bonus_off_by_one 0.143; tli_raw_q 0.095;
 # tli_outside_intersection 0.106; tli_scatter_assign 0.126 (k 21); slem_retokenized_context 0.075
-# (k 21); slrs_concat_psi 0.069; slrs_unconditioned 0.059 (N ~ 5800, the largest).
+# (k 21); slrs_concat_psi 0.069; slrs_unconditioned 0.059 (N ~ 5800, the largest); slrs_coin_stop
+# 0.080 (k 21).
 @pytest.mark.parametrize("name", sorted(variants.VARIANTS))
 def test_variant_rejected_by_audit(name: str) -> None:
     """Each lossy variant, sampled with its own ``.generate`` on its pinned world, is rejected
