@@ -51,7 +51,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import pickle
 import sys
+from concurrent.futures import Executor, ProcessPoolExecutor
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -65,8 +67,8 @@ from .stats import (
     min_tv_detectable, pool_cells, tv_two_sample,
 )
 
-__all__ = ["AuditReport", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
-           "audit_sampler", "min_num_samples_for_law"]
+__all__ = ["AuditReport", "DEFAULT_CHUNK_SIZE", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
+           "audit_sampler", "draw_chunks", "min_num_samples_for_law"]
 
 Output = tuple[int, ...]
 Prob = Union[float, Fraction]
@@ -78,6 +80,10 @@ DEFAULT_EPS = 0.05
 
 DEFAULT_MAX_N = 50_000
 """Default cap on the sample size chosen when neither ``n`` nor ``eps`` is given."""
+
+DEFAULT_CHUNK_SIZE = 1000
+"""Draws per chunk in seeded / distributed sampling (:func:`audit_sampler` with ``seed`` or
+``executor``): part of what a seed means, so keep it fixed to reproduce a run."""
 
 DEFAULT_MAX_SIZED_N = 2_000_000
 """Default ``max_n``: the largest sample size :func:`audit_sampler` picks by itself (from ``eps``)
@@ -384,6 +390,63 @@ def _position_counts(counts: Mapping[Output, int], j: int) -> dict[int, int]:
     return out
 
 
+def _prefix_law(law: Mapping[Output, Prob], pre: Output) -> dict[int, Prob]:
+    """Exact law of the token after ``pre`` given that the output starts with ``pre`` and goes on."""
+    k = len(pre)
+    raw: dict[int, Prob] = {}
+    for s, p in law.items():
+        if len(s) > k and s[:k] == pre and p > 0:
+            raw[s[k]] = raw.get(s[k], 0) + p
+    total = sum(raw.values())
+    return {t: p / total for t, p in raw.items()} if total > 0 else {}
+
+
+def _prefix_counts(counts: Mapping[Output, int], pre: Output) -> dict[int, int]:
+    k = len(pre)
+    out: dict[int, int] = {}
+    for s, c in counts.items():
+        if len(s) > k and s[:k] == pre:
+            out[s[k]] = out.get(s[k], 0) + c
+    return out
+
+
+def _draw_chunk(sample_fn: Callable[[np.random.Generator], Any], entropy: int, j: int, size: int) -> list[Any]:
+    """Chunk ``j``: ``size`` draws with ``default_rng(SeedSequence(entropy, spawn_key=(j,)))``, the
+    ``j``-th child of ``SeedSequence(entropy).spawn``. Module level, so executors can pickle it."""
+    rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(j,)))
+    return [sample_fn(rng) for _ in range(size)]
+
+
+_NOT_PICKLABLE = ("sample_fn must be picklable to run on a process or cluster executor ({why}): define it at "
+                  "module level (not a lambda, closure or local class), or as functools.partial of a "
+                  "module-level function; load big objects (models) lazily inside the worker")
+
+
+def draw_chunks(sample_fn: Callable[[np.random.Generator], Any], n: int, seed: int, chunk_size: int = 1000,
+                executor: Executor | None = None) -> list[Any]:
+    """``n`` draws ``sample_fn(rng)``, in chunks of ``chunk_size`` with independent
+    ``SeedSequence(seed).spawn`` children (see :func:`audit_sampler`), serially or on ``executor``;
+    the result depends on ``(seed, chunk_size)`` only, not on the executor. ``TypeError`` naming
+    the fix when a process executor cannot pickle ``sample_fn``."""
+    sizes = [min(chunk_size, n - start) for start in range(0, n, chunk_size)]
+    if executor is None:
+        chunks = [_draw_chunk(sample_fn, seed, j, s) for j, s in enumerate(sizes)]
+    else:
+        if isinstance(executor, ProcessPoolExecutor):
+            try:
+                pickle.dumps(sample_fn)
+            except Exception as e:  # pickle raises PicklingError, AttributeError or TypeError
+                raise TypeError(_NOT_PICKLABLE.format(why=f"{type(e).__name__}: {e}")) from e
+        try:
+            futures = [executor.submit(_draw_chunk, sample_fn, seed, j, s) for j, s in enumerate(sizes)]
+            chunks = [f.result() for f in futures]
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            if "pickl" not in str(e).lower():
+                raise
+            raise TypeError(_NOT_PICKLABLE.format(why=f"{type(e).__name__}: {e}")) from e
+    return [x for c in chunks for x in c]
+
+
 def _pushforward(law: Mapping[Output, Prob], f: Callable[[Output], str]) -> dict[str, Prob]:
     out: dict[str, Prob] = {}
     for s, p in law.items():
@@ -402,7 +465,7 @@ def _text_counts(counts: Mapping[Output, int], f: Callable[[Output], str]) -> di
 
 
 def audit_sampler(
-    sample_fn: Callable[[], Sequence[int]],
+    sample_fn: Callable[..., Sequence[int]],
     law_or_reference: Mapping[Any, Prob] | Sequence[Sequence[int]],
     n: int | None = None,
     alpha: float = 1e-6,
@@ -413,6 +476,11 @@ def audit_sampler(
     rng_note: str = "",
     max_n: int = DEFAULT_MAX_SIZED_N,
     name: str | None = None,
+    *,
+    seed: int | None = None,
+    executor: Executor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    prefixes: Sequence[Sequence[int]] = (),
 ) -> AuditReport:
     """Draw ``n`` outputs with ``sample_fn()`` and test them against an exact law or reference samples.
 
@@ -425,6 +493,22 @@ def audit_sampler(
     recorded in the report (say which seed you used); ``max_n`` caps the sample size the audit
     picks by itself; ``name`` names the sampler in the report and its plot. See the module
     docstring for the details.
+
+    Seeded and distributed sampling: with ``seed`` (an int >= 0) or ``executor`` (any
+    :class:`concurrent.futures.Executor`: a ``ProcessPoolExecutor``, Dask's
+    ``Client.get_executor()``, ...), ``sample_fn`` is called as ``sample_fn(rng)`` with a
+    ``numpy.random.Generator``: the ``n`` draws are split into chunks of ``chunk_size``, chunk
+    ``j`` draws with ``default_rng(SeedSequence(seed, spawn_key=(j,)))`` (the ``j``-th child of
+    ``SeedSequence(seed).spawn``), and the chunks are concatenated in order, so the report for a
+    given seed is identical whether the chunks ran serially or on any executor (with any number of
+    workers). ``seed=None`` with an executor draws fresh entropy (recorded in ``rng_note``). For a
+    process or cluster executor, ``sample_fn`` must be picklable (a module-level function or
+    class instance, or ``functools.partial`` of one; Dask also takes closures through cloudpickle).
+
+    ``prefixes``: for each given prefix (a tuple of ids), one more chi-square test of the law of
+    the next token given that the output starts with the prefix and goes on (exact mode; the
+    conditional law is read off the law). Those outputs' next tokens are i.i.d. from it given
+    their number, so the test is valid as it stands.
 
     Everything is checked before the first draw. Raises :class:`~hsd_core.stats.InvalidTest` for
     out-of-range arguments (alpha, power, eps, n < 1; numpy numbers are fine), a law that is not a
@@ -472,7 +556,18 @@ def audit_sampler(
 
     # the plan: how many tests (m) will run
     n_positions = max_len if positions else 0
-    m = (2 if two_sample else 3) + n_positions + (1 if text is not None else 0)
+    pre_list = [_as_output(list(x) if isinstance(x, tuple) else x, f"prefixes[{i}]") for i, x in enumerate(prefixes)]
+    if pre_list and two_sample:
+        raise ValueError("prefixes= needs an exact law (conditional tests are not run in two-sample mode)")
+    m = (2 if two_sample else 3) + n_positions + (1 if text is not None else 0) + len(pre_list)
+    seeded = seed is not None or executor is not None
+    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
+                             or seed < 0):
+        raise InvalidTest(f"seed={seed!r} must be an int >= 0 (or None)")
+    if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise InvalidTest(f"chunk_size={chunk_size!r} must be a positive integer")
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
     a_test = alpha / m
 
     if n is None:
@@ -495,7 +590,14 @@ def audit_sampler(
                     f"above max_n={max_n} (at 100 us per sample that is {n * 1e-4 / 3600:.3g} h): increase eps, "
                     "or pass a larger max_n (or n) if you mean it")
 
-    samples = [_as_output(sample_fn(), f"sample_fn() at draw {i}") for i in range(n)]
+    if seeded:
+        entropy = int(np.random.SeedSequence().entropy if seed is None else seed)  # type: ignore[arg-type]
+        if seed is None:
+            rng_note = (rng_note + "; " if rng_note else "") + f"fresh entropy {entropy}"
+        raw = draw_chunks(sample_fn, n, entropy, int(chunk_size), executor)
+        samples = [_as_output(x, f"sample_fn(rng) at draw {i}") for i, x in enumerate(raw)]
+    else:
+        samples = [_as_output(sample_fn(), f"sample_fn() at draw {i}") for i in range(n)]
     counts = counts_of(samples)
 
     family = TestFamily(alpha, m)
@@ -535,6 +637,16 @@ def audit_sampler(
             if not pl:  # samples reach a position the law never reaches
                 pl = {-1: Fraction(1)}
             run(label, lambda pc=pc, pl=pl, label=label: _gof("chi2", label, pl, pc, a_test))  # type: ignore[misc]
+    for pre in pre_list:
+        label = f"after {pre}"
+        cc = _prefix_counts(counts, pre)
+        cl = _prefix_law(law, pre)
+        if not cc:
+            skipped.append(f"{label}: no sample starts with {pre} and goes on")
+            continue
+        if not cl:
+            cl = {-1: Fraction(1)}
+        run(label, lambda cc=cc, cl=cl, label=label: _gof("chi2", label, cl, cc, a_test))  # type: ignore[misc]
     if text is not None:
         tc = _text_counts(counts, text)
         if two_sample:
