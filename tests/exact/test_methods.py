@@ -19,11 +19,21 @@ from hsd_core.strategies import World, worlds
 
 from pinned import NASTY, world
 
+TAU = Fraction(1, 6)
+
 METHODS: dict[str, Callable[[bool], Method]] = {
     "SLEM": lambda g: SLEM(lookahead=2, greedy=g),
     "TLI": lambda g: TLI(lookahead=2, greedy=g),
     "SLRS": lambda g: SLRS(lookahead=2, greedy=g),
     "SLRS-multi": lambda g: SLRS(lookahead=2, max_tokens=None, greedy=g),
+    # the bounded procedures of issue 11 (proofs/slrs_bounded.md): lookahead 3 so that both stops bind
+    "SLRS-bounded": lambda g: SLRS(lookahead=3, min_path_prob=TAU, proposal_map="longest_prefix", greedy=g),
+    "SLRS-bounded-multi": lambda g: SLRS(lookahead=3, min_path_prob=TAU, max_tokens=None,
+                                         proposal_map="longest_prefix", greedy=g),
+}
+
+SLOW_ONLY: dict[str, Callable[[bool], Method]] = {
+    "SLRS-tau-retokenize": lambda g: SLRS(lookahead=3, min_path_prob=TAU, greedy=g),
 }
 
 
@@ -63,13 +73,31 @@ def test_greedy_emits_the_targets_greedy_tokens(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", list(METHODS) + list(SLOW_ONLY))
 def test_lossless_slow(name: str) -> None:
     @settings(max_examples=300)
     @given(w=worlds())
+    @with_nasty_examples
     def prop(w: World) -> None:
-        m = {"SLEM": SLEM(3), "TLI": TLI(3), "SLRS": SLRS(3), "SLRS-multi": SLRS(3, max_tokens=None)}[name]
+        m = {"SLEM": SLEM(3), "TLI": TLI(3), "SLRS": SLRS(3), "SLRS-multi": SLRS(3, max_tokens=None),
+             "SLRS-bounded": SLRS(4, min_path_prob=Fraction(1, 10), proposal_map="longest_prefix"),
+             "SLRS-bounded-multi": SLRS(4, max_tokens=None, min_path_prob=Fraction(1, 10),
+                                        proposal_map="longest_prefix"),
+             "SLRS-tau-retokenize": SLRS(3, min_path_prob=TAU)}[name]
         check(m, w, 3)
+
+    prop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SLOW_ONLY))
+def test_slow_only_settings_greedy(name: str) -> None:
+    @settings(max_examples=200)
+    @given(w=worlds())
+    @with_nasty_examples
+    def prop(w: World) -> None:
+        check(SLOW_ONLY[name](True), w, 4)
+        check(SLOW_ONLY[name](False), w, 3)
 
     prop()
 
@@ -143,3 +171,56 @@ def test_slrs_settings_are_part_of_the_psi_cache() -> None:
     check(s, w, 2)
     s.lookahead = 1
     check(s, w, 2)
+
+
+@settings(max_examples=100)
+@given(w=worlds())
+@with_nasty_examples
+def test_bounded_slrs_acceptance_closed_form(w: World) -> None:
+    """Bounded SLRS (issue 11): first-position acceptance of the enumerated round ==
+    sum_t min(p(t), psi(t)) with psi the first-token law of the bounded procedure, for both maps."""
+    state = State(w.prompt, (), 2)
+    for m in (SLRS(3, min_path_prob=TAU, proposal_map="longest_prefix"), SLRS(3, min_path_prob=TAU),
+              SLRS(2, proposal_map="longest_prefix")):
+        a = analyze(m, w.target, w.drafter, w.prompt, 2)
+        assert a.first_acceptance == closed_form_acceptance(m, w.target, w.drafter, state), m
+
+
+@settings(max_examples=100)
+@given(w=worlds())
+@with_nasty_examples
+def test_bounded_slrs_psi_cost_bound(w: World) -> None:
+    """psi of the bounded procedure evaluates at most 1 + (k - 1) / tau <= k / tau drafter
+    contexts, each of path probability >= tau, for both maps, one- and multi-token."""
+    state = State(w.prompt, (), 3)
+    for k, tau in ((3, Fraction(1, 4)), (5, Fraction(1, 3)), (4, Fraction(1, 8))):
+        for kw in ({"proposal_map": "longest_prefix"}, {"proposal_map": "longest_prefix", "max_tokens": None}, {}):
+            pl = SLRS(k, min_path_prob=tau, **kw).psi(w.target, w.drafter, state)  # type: ignore[arg-type]
+            assert sum(pl.law.values()) == 1
+            assert pl.evaluations <= 1 + (k - 1) / tau <= k / tau
+
+
+def test_bounded_slrs_cost_on_the_builtin_world() -> None:
+    """On the built-in world the bound holds as the lookahead grows, while the unbounded
+    procedure's count grows about 7x per step (docs/slrs.md, bench/slrs_cost.py)."""
+    from hsd_core.worlds import builtin_world
+
+    w = builtin_world()
+    state = State(w.prompt, (), 3)
+    tau = Fraction(1, 20)
+    for k in (2, 4, 8, 12):
+        for m in (SLRS(k, min_path_prob=tau, proposal_map="longest_prefix"), SLRS(k, min_path_prob=tau),
+                  SLRS(k, min_path_prob=tau, max_tokens=None, proposal_map="longest_prefix")):
+            assert m.psi(w.target, w.drafter, state).evaluations <= 1 + (k - 1) / tau
+    assert SLRS(3).psi(w.target, w.drafter, state).evaluations == 43
+
+
+def test_bounded_slrs_arguments() -> None:
+    assert not SLRS(2).bounded and not SLRS(2, min_path_prob=0).bounded
+    assert SLRS(2, min_path_prob=0).min_path_prob is None
+    assert SLRS(2, min_path_prob=0.5).bounded and SLRS(2, proposal_map="longest_prefix").bounded
+    for bad in (-0.1, 1.5, True, "0.1"):
+        with pytest.raises(ValueError, match="min_path_prob"):
+            SLRS(2, min_path_prob=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="proposal_map"):
+        SLRS(2, proposal_map="bpe")
