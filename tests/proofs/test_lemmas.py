@@ -8,6 +8,7 @@ Worlds come from :func:`hsd_core.strategies.worlds` (small: ``max_new_tokens <= 
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -20,7 +21,9 @@ from hsd_core import exact, variants, worlds
 from hsd_core.laws import Law, Prob, argmax, residual
 from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Method, RoundOutcome, State
 from hsd_core.methods.base import RejectionVerifier, draft_autoregressive, sample
-from hsd_core.methods.slem import draft_candidates
+from hsd_core.acceptance import closed_form_acceptance
+from hsd_core.methods.slem import draft_candidates, retokenize
+from hsd_core.methods.slrs import LongestPrefixMap
 from hsd_core.methods.tli import drafter_context, intersection
 from hsd_core.models import FunctionModel, Model, TableModel, random_model
 from hsd_core.rand import Enumerator, Rand
@@ -843,6 +846,204 @@ def test_slrs_unconditioned_pinned_counterexample() -> None:
     assert exact.first_difference(law, ref) == ((0, 0), F(1323, 21760), F(3, 40))
     assert exact.total_variation(law, ref) == F(3168423353887, 53429274001152)
     assert exact.output_law(SLRS(lookahead=2, max_tokens=None), t, d, prompt, 2) == ref
+
+
+# --------------------------------------------------------------------------------------------
+# proofs/slrs_bounded.md
+
+
+def spec_longest_parse(vocab: Vocabulary, text: str) -> tuple[int, ...]:
+    """Greedy longest match written independently of LongestPrefixMap: at each position the
+    longest token string that starts there (its lowest id)."""
+    out: list[int] = []
+    i = 0
+    while i < len(text):
+        best = max((len(t), -j) for j, t in enumerate(vocab.tokens) if text.startswith(t, i))
+        out.append(-best[1])
+        i += best[0]
+    return tuple(out)
+
+
+@st.composite
+def prefix_map_cases(draw: st.DrawFn) -> tuple[Vocabulary, str, str, int]:
+    extra = draw(st.lists(st.text("abc", min_size=2, max_size=4), max_size=5))
+    vocab = Vocabulary(list("abc") + extra)
+    return vocab, draw(st.text("abc", max_size=6)), draw(st.text("abc", max_size=5)), draw(st.integers(1, 3))
+
+
+@MANY
+@given(prefix_map_cases())
+def test_longest_prefix_settled_iff_final(case: tuple[Vocabulary, str, str, int]) -> None:
+    """LongestPrefixMap.parse is the greedy longest match; settled(text, m) holds iff no
+    continuation changes the first m ids: if settled, text + rest keeps them (for the drawn rest
+    and for every rest of length <= the longest token); if not, an explicit continuation changes
+    them."""
+    vocab, text, rest, m = case
+    pm = LongestPrefixMap(vocab)
+    assert pm.parse(text) == spec_longest_parse(vocab, text)
+    assert pm.parse(text, m) == pm.parse(text)[:m]
+    head = pm.parse(text)[:m]
+    if pm.settled(text, m):
+        assert spec_longest_parse(vocab, text + rest)[:m] == head
+        for n in range(1, vocab.max_token_len + 1):
+            for tail in itertools.product("abc", repeat=n):
+                assert spec_longest_parse(vocab, text + "".join(tail))[:m] == head
+    else:
+        i = 0
+        for _ in range(m):  # the first unsettled position, and a continuation that completes a longer token
+            r = text[i:]
+            if not r:
+                witness = "a"
+                break
+            if r in pm.proper_prefixes:
+                longer = min(t for t in vocab.tokens if t.startswith(r) and len(t) > len(r))
+                witness = longer[len(r):]
+                break
+            i += len(vocab.string(spec_longest_parse(vocab, r)[0]))
+        assert spec_longest_parse(vocab, text + witness)[:m] != head
+
+
+def spec_bounded_proposal(target: Model, drafter: Model, state: State, k: int, tau: Prob | None, proposal_map: str,
+                          max_tokens: int | None, greedy: bool = False):  # type: ignore[no-untyped-def]
+    """The bounded procedure as proofs/slrs_bounded.md §1 states it, written independently of
+    SLRS and WITHOUT the settled stop: draft until drafter EOS, k tokens or a path probability
+    < tau; read the proposal off the text (longest match, or SLEM's re-tokenization)."""
+    m = state.budget if max_tokens is None else min(max_tokens, state.budget)
+
+    def run(rand: Rand) -> tuple[int, ...]:
+        d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+        drafts: list[int] = []
+        pr: Prob = F(1)
+        for _ in range(k):
+            q = drafter.next_probs(d_ctx + tuple(drafts))
+            d = sample(q, rand, greedy)
+            drafts.append(d)
+            pr *= q[d]
+            if d == drafter.vocab.eos_id or (tau is not None and pr < tau):
+                break
+        text = drafter.tokenizer.decode(drafts)
+        if proposal_map == "longest_prefix":
+            ids = spec_longest_parse(target.vocab, text)
+        else:
+            ids = retokenize(target, state.target_context(target), text, 4)
+        ended = drafts[-1] == drafter.vocab.eos_id
+        return (ids + ((target.vocab.eos_id,) if ended else ()))[:m]
+
+    return run
+
+
+BOUNDED = st.tuples(st.integers(1, 3), st.sampled_from([None, F(1, 2), F(1, 5), F(1, 12)]),
+                    st.sampled_from(["retokenize", "longest_prefix"]), st.sampled_from([1, 2, None]))
+
+
+@SOME
+@given(st.data(), BOUNDED)
+def test_slrs_bounded_psi_is_procedure_law(data: st.DataObject, setting: tuple[int, F | None, str, int | None]) -> None:
+    """SLRS(lookahead=k, min_path_prob=tau, proposal_map=..., max_tokens=...).psi(...).law is the
+    enumerated law of the procedure written independently WITHOUT the settled stop (so stopping
+    once the proposal is settled never changes the law), and it sums to 1; with the longest-prefix
+    map the settled stop never costs more evaluations."""
+    k, tau, pmap, mt = setting
+    w = data.draw(world_strategy())
+    state = data.draw(states(w))
+    m = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt)
+    psi = m.psi(w.target, w.drafter, state)
+    assert psi.law == Enumerator().law(spec_bounded_proposal(w.target, w.drafter, state, k, tau, pmap, mt))
+    assert sum(psi.law.values()) == 1
+    if tau is None and pmap == "retokenize":
+        assert psi.law == SLRS(lookahead=k, max_tokens=mt).psi(w.target, w.drafter, state).law
+
+
+class PathRecorder:
+    """A drafter proxy that records, for each context it is asked about, the drafter probability of
+    the path that leads there from the round's drafter context."""
+
+    def __init__(self, model: Model, root: tuple[int, ...]) -> None:
+        self.model, self.root = model, root
+        self.vocab, self.tokenizer = model.vocab, model.tokenizer
+        self.seen: dict[tuple[int, ...], Prob] = {}
+
+    def next_probs(self, ctx: Sequence[int]) -> Law:
+        ctx = tuple(ctx)
+        assert ctx[: len(self.root)] == self.root
+        pr: Prob = F(1)
+        for i in range(len(self.root), len(ctx)):
+            pr *= self.model.next_probs(ctx[:i])[ctx[i]]
+        self.seen[ctx] = pr
+        return self.model.next_probs(ctx)
+
+
+@SOME
+@given(st.data(), st.integers(1, 5), st.sampled_from([F(1, 2), F(1, 3), F(1, 7), F(1, 20)]),
+       st.sampled_from(["retokenize", "longest_prefix"]), st.sampled_from([1, None]))
+def test_slrs_bounded_cost_bound(data: st.DataObject, k: int, tau: F, pmap: str, mt: int | None) -> None:
+    """Every drafter context psi evaluates has path probability >= tau, and psi evaluates at most
+    1 + (k - 1) / tau <= k / tau contexts (PsiLaw.evaluations counts them)."""
+    w = data.draw(world_strategy())
+    state = data.draw(states(w))
+    root = tuple(w.drafter.tokenizer.encode(state.text(w.target)))
+    rec = PathRecorder(w.drafter, root)
+    m = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt)
+    law = Enumerator().law(lambda rand: m.propose(w.target, rec, state, rand))  # type: ignore[arg-type]
+    assert all(pr >= tau for pr in rec.seen.values())
+    assert all(len(c) - len(root) < k for c in rec.seen)
+    assert len(rec.seen) <= 1 + (k - 1) / tau <= k / tau
+    psi = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt).psi(w.target, w.drafter, state)
+    assert psi.law == law and psi.evaluations == len(rec.seen)
+
+
+@SOME
+@given(st.data(), BOUNDED, st.booleans())
+def test_slrs_bounded_round_is_target_chain(data: st.DataObject, setting: tuple[int, F | None, str, int | None],
+                                            greedy: bool) -> None:
+    """One round of bounded SLRS (either map, one or several tokens) is the target's chain."""
+    k, tau, pmap, mt = setting
+    w = data.draw(world_strategy())
+    state = data.draw(states(w))
+    m = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt, greedy=greedy)
+    rl = exact.round_law(m, w.target, w.drafter, state)
+    assert chain_defects(rl, w.target, state.target_context(w.target), greedy) == []
+    assert round_shape_defects(rl, state, w.target.vocab.eos_id) == []
+
+
+@SOME
+@given(world_strategy(), BOUNDED, st.integers(1, 2), st.booleans())
+def test_slrs_bounded_full_law(w: World, setting: tuple[int, F | None, str, int | None], n: int, greedy: bool) -> None:
+    """Bounded SLRS's exact output law equals target_law (greedy: identical tokens)."""
+    k, tau, pmap, mt = setting
+    assert_lossless(SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt, greedy=greedy), w, n)
+
+
+@SOME
+@given(st.data(), BOUNDED)
+def test_slrs_bounded_acceptance(data: st.DataObject, setting: tuple[int, F | None, str, int | None]) -> None:
+    """The first proposal of bounded SLRS is accepted with probability sum_t min(p(t), psi(t)),
+    psi the first-token law of the bounded procedure (hsd_core.acceptance.closed_form_acceptance)."""
+    k, tau, pmap, _ = setting
+    w = data.draw(world_strategy())
+    state = data.draw(states(w))
+    m = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap)
+    p = w.target.next_probs(state.target_context(w.target))
+    psi = vec(Enumerator().law(lambda r: spec_bounded_proposal(w.target, w.drafter, state, k, tau, pmap, 1)(r)[0]),
+              len(w.target.vocab))
+    a = acceptance(exact.round_law(m, w.target, w.drafter, state))
+    assert a == sum_min(p, psi) == closed_form_acceptance(m, w.target, w.drafter, state)
+
+
+def test_slrs_coin_stop_counterexample() -> None:
+    """The pinned world of SLRSCoinStop: the coin changes the proposal law from psi to another law,
+    and the engine finds the output lossy (numbers of proofs/slrs_bounded.md §4)."""
+    t, d, prompt, m = pinned("slrs_coin_stop")
+    state = State(prompt, (), 2)
+    honest = SLRS(lookahead=2, min_path_prob=F(1, 16), proposal_map="longest_prefix")
+    assert honest.psi(t, d, state).first(5) == (F(15, 44), F(2, 11), F(1, 11), F(9, 44), F(2, 11))
+    drawn = Enumerator().law(lambda rand: m.propose(t, d, state, rand))
+    assert drawn == {(0,): F(39, 88), (1,): F(2, 11), (2,): F(1, 11), (3,): F(9, 88), (4,): F(2, 11)}
+    law = exact.output_law(m, t, d, prompt, 2)
+    ref = exact.target_law(t, prompt, 2)
+    assert exact.first_difference(law, ref) == ((4,), F(2347, 11396), F(3, 14))
+    assert exact.total_variation(law, ref) == F(909, 11396)
+    assert exact.output_law(honest, t, d, prompt, 2) == ref
 
 
 # --------------------------------------------------------------------------------------------
