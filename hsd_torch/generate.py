@@ -16,7 +16,14 @@ Methods (names as in :mod:`hsd_core.methods`; each round is one target forward p
   the target after its context (look-behind 4, :func:`retokenize`), the target's EOS appended if
   the drafter ended; :func:`hsd_torch.kernels.exact_match_verify`. The drafter's context is its
   encoding of (prompt + emitted text), recomputed every round.
-- ``"slrs"``: not implemented yet (issue 9): raises ``NotImplementedError``.
+- ``"slrs"``: the paper's one-token SLRS, ``lookahead=1`` only (deeper lookaheads need the
+  bounded-cost psi of issue 11 and raise ``NotImplementedError``): one drafter token from its
+  processed law (drafter context as SLEM's); the proposal is the first target id of the target's
+  encoding of its text alone (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0)``: with no
+  look-behind the map from drafter ids to first target ids is context-free, built once,
+  :class:`FirstTargetMap`), the target's EOS for the drafter's EOS; verified by
+  :func:`hsd_torch.kernels.rejection_verify` against psi(t) = the drafter's mass on the ids
+  whose first target id is t (``index_add``: masses add).
 
 The law every method is lossless for is the target's **processed** law (:func:`process_logits`):
 ids without text other than EOS removed (special tokens, a padded embedding's extra ids),
@@ -30,8 +37,21 @@ token that the re-sync replaced, padding of a ragged block) is masked out of att
 compute alone, up to float rounding. After each round the trailing columns that no row keeps are
 cropped off the cache (``DynamicCache.crop(-n)``). So the target's cache holds exactly the
 accepted context plus holes, and the drafter's holds the longest prefix of its new context that
-it had already seen (only the rest is recomputed; ``stats`` counts both). Finished rows stay in the
-batch with empty blocks (masked, never read).
+it had already seen (only the rest is recomputed; ``stats`` counts both). Rows that finish are
+dropped from both caches at the end of their round (``DynamicCache.batch_select_indices``), so
+the others go on with a smaller batch.
+
+Contexts. A model's context is its tokenizer's special prefix (a BOS) and its encoding of the
+prompt; for a prompt that encodes to no ids with a tokenizer that adds no prefix, the tokenizer's
+BOS (``ValueError`` up front when it has none: :meth:`TokenText.start`). The target's context
+must fit its positions (prompt + ``max_new_tokens``, checked up front: its law is defined only
+there). The drafter's need not: when its context outgrows its positions (its tokens are often
+shorter than the target's; transformers' assisted generation crashes there with ``IndexError``),
+it sees a sliding window (:func:`window_view`: the special prefix and the last ids, the cut
+moving ``(positions - prefix) // 2`` ids at a time, so the cache is refilled once per that many
+tokens). The drafter's law only has to be the law each draft is drawn from, so this keeps every
+method lossless; :class:`hsd_torch.CoreModel` with ``window=True`` applies the same window for the
+mirror.
 
 Randomness. Row ``i`` draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(n)[i])``
 (the same for any batch size ``n``), and how many uniforms a round draws depends only on that
@@ -44,9 +64,7 @@ Every draw (inverse CDF, and argmax ties) reads a law's columns in ``hsd_core``'
 increasing with EOS moved last (:class:`_EosLast`); with the tokenizer's order (EOS at id 2, say)
 the same uniform would pick another token than the reference.
 
-Not implemented yet (issue 9): SLRS; a sliding window for a context longer than a model's
-positions (``NotImplementedError``); prompts that encode to no token without a BOS
-(``ValueError``); dropping finished rows from the batch (they are masked instead).
+Not implemented: SLRS beyond lookahead 1 (issue 11).
 """
 
 from __future__ import annotations
@@ -165,10 +183,38 @@ def _logit_width(model: Any) -> int:
     return int(model.config.vocab_size)
 
 
-class _Runner:
-    """A model, its batch cache and, per row, the ids it holds and the cache columns they sit in."""
+def window_view(context: Sequence[int], n_prefix: int, max_pos: int) -> list[int]:
+    """The drafter's sliding window: the part of ``context`` (``n_prefix`` special ids, then the
+    body) that a model with ``max_pos`` positions sees.
 
-    def __init__(self, model: Any, batch: int, pad_id: int, name: str) -> None:
+    ``context`` itself when it fits; else the special prefix followed by the body without its
+    first ``s`` ids, where ``s`` is the smallest multiple of ``step = max(1, (max_pos - n_prefix)
+    // 2)`` that makes it fit. ``s`` is a function of the context's length alone (so the windowed
+    law is a function of the context, which the mirror needs) and moves by ``step`` ids at a time
+    (so the cache is refilled once per ``step`` new ids, not at every token)."""
+    n = len(context)
+    if n <= max_pos:
+        return list(context)
+    room = max_pos - n_prefix
+    if room < 1:
+        raise ValueError(f"a model with {max_pos} positions cannot hold its {n_prefix} special prefix ids and text")
+    step = max(1, room // 2)
+    body = n - n_prefix
+    s = -(-(body - room) // step) * step
+    return list(context[:n_prefix]) + list(context[n_prefix + s:])
+
+
+class _Runner:
+    """A model, its batch cache and, per row, the ids it holds and the cache columns they sit in.
+
+    Rows are the batch's rows (``0 .. batch-1``); ``live`` lists those still in the cache, in
+    cache order (:meth:`drop` removes finished rows from the cache with
+    ``DynamicCache.batch_select_indices``). With ``window`` set (the drafter), contexts longer
+    than the model's positions are seen through :func:`window_view`; without it (the target),
+    such a context raises ``ValueError``."""
+
+    def __init__(self, model: Any, batch: int, pad_id: int, name: str, window: bool = False,
+                 n_prefix: Sequence[int] = ()) -> None:
         from transformers import DynamicCache
 
         self.model = model
@@ -176,6 +222,9 @@ class _Runner:
         self.device = _device(model)
         self.cache = DynamicCache(config=model.config)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        self.batch = batch
+        self.live: list[int] = list(range(batch))
+        self._slot: dict[int, int] = {i: i for i in range(batch)}
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.cols: list[list[int]] = [[] for _ in range(batch)]
         self.high = [0] * batch
@@ -184,38 +233,45 @@ class _Runner:
         self.recomputed = [0] * batch
         self.pad_id = pad_id
         self.max_pos = _max_positions(model.config)
+        self.window = window and self.max_pos is not None
+        self.n_prefix = list(n_prefix) if n_prefix else [0] * batch
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def feed(self, blocks: Sequence[Sequence[int]]) -> Tensor:
-        """Run the model on one block of new ids per row (ragged; an empty block feeds nothing);
-        returns the logits ``[B, W, V]``, row ``b``'s first ``len(blocks[b])`` columns valid."""
-        batch = len(blocks)
-        width = max(1, max(len(b) for b in blocks))
+    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int) -> Tensor:
+        """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
+        rows dropped from the cache must have empty blocks); returns the logits ``[B, width, V]``
+        at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows."""
+        live = self.live
+        width_in = max(1, max(len(blocks[r]) for r in live))
         start = self.mask.shape[1]
-        toks = [[self.pad_id] * width for _ in range(batch)]
-        pos = [[0] * width for _ in range(batch)]
-        valid = [[False] * width for _ in range(batch)]
+        n_live = len(live)
+        toks = [[self.pad_id] * width_in for _ in range(n_live)]
+        pos = [[0] * width_in for _ in range(n_live)]
+        valid = [[False] * width_in for _ in range(n_live)]
         cap = (self.max_pos - 1) if self.max_pos is not None else None
-        for i, b in enumerate(blocks):
+        for s, i in enumerate(live):
+            b = blocks[i]
             n0 = len(self.ids[i])
             if b and self.max_pos is not None and n0 + len(b) > self.max_pos:
-                raise NotImplementedError(
+                raise ValueError(
                     f"the {self.name}'s context would grow to {n0 + len(b)} tokens, beyond its {self.max_pos} "
-                    "positions; a sliding window is not implemented yet (issue 9)")
-            for j in range(width):
-                p = n0 + j
-                pos[i][j] = p if cap is None else min(p, cap)
-            for j, t in enumerate(b):
-                toks[i][j] = int(t)
-                valid[i][j] = True
+                    "positions; shorten the prompt or max_new_tokens")
+            top = n0 + width_in
+            pos[s] = list(range(n0, top)) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)]
             if b:
+                lb = len(b)
+                toks[s][:lb] = [int(t) for t in b]
+                valid[s][:lb] = [True] * lb
                 self.calls[i] += 1
-                self.positions[i] += len(b)
-                self.recomputed[i] += max(0, min(self.high[i], n0 + len(b)) - n0)
-                self.ids[i].extend(int(t) for t in b)
-                self.cols[i].extend(range(start, start + len(b)))
+                self.positions[i] += lb
+                self.recomputed[i] += max(0, min(self.high[i], n0 + lb) - n0)
+                self.ids[i].extend(toks[s][:lb])
+                self.cols[i].extend(range(start, start + lb))
                 self.high[i] = max(self.high[i], len(self.ids[i]))
+        for i in range(self.batch):
+            if blocks[i] and self.slot(i) < 0:
+                raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
         dev = self.device
         new_valid = torch.tensor(valid, dtype=torch.bool, device=dev)
         mask = torch.cat([self.mask, new_valid], dim=1)
@@ -225,31 +281,63 @@ class _Runner:
                          use_cache=True, **{self._cache_kw: self.cache})
         self.mask = mask
         logits: Tensor = out.logits
-        return logits
+        hi = width_in - 1
+        if width == 1:
+            idx = torch.tensor([[min(max(starts[i], 0), hi)] for i in live], dtype=torch.long, device=dev)
+        else:
+            idx = torch.tensor([[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live],
+                               dtype=torch.long, device=dev)
+        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        if n_live == self.batch:
+            return got
+        full = got.new_zeros((self.batch, width, got.shape[-1]))
+        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
+        return full
+
+    def slot(self, i: int) -> int:
+        """Row ``i``'s index in the cache's batch, -1 once dropped."""
+        return self._slot.get(i, -1)
 
     def sync(self, i: int, context: Sequence[int]) -> list[int]:
-        """Keep the longest prefix of row ``i``'s cached ids that ``context`` starts with (mask
-        the rest); returns the ids of ``context`` still to feed, at least one (the last id is
-        fed again when the cache holds all of ``context``: its logits are needed)."""
+        """Keep the longest prefix of row ``i``'s cached ids that ``context`` (seen through the
+        window, if any) starts with (mask the rest); returns the ids still to feed, at least one
+        (the last id is fed again when the cache holds all of it: its logits are needed)."""
+        if self.window and self.max_pos is not None and len(context) > self.max_pos:
+            context = window_view(context, self.n_prefix[i], self.max_pos)
         have = self.ids[i]
+        nh = len(have)
+        if nh < len(context) and list(context[:nh]) == have:
+            return list(context[nh:])
         m = 0
-        n = min(len(have), len(context))
+        n = min(nh, len(context))
         while m < n and have[m] == context[m]:
             m += 1
         if m == len(context) and m > 0:
             m -= 1
-        if m < len(have):
+        if m < nh:
             drop = self.cols[i][m:]
-            self.mask[i, torch.tensor(drop, dtype=torch.long, device=self.device)] = False
+            s = self.slot(i)
+            self.mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = False
             del have[m:]
             del self.cols[i][m:]
         return list(context[m:])
 
+    def drop(self, finished: Sequence[bool]) -> None:
+        """Remove finished rows from the cache (one ``batch_select_indices``), if any are left in it."""
+        keep = [s for s, i in enumerate(self.live) if not finished[i]]
+        if len(keep) == len(self.live) or not keep:
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.mask = self.mask.index_select(0, idx)
+        self.live = [self.live[s] for s in keep]
+        self._slot = {i: s for s, i in enumerate(self.live)}
+
     def trim(self) -> None:
-        """Crop the trailing cache columns that no row keeps."""
-        last = max((c[-1] + 1 for c in self.cols if c), default=0)
+        """Crop the trailing cache columns that no row in the cache keeps."""
+        last = max((self.cols[i][-1] + 1 for i in self.live if self.cols[i]), default=0)
         n = self.mask.shape[1] - last
-        if n > 0:
+        if n > 0 and last > 0:
             self.cache.crop(-n)
             self.mask = self.mask[:, :last]
 
@@ -276,14 +364,6 @@ def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Ten
     for i, r in enumerate(rows):
         out[i, :len(r)] = r[:width]
     return torch.from_numpy(out).to(dev)
-
-
-def _gather_positions(logits: Tensor, starts: Sequence[int], width: int) -> Tensor:
-    """``logits[b, starts[b] + j]`` for ``j < width`` (clamped into range): ``[B, width, V]``."""
-    w = logits.shape[1]
-    idx = torch.tensor([[min(max(s + j, 0), w - 1) for j in range(width)] for s in starts],
-                       dtype=torch.long, device=logits.device)
-    return logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
 
 
 def _fit_width(law: Tensor, v: int) -> Tensor:
@@ -319,6 +399,65 @@ class _EosLast:
         """Ids to sampling-order positions."""
         e = self.eos
         return torch.where(ids == e, torch.full_like(ids, self.v - 1), ids - (ids > e).to(ids.dtype))
+
+
+class FirstTargetMap:
+    """SLRS at lookahead 1: drafter id -> the first target id of its text, and psi.
+
+    ``ids [Vd]`` (long): for a drafter id with text, the first id of the target's encoding of that
+    text alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0,
+    so the map does not depend on the context and is built once); the target's EOS for the
+    drafter's EOS; 0 for ids without text (they never carry mass). :meth:`psi` pushes a drafter
+    law through it with ``index_add`` (the masses of all drafter ids with the same first target
+    id add up). Built with one batched tokenizer call over the ids whose text is valid UTF-8 and
+    :meth:`TokenText.encode` for the rest (partial characters)."""
+
+    _cache: dict[tuple[int, int, int, int, str], tuple[Any, Any, FirstTargetMap]] = {}
+
+    def __init__(self, tt: TokenText, dt: TokenText, device: torch.device) -> None:
+        vd = dt.vocab_size
+        first = [-1] * vd
+        valid: list[int] = []
+        texts: list[str] = []
+        for d, b in enumerate(dt.bytes_of):
+            if b is None:
+                continue
+            try:
+                texts.append(b.decode("utf-8"))
+                valid.append(d)
+            except UnicodeDecodeError:
+                first[d] = tt.encode(b)[0]
+        if texts:
+            enc = tt.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for d, ids in zip(valid, enc):
+                first[d] = int(ids[0])
+        first[dt.eos_id] = tt.eos_id
+        has = torch.tensor([f >= 0 for f in first], dtype=torch.bool)
+        if any(not 0 <= f < tt.vocab_size or (tt.bytes_of[f] is None and f != tt.eos_id) for f in first if f >= 0):
+            raise ValueError("a drafter token's text encodes to a target id without text")
+        self.ids = torch.tensor([max(f, 0) for f in first], dtype=torch.long, device=device)
+        self.d_idx = torch.nonzero(has).flatten().to(device)
+        self.t_idx = self.ids.index_select(0, self.d_idx)
+        self.vt = tt.vocab_size
+
+    @classmethod
+    def get(cls, tt: TokenText, dt: TokenText, device: torch.device) -> FirstTargetMap:
+        """The map for this pair of tokenizers (built once per pair, widths and device)."""
+        key = (id(tt.tokenizer), id(dt.tokenizer), tt.vocab_size, dt.vocab_size, str(device))
+        hit = cls._cache.get(key)
+        if hit is not None and hit[0] is tt.tokenizer and hit[1] is dt.tokenizer:
+            return hit[2]
+        m = cls(tt, dt, device)
+        if len(cls._cache) > 8:
+            cls._cache.clear()
+        cls._cache[key] = (tt.tokenizer, dt.tokenizer, m)
+        return m
+
+    def psi(self, law: Tensor) -> Tensor:
+        """``law [R, Vd]`` -> psi ``[R, Vt]``: the law of the first target id of the draft's text."""
+        out = law.new_zeros((law.shape[0], self.vt))
+        out.index_add_(1, self.t_idx, law.index_select(1, self.d_idx))
+        return out
 
 
 def _seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
@@ -359,9 +498,10 @@ def generate(
 
     ``target``, ``drafter``: Hugging Face causal LMs in eval mode on one device (``drafter`` may be
     None for ``method="ar"``); ``prompts``: a str or a list of str, encoded by each tokenizer with
-    its own special prefix (a BOS) and no other special token. ``method`` in {"ar", "sd", "tli",
-    "slem"} (module docstring; "slrs" raises ``NotImplementedError``); ``lookahead``: drafts per
-    round; ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
+    its own special prefix (a BOS; an empty prompt starts from the BOS) and no other special
+    token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring; "slrs" needs
+    ``lookahead=1``); ``lookahead``: drafts per round; ``lookbehind``: SLEM's re-tokenization
+    look-behind (SLRS uses 0); ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
     ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
     (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
     drafter: its processing is free, the target's defines the law); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
@@ -373,9 +513,11 @@ def generate(
     t_start = time.perf_counter()
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "slrs":
-        raise NotImplementedError("method 'slrs' is not implemented in hsd_torch yet (issue 9); "
-                                  "use 'tli' or 'slem', or hsd_core.methods.SLRS on toy models")
+    if method == "slrs" and lookahead != 1:
+        raise NotImplementedError(
+            f"method 'slrs' supports lookahead=1 only (the paper's one-token SLRS), got lookahead={lookahead!r}: "
+            "deeper lookaheads need the bounded-cost psi of issue 11; use lookahead=1, or 'tli'/'slem' for "
+            "longer drafts")
     if isinstance(prompts, str):
         prompts = [prompts]
     prompts = list(prompts)
@@ -415,8 +557,16 @@ def generate(
     t_mask = tt.text_mask.to(dev)
     batch = len(prompts)
     prompt_bytes = [p.encode("utf-8") for p in prompts]
-    t_ctx = [tt.prompt_ids(p) for p in prompts]
-    n_prefix_t = len(tt.prefix)
+    t_first = [tt.start(p) for p in prompts]
+    t_ctx = [t_first[i] + tt.encode(prompt_bytes[i]) for i in range(batch)]
+    max_pos_t = _max_positions(target.config)
+    if max_pos_t is not None:
+        for i, c in enumerate(t_ctx):
+            if len(c) + max_new_tokens > max_pos_t:
+                raise ValueError(
+                    f"prompt {i} has {len(c)} target tokens; with max_new_tokens={max_new_tokens} the target's "
+                    f"context could reach {len(c) + max_new_tokens} tokens, beyond its {max_pos_t} positions "
+                    "(the target's law is defined only within them: lower max_new_tokens or shorten the prompt)")
     emitted: list[list[int]] = [[] for _ in range(batch)]
     finished = [False] * batch
     stats = [RowStats() for _ in range(batch)]
@@ -430,6 +580,8 @@ def generate(
     drun: _Runner | None = None
     bridge: VocabBridge | None = None
     d_ctx: list[list[int]] = []
+    d_start: list[list[int]] = []
+    first_t: FirstTargetMap | None = None
     d_mask: Tensor | None = None
     if needs_drafter:
         vd = _logit_width(drafter)
@@ -440,9 +592,12 @@ def generate(
             raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
                              "text); use 'tli' or 'slem' for different tokenizers")
         d_mask = dt.text_mask.to(dev)
-        d_ctx = [dt.prompt_ids(p) for p in prompts]
-        drun = _Runner(drafter, batch, dt.eos_id, "drafter")
+        d_start = [dt.start(p) for p in prompts]
+        d_ctx = [d_start[i] + dt.encode(prompt_bytes[i]) for i in range(batch)]
+        drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
         d_order = _EosLast(dt.eos_id, vd, dev)
+        if method == "slrs":
+            first_t = FirstTargetMap.get(tt, dt, dev)
     t_order = _EosLast(tt.eos_id, vt, dev)
 
     def record(i: int, values: Sequence[float]) -> None:
@@ -464,10 +619,10 @@ def generate(
         drafts_t: list[list[int]] = [[] for _ in range(batch)]
         q_steps: list[Tensor] = []  # [B, Vt] per draft position: the law each draft was drawn from
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
-        if method in ("sd", "tli", "slem"):
+        if method in ("sd", "tli", "slem", "slrs"):
             assert drun is not None and dt is not None and bridge is not None
-            if method == "slem":
-                d_ctx = [dt.prefix + dt.encode(prompt_bytes[i] + tt.decode(emitted[i])) if active[i] else d_ctx[i]
+            if method in ("slem", "slrs"):
+                d_ctx = [d_start[i] + dt.encode(prompt_bytes[i] + tt.decode(emitted[i])) if active[i] else d_ctx[i]
                          for i in range(batch)]
                 k = [lookahead if active[i] else 0 for i in range(batch)]
             else:
@@ -477,8 +632,7 @@ def generate(
             blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
-            logits = drun.feed(blocks)
-            last = _gather_positions(logits, [len(b) - 1 for b in blocks], 1)[:, 0]
+            last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
             for j in range(max(k)):
                 probs = drafter_probs(last)  # [B, Vd]
                 if method == "tli":
@@ -504,6 +658,18 @@ def generate(
                 elif method == "sd":
                     q_steps.append(_fit_width(law, vt))
                     mapped = picked_l
+                elif method == "slrs":
+                    assert first_t is not None
+                    mapped_t = first_t.ids[picked]
+                    if greedy:
+                        psi = law.new_zeros(len(rows), vt)
+                        psi.scatter_(1, mapped_t.unsqueeze(1), 1.0)
+                    else:
+                        psi = first_t.psi(law.index_select(0, ridx))
+                    q_full = law.new_zeros(batch, vt)
+                    q_full[ridx] = psi
+                    q_steps.append(q_full)
+                    mapped = mapped_t.tolist()
                 else:
                     mapped = picked_l
                 for r, d, t in zip(rows, picked_l, mapped):
@@ -515,15 +681,15 @@ def generate(
                         still[r] = False
                 if not any(still):
                     break
-                logits = drun.feed([[drafts_d[i][-1]] if still[i] else [] for i in range(batch)])
-                last = logits[:, 0]
+                blocks = [drun.sync(i, d_ctx[i] + drafts_d[i]) if still[i] else [] for i in range(batch)]
+                last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
             if method == "slem":
                 for i in range(batch):
                     if not active[i]:
                         continue
                     ended = bool(drafts_d[i]) and drafts_d[i][-1] == dt.eos_id
                     text = dt.decode(drafts_d[i])
-                    cands = retokenize(tt, t_ctx[i][n_prefix_t:], text, lookbehind)
+                    cands = retokenize(tt, t_ctx[i][len(t_first[i]):], text, lookbehind)
                     if ended:
                         cands = cands + [tt.eos_id]
                     drafts_t[i] = cands[:budget[i]]
@@ -532,8 +698,7 @@ def generate(
         pend = [trun.sync(i, t_ctx[i]) if active[i] else [] for i in range(batch)]
         blocks = [pend[i] + drafts_t[i] if active[i] else [] for i in range(batch)]
         kmax = max(n_d)
-        logits = trun.feed(blocks)
-        p = target_probs(_gather_positions(logits, [len(pend[i]) - 1 for i in range(batch)], kmax + 1))
+        p = target_probs(trun.feed(blocks, [len(pend[i]) - 1 for i in range(batch)], kmax + 1))
         n_drafts = torch.tensor(n_d, dtype=torch.long, device=dev)
         budget_t = torch.tensor([max(b, 1) for b in budget], dtype=torch.long, device=dev)
         cand = t_order.from_id(torch.tensor([d + [0] * (kmax - len(d)) for d in drafts_t], dtype=torch.long,
@@ -601,11 +766,13 @@ def generate(
         for i in range(batch):
             if active[i]:
                 trun.sync(i, t_ctx[i])
+        trun.drop(finished)
         trun.trim()
         if drun is not None:
             for i in range(batch):
-                if active[i] and not finished[i] and method != "slem":
+                if active[i] and not finished[i] and method not in ("slem", "slrs"):
                     drun.sync(i, d_ctx[i])
+            drun.drop(finished)
             drun.trim()
     wall = time.perf_counter() - t_start
     for i, st in enumerate(stats):

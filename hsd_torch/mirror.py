@@ -21,7 +21,8 @@ character a single-character token, EOS out of band with the last id):
 - **Encoding.** ``encode``/``decode`` are :class:`TokenText`'s (the rule both sides share; for
   SentencePiece tokenizers ``decode(encode(x))`` gains the ``▁`` space the tokenizer prepends,
   which costs acceptance, never correctness). The tokenizer's special prefix (a BOS) is put
-  before every context by :meth:`CoreModel.next_probs`, not into core contexts.
+  before every context by :meth:`CoreModel.next_probs`, not into core contexts (for a prompt that
+  encodes to no ids and a tokenizer without prefix, its BOS: ``CoreModel(..., prompt=...)``).
 - **Laws.** ``next_probs`` runs the model on the full context (no cache, batch 1) and returns the
   processed law (same :func:`process_logits`, same temperature / top-k / top-p) as float64.
   The backend's batched, cached forward passes agree with it up to float rounding, so the two
@@ -39,7 +40,7 @@ import torch
 
 from hsd_core.vocab import Vocabulary
 
-from .generate import _device, _logit_width, process_logits
+from .generate import _device, _logit_width, _max_positions, process_logits, window_view
 from .text import TokenText
 
 __all__ = ["CoreModel", "CoreTokenizer"]
@@ -89,13 +90,20 @@ class CoreModel:
     """``model`` + ``tokenizer`` as an ``hsd_core.models.Model`` (float64 ``next_probs``).
 
     ``temperature``, ``top_k``, ``top_p`` give the processed law (as :func:`hsd_torch.generate`
-    uses). ``evaluations`` counts forward passes (cached per context).
+    uses). ``prompt``: the prompt the reference will run, so that every context starts as the
+    backend's does (:meth:`TokenText.start`: the tokenizer's prefix, or its BOS for a prompt that
+    encodes to no ids); without it, the prefix. ``window=True`` (for a drafter): contexts longer
+    than the model's positions are seen through the backend's sliding window
+    (:func:`hsd_torch.generate.window_view`). ``evaluations`` counts forward passes (cached per
+    context).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None) -> None:
+                 top_p: float | None = None, prompt: str | None = None, window: bool = False) -> None:
         self.model = model
         self.text = TokenText(tokenizer, _logit_width(model))
+        self.start: list[int] = self.text.start(prompt) if prompt is not None else list(self.text.prefix)
+        self.max_pos = _max_positions(model.config) if window else None
         self._tokenizer = CoreTokenizer(self.text)
         self._process: dict[str, Any] = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
         self._cache: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
@@ -116,7 +124,9 @@ class CoreModel:
         hit = self._cache.get(ctx)
         if hit is not None:
             return hit
-        ids = self.text.prefix + self._tokenizer.to_hf(ctx)
+        ids = self.start + self._tokenizer.to_hf(ctx)
+        if self.max_pos is not None:
+            ids = window_view(ids, len(self.start), self.max_pos)
         if not ids:
             raise ValueError("empty context and no BOS: the model has nothing to condition on")
         dev = _device(self.model)

@@ -90,14 +90,24 @@ class TokenText:
         bs = self.bytes_of
         return b"".join(b for b in (bs[i] for i in ids) if b is not None)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """``prefix`` followed by :meth:`encode` of the prompt's UTF-8; ``ValueError`` if empty."""
-        ids = self.prefix + self.encode(prompt.encode("utf-8"))
-        if not ids:
+    def start(self, prompt: str) -> list[int]:
+        """The special ids a context for ``prompt`` starts with: :attr:`prefix`; or, when the
+        tokenizer adds no prefix and ``prompt`` encodes to no ids (an empty prompt), its BOS, so
+        that the model has something to condition on (as ``model.generate`` does without input
+        ids). ``ValueError`` when it has no BOS either."""
+        if self.prefix or self.encode(prompt.encode("utf-8")):
+            return list(self.prefix)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
             raise ValueError(
-                f"prompt {prompt!r} encodes to no tokens and the tokenizer adds no BOS, so the model has "
-                "nothing to condition on; empty prompts are not supported yet (issue 9)")
-        return ids
+                f"prompt {prompt!r} encodes to no tokens and the tokenizer has neither a special prefix nor a "
+                "bos_token_id, so the model has nothing to condition on; give a non-empty prompt or a "
+                "tokenizer with a BOS")
+        return [int(bos)]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """:meth:`start` followed by :meth:`encode` of the prompt's UTF-8 (never empty)."""
+        return self.start(prompt) + self.encode(prompt.encode("utf-8"))
 
     def ids_without_prefix(self, ids: Sequence[int]) -> list[int]:
         """``ids`` with the leading :attr:`prefix` removed."""
