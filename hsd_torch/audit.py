@@ -1,0 +1,408 @@
+"""Audit any ``generate()`` against a Hugging Face target's own law: :func:`audit_generate`.
+
+``sample_fn(prompt, seed) -> list[int]`` is any sampler of new target ids (``transformers``'
+``model.generate`` with an assistant, :func:`hsd_torch.generate`, third-party code). The reference
+is the law of the first ``positions`` new tokens, computed exactly (float64) from the target's own
+forward passes, processed by :func:`hsd_torch.generate.process_logits` (temperature, top-k, top-p;
+with ``mask_textless=True`` also hsd_torch's removal of ids without text other than EOS), so the
+processed law is defined in one place. The statistics are :func:`hsd_core.audit.audit_sampler`'s.
+
+Large vocabularies (up to ~150k ids) are handled by expanding only the prefixes that matter.
+With ``n`` draws, a cell of expected count below 5 cannot be tested on its own, so:
+
+* the root (the prompt) is expanded: its tokens of expected count ``n p >= 5`` are cells of their
+  own, the others are pooled into one cell ``(RARE, ANY, ...)``;
+* each kept, non-EOS prefix of expected count ``>= 5`` is expanded the same way (one batched
+  forward pass per depth), the most probable first, at most ``max_prefixes`` of them; a prefix
+  that is not expanded becomes the cell ``(prefix, ANY, ...)`` ("this prefix, then anything");
+* a token the reference gives probability 0 keeps its own id, so a single draw of it is "lossy".
+
+Every sampled output is truncated at its first EOS and at ``positions`` tokens and mapped to its
+cell; the coarse law is a function of the exact law, so every test on it is valid. What the
+coarsening hides (the mass inside the ``RARE``/``ANY`` cells, and what ``audit_sampler`` pools) is
+added to ``detectable_tv``.
+
+The family (Holm at ``alpha``): the joint law (chi-square, G-test, TV test), each position's law,
+and the law of the next token after each of the ``max_conditional`` most frequent expanded
+prefixes. Greedy (``do_sample=False``): the reference is the target's greedy output (argmax of the
+processed law, ties to the lowest id) and every draw must equal it (the exact point-mass check).
+
+The report adds the plug-in TV on the coarse table with a 95% basic (reflected) bootstrap
+interval (200 multinomial resamples) and the 95th
+percentile of the same statistic for a lossless sampler (``tv_null_q95``: the plug-in TV is biased
+upward), and the most over- and under-represented cells decoded by the target tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
+
+from .generate import process_logits
+from .text import TokenText
+
+__all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "reference_law"]
+
+ANY = -1
+"""Cell marker: "any continuation" (after a prefix that was not expanded)."""
+
+RARE = -2
+"""Cell marker: "one of the tokens of expected count < 5 at this position" (pooled)."""
+
+_MIN_EXPECTED = 5.0
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The coarse reference law and how to map an output to its cell."""
+
+    law: dict[tuple[int, ...], float]
+    positions: int
+    eos_ids: frozenset[int]
+    kept: dict[tuple[int, ...], frozenset[int]]   # expanded prefix -> its tokens with cells of their own
+    zero: dict[tuple[int, ...], frozenset[int]]   # expanded prefix -> its tokens of probability 0
+    frequent: tuple[tuple[int, ...], ...]         # prefixes whose next-token law is tested
+    coarse_mass: float                            # mass of the RARE / ANY cells
+    forward_passes: int
+    greedy: bool = False
+
+    def cell(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """The cell of an output (a list of new target ids)."""
+        out: list[int] = []
+        for t in ids[:self.positions]:
+            out.append(int(t))
+            if int(t) in self.eos_ids:
+                break
+        s = tuple(out)
+        if self.greedy:
+            return s
+        pre: tuple[int, ...] = ()
+        for j, t in enumerate(s):
+            if pre not in self.kept:
+                return pre + (ANY,) * (self.positions - j)
+            if t in self.kept[pre]:
+                pre = pre + (t,)
+                continue
+            if t in self.zero[pre]:
+                return pre + (t,)  # probability 0: outside the law, rejected
+            return pre + (RARE,) + (ANY,) * (self.positions - j - 1)
+        return s
+
+
+def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    e = getattr(tokenizer, "eos_token_id", None)
+    if e is not None:
+        ids.add(int(e))
+    g = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if isinstance(g, int):
+        ids.add(g)
+    elif isinstance(g, (list, tuple)):
+        ids.update(int(x) for x in g)
+    return frozenset(ids)
+
+
+def _width(model: Any) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+@torch.inference_mode()
+def _laws(target: Any, contexts: Sequence[Sequence[int]], mask: torch.Tensor, process: Mapping[str, Any],
+          batch: int = 32) -> list[np.ndarray]:
+    """The processed next-token law (float64 numpy) after each context (all of one length)."""
+    dev = next(target.parameters()).device
+    out: list[np.ndarray] = []
+    for i in range(0, len(contexts), batch):
+        x = torch.tensor([list(c) for c in contexts[i:i + batch]], dtype=torch.long, device=dev)
+        logits = target(input_ids=x).logits[:, -1, :].double()
+        probs = process_logits(logits, mask.to(dev), **process)
+        out.extend(row.cpu().numpy() for row in probs)
+    return out
+
+
+def reference_law(target: Any, prompt_ids: Sequence[int], n: int, positions: int, eos_ids: frozenset[int],
+                  mask: torch.Tensor, process: Mapping[str, Any], do_sample: bool = True,
+                  max_prefixes: int = 512, max_conditional: int = 8) -> Reference:
+    """The coarse reference law for ``n`` draws (module docstring)."""
+    if not do_sample:
+        seq: list[int] = []
+        for _ in range(positions):
+            p = _laws(target, [list(prompt_ids) + seq], mask, process)[0]
+            t = int(np.argmax(p))
+            seq.append(t)
+            if t in eos_ids:
+                break
+        return Reference({tuple(seq): 1.0}, positions, eos_ids, {}, {}, (), 0.0, len(seq), greedy=True)
+    law: dict[tuple[int, ...], float] = {}
+    kept: dict[tuple[int, ...], frozenset[int]] = {}
+    zero: dict[tuple[int, ...], frozenset[int]] = {}
+    coarse = 0.0
+    passes = 0
+    budget = max_prefixes
+    frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    for depth in range(positions):
+        frontier.sort(key=lambda x: -x[1])
+        go = [(pre, mass) for pre, mass in frontier if depth == 0 or n * mass >= _MIN_EXPECTED][:budget]
+        goset = {pre for pre, _ in go}
+        for pre, mass in frontier:
+            if pre not in goset:
+                law[pre + (ANY,) * (positions - depth)] = mass
+                coarse += mass
+        if depth > 0:
+            budget -= len(go)
+        rows = _laws(target, [list(prompt_ids) + list(pre) for pre, _ in go], mask, process)
+        passes += len(go)
+        nxt: list[tuple[tuple[int, ...], float]] = []
+        last = depth == positions - 1
+        for (pre, mass), row in zip(go, rows):
+            pr = mass * row
+            keep = np.flatnonzero(n * pr >= _MIN_EXPECTED)
+            kept[pre] = frozenset(int(t) for t in keep)
+            zero[pre] = frozenset(int(t) for t in np.flatnonzero(row <= 0))
+            rare = float(mass - pr[keep].sum())
+            if rare > 1e-15 and bool((row > 0).sum() > len(keep)):
+                law[pre + (RARE,) + (ANY,) * (positions - depth - 1)] = rare
+                coarse += rare
+            for t in keep.tolist():
+                if t in eos_ids or last:
+                    law[pre + (t,)] = float(pr[t])
+                else:
+                    nxt.append((pre + (t,), float(pr[t])))
+        frontier = nxt
+    total = sum(law.values())
+    law = {k: v / total for k, v in law.items()}
+    frequent = tuple(sorted((pre for pre in kept if pre and n * _prefix_mass(law, pre) >= 20 * _MIN_EXPECTED),
+                            key=lambda pre: -_prefix_mass(law, pre))[:max_conditional])
+    return Reference(law, positions, eos_ids, kept, zero, frequent, coarse, passes)
+
+
+def _prefix_mass(law: Mapping[tuple[int, ...], float], pre: tuple[int, ...]) -> float:
+    k = len(pre)
+    return sum(p for s, p in law.items() if s[:k] == pre and len(s) > k)
+
+
+class _Draw:
+    """One audited draw: ``sample_fn(prompt, seed)`` with a 32-bit seed from the chunk's generator,
+    mapped to its cell. A class (not a closure) so process executors can pickle it."""
+
+    def __init__(self, sample_fn: Callable[[str, int], Sequence[int]], prompt: str, ref: Reference) -> None:
+        self.sample_fn, self.prompt, self.ref = sample_fn, prompt, ref
+
+    def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
+        seed = int(rng.integers(0, 2**32))
+        ids = self.sample_fn(self.prompt, seed)
+        if isinstance(ids, torch.Tensor):
+            ids = ids.flatten().tolist()
+        return self.ref.cell(list(ids))
+
+
+@dataclass(frozen=True)
+class DecodedDeviation:
+    """A cell with its tokens decoded (``*``: any continuation, ``<rare>``: a pooled rare token)."""
+
+    output: tuple[int, ...]
+    text: str
+    observed: int
+    expected: float
+
+
+@dataclass(frozen=True)
+class GenerateAuditReport:
+    """Result of :func:`audit_generate`: ``verdict`` as :mod:`hsd_core.audit`; ``core`` the
+    underlying :class:`~hsd_core.audit.AuditReport` on the coarse table; ``detectable_tv`` includes
+    the mass hidden in the coarse cells (``coarse_mass``) and in ``core``'s pooled cell."""
+
+    verdict: Verdict
+    reason: str
+    n: int
+    alpha: float
+    seed: int
+    positions: int
+    do_sample: bool
+    processing: str
+    detectable_tv: float | None
+    tv_estimate: float
+    tv_ci: tuple[float, float]
+    tv_null_q95: float
+    cells: int
+    coarse_mass: float
+    forward_passes: int
+    conditional_prefixes: tuple[tuple[int, ...], ...]
+    over: tuple[DecodedDeviation, ...]
+    under: tuple[DecodedDeviation, ...]
+    core: AuditReport = field(repr=False)
+    prompt: str = ""
+    name: str = "sampler"
+
+    def to_markdown(self, title: str | None = None) -> str:
+        """The report as markdown: the verdict, the sizing, the TV estimate, the decoded largest
+        deviations, then ``core``'s test table."""
+        det = "n/a (no power)" if self.detectable_tv is None else f"{self.detectable_tv:.4g}"
+        lines = [f"# {title or 'Audit of ' + self.name}", "",
+                 f"**Verdict: {self.verdict}** ({self.reason})", "",
+                 f"- prompt {self.prompt!r}; first {self.positions} new tokens; "
+                 f"{'sampling' if self.do_sample else 'greedy'}; processing: {self.processing}",
+                 f"- n = {self.n} draws, seed {self.seed}; family-wise alpha {self.alpha:.3g} (Holm over "
+                 f"{self.core.m} tests)",
+                 f"- detectable TV (power {self.core.power}): {det} (includes {self.coarse_mass:.4g} of mass in "
+                 f"pooled rare / unexpanded cells and {self.core.pooled_mass:.4g} pooled by the tests)",
+                 f"- estimated TV on the {self.cells}-cell table: {self.tv_estimate:.4g} (plug-in; 95% basic bootstrap "
+                 f"interval {self.tv_ci[0]:.4g} to {self.tv_ci[1]:.4g}); a lossless sampler shows up to "
+                 f"{self.tv_null_q95:.4g} (95th percentile)",
+                 f"- reference: {self.forward_passes} target forward passes"
+                 + (f"; next-token tests after {len(self.conditional_prefixes)} frequent prefixes"
+                    if self.conditional_prefixes else "")]
+
+        def table(name: str, rows: Sequence[DecodedDeviation]) -> list[str]:
+            out = ["", f"{name} (observed vs expected count):", "", "| cell | text | observed | expected |",
+                   "|---|---|---|---|"]
+            out += [f"| `{d.output}` | `{d.text}` | {d.observed} | {d.expected:.1f} |" for d in rows]
+            return out + (["| (none) | | | |"] if not rows else [])
+
+        lines += table("Most over-represented", self.over)
+        lines += table("Most under-represented", self.under)
+        lines += ["", self.core.to_markdown(title="Tests (hsd_core.audit)").replace("## ", "## ", 1)]
+        return "\n".join(lines) + "\n"
+
+    def save_plot(self, path: str, max_bars: int = 40, log: bool = False) -> bool:
+        """The PNG of :meth:`hsd_core.audit.AuditReport.save_plot` (cells as id tuples)."""
+        return self.core.save_plot(path, max_bars=max_bars, log=log)
+
+
+def _decode(tokenizer: Any, cell: tuple[int, ...]) -> str:
+    parts = []
+    for t in cell:
+        if t == ANY:
+            parts.append("*")
+        elif t == RARE:
+            parts.append("<rare>")
+        else:
+            try:
+                parts.append(repr(tokenizer.decode([t]))[1:-1])
+            except Exception:  # an id outside the tokenizer (padded embedding)
+                parts.append(f"<id {t}>")
+    return " | ".join(parts)
+
+
+def _tv_stats(law: Mapping[tuple[int, ...], float], observed: Mapping[Any, int], n: int,
+              seed: int) -> tuple[float, tuple[float, float], float]:
+    keys = list(dict.fromkeys(list(law) + list(observed)))
+    p = np.array([law.get(k, 0.0) for k in keys])
+    p = p / p.sum()
+    c = np.array([observed.get(k, 0) for k in keys], dtype=np.float64)
+    phat = c / max(1, c.sum())
+    est = 0.5 * float(np.abs(phat - p).sum())
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**31,)))
+    boot = rng.multinomial(n, phat, size=200) / n
+    tvb = 0.5 * np.abs(boot - p).sum(axis=1)
+    null = 0.5 * np.abs(rng.multinomial(n, p, size=200) / n - p).sum(axis=1)
+    # basic (reflected) bootstrap interval: the plug-in TV is biased upward, and so is its bootstrap
+    lo = min(1.0, max(0.0, 2 * est - float(np.quantile(tvb, 0.975))))
+    hi = min(1.0, max(0.0, 2 * est - float(np.quantile(tvb, 0.025))))
+    return est, (lo, hi), float(np.quantile(null, 0.95))
+
+
+def audit_generate(
+    sample_fn: Callable[[str, int], Sequence[int]],
+    target: Any,
+    target_tokenizer: Any,
+    prompt: str,
+    n: int = 20000,
+    positions: int = 2,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    alpha: float = 1e-3,
+    seed: int = 0,
+    executor: Executor | None = None,
+    *,
+    mask_textless: bool = False,
+    prompt_ids: Sequence[int] | None = None,
+    max_prefixes: int = 512,
+    max_conditional: int = 8,
+    chunk_size: int = 1000,
+    power: float = 0.99,
+    name: str | None = None,
+) -> GenerateAuditReport:
+    """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s own
+    law of the first ``positions`` new tokens (module docstring).
+
+    ``temperature``, ``top_k``, ``top_p``: the processing the sampler claims
+    (:func:`hsd_torch.generate.process_logits`; ignored when greedy); ``mask_textless=True`` adds
+    hsd_torch's removal of ids without text (other than EOS), the law :func:`hsd_torch.generate`
+    samples; ``prompt_ids`` overrides ``target_tokenizer(prompt)["input_ids"]`` as the target's
+    context. ``seed``: the draws are made in chunks of ``chunk_size`` with
+    ``SeedSequence(seed).spawn`` children, each draw gets a 32-bit seed from its chunk's generator
+    (a repeated seed among 20,000 draws has probability about 5% and repeats one draw), so a run is
+    reproducible and identical on any ``executor`` (which needs a picklable ``sample_fn``).
+    ``max_prefixes``: forward-pass budget for expanding prefixes; ``max_conditional``: how many
+    frequent prefixes get a next-token test. Returns a :class:`GenerateAuditReport`.
+    """
+    if not callable(sample_fn):
+        raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(sample_fn).__name__}")
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+        raise ValueError(f"positions must be an int >= 1, got {positions!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if getattr(target, "training", False):
+        raise ValueError("the target is in training mode (dropout makes its law random): call .eval() first")
+    width = _width(target)
+    if mask_textless:
+        mask = TokenText(target_tokenizer, width).text_mask
+    else:
+        mask = torch.ones(width, dtype=torch.bool)
+    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+    processing = (f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
+                  + (", ids without text removed (hsd_torch)" if mask_textless else ""))
+    if not do_sample:
+        process = {"temperature": 1.0, "top_k": None, "top_p": None}
+        processing = "argmax" + (" over ids with text (hsd_torch)" if mask_textless else "")
+    ids = list(prompt_ids) if prompt_ids is not None else [int(i) for i in target_tokenizer(prompt)["input_ids"]]
+    eos = _eos_ids(target, target_tokenizer)
+    ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
+    label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
+    core = audit_sampler(_Draw(sample_fn, prompt, ref), ref.law, n=int(n), alpha=alpha, power=power,
+                         positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
+                         prefixes=list(ref.frequent), name=label,
+                         rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}")
+    detectable: float | None = None
+    hidden = ref.coarse_mass
+    if core.detectable_tv is not None:
+        detectable = core.detectable_tv + hidden
+        if detectable >= 1.0:
+            detectable = None
+    verdict: Verdict = core.verdict
+    reason = core.reason
+    if verdict == "lossless-consistent":
+        if detectable is None:
+            verdict, reason = "inconclusive", ("no test rejects, but with the coarse cells' mass "
+                                               f"{hidden:.4g} no TV below 1 is promised; increase n")
+        elif hidden > 0:
+            reason = (f"no test rejects at family-wise alpha {alpha:.3g}; any law at TV >= {detectable:.4g} "
+                      f"would be caught with probability >= {power} ({core.detectable_by} + mass "
+                      f"{hidden:.4g} of the rare / unexpanded cells)")
+    est, ci, null = _tv_stats(ref.law, core.observed, core.n, seed)
+
+    def dec(rows: Sequence[Deviation]) -> tuple[DecodedDeviation, ...]:
+        return tuple(DecodedDeviation(tuple(d.output), _decode(target_tokenizer, tuple(d.output)),  # type: ignore[arg-type]
+                                      d.observed, d.expected) for d in rows)
+
+    return GenerateAuditReport(
+        verdict=verdict, reason=reason, n=core.n, alpha=alpha, seed=seed, positions=positions, do_sample=do_sample,
+        processing=processing, detectable_tv=detectable, tv_estimate=est, tv_ci=ci, tv_null_q95=null,
+        cells=len(ref.law), coarse_mass=hidden, forward_passes=ref.forward_passes,
+        conditional_prefixes=ref.frequent, over=dec(core.over), under=dec(core.under), core=core,
+        prompt=prompt, name=label)
