@@ -136,6 +136,28 @@ def check_report_path(path: str) -> str | None:
     return None
 
 
+def _add_impl_arguments(p: argparse.ArgumentParser) -> None:
+    """``hsd audit --impl transformers|hsd_torch ...`` (run by :mod:`hsd_torch.cli_audit`)."""
+    a = p.add_argument
+    a("--impl", choices=("transformers", "hsd_torch"), default=None,
+      help="audit a real implementation's first tokens over local checkpoints (needs torch)")
+    a("--target", metavar="DIR", help="target checkpoint (with --impl)")
+    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl)")
+    a("--target-tokenizer", metavar="DIR", help="default: --target")
+    a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
+    a("--prompt", help="the prompt (with --impl)")
+    a("--samples", type=int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
+    a("--positions", type=int, default=2, help="new tokens audited (default 2)")
+    a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
+    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem (default tli)")
+    a("--lookahead", type=int, default=2, help="hsd_torch drafts per round (default 2)")
+    a("--temperature", type=float, default=1.0)
+    a("--top-k", type=int, default=None)
+    a("--top-p", type=float, default=None)
+    a("--alpha", type=float, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
+    a("--seed", type=int, default=0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hsd`` console script. Ctrl-C exits with status 130 and one line."""
     try:
@@ -153,7 +175,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
                          help="also audit every method and variant by sampling N outputs each (default 0: skip)")
     audit_p.add_argument("--report", default=None, metavar="PATH.md",
                          help="with --sampled, write a markdown report (and PNG plots if matplotlib is installed)")
+    _add_impl_arguments(audit_p)
     args = parser.parse_args(argv)
+    if getattr(args, "impl", None) is not None:  # a real implementation: hsd_torch (imports torch)
+        if args.report is not None and (problem := check_report_path(args.report)) is not None:
+            parser.error(problem)
+        from hsd_torch.cli_audit import run as run_impl_audit
+        return run_impl_audit(args)
     if args.command in (None, "audit"):
         sampled, report = getattr(args, "sampled", 0), getattr(args, "report", None)
         if sampled < 0:

@@ -1,0 +1,97 @@
+"""``hsd audit --impl transformers|hsd_torch ...``: audit a speculative ``generate()`` over local
+checkpoints with :func:`hsd_torch.audit.audit_generate` (imported by ``hsd_core.cli`` only when
+``--impl`` is given, so that ``import hsd_core`` never imports torch).
+
+``--impl transformers`` samples ``target.generate(input_ids, assistant_model=drafter,
+tokenizer=tt, assistant_tokenizer=dt, ...)`` (universal assisted generation; with the same
+tokenizer, plain assisted generation), seeded by ``torch.manual_seed(seed)`` per draw; its law is
+the target's plain law (no id removed), and ``top_k`` unset is passed as ``top_k=0`` (transformers
+otherwise applies its default top-k 50). ``--impl hsd_torch`` samples :func:`hsd_torch.generate`
+(``--method``), whose law removes ids without text (``mask_textless=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+
+from .audit import GenerateAuditReport, audit_generate
+
+
+def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model, AutoTokenizer.from_pretrained(tokenizer_path or path)
+
+
+class _Sampler:
+    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar."""
+
+    def __init__(self, args: argparse.Namespace, target: Any, tt: Any, drafter: Any, dt: Any, bar: Any) -> None:
+        self.a, self.target, self.tt, self.drafter, self.dt, self.bar = args, target, tt, drafter, dt, bar
+
+    def __call__(self, prompt: str, seed: int) -> list[int]:
+        a = self.a
+        if a.impl == "hsd_torch":
+            from .generate import generate
+
+            ids = generate(self.target, self.drafter, prompt, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
+                           method=a.method, lookahead=a.lookahead, max_new_tokens=a.positions,
+                           do_sample=not a.greedy, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                           seed=seed).sequences[0]
+        else:
+            torch.manual_seed(seed)
+            x = self.tt(prompt, return_tensors="pt")
+            kw: dict[str, Any] = {"max_new_tokens": a.positions, "do_sample": not a.greedy}
+            if not a.greedy:
+                kw.update(temperature=a.temperature, top_k=a.top_k or 0, top_p=1.0 if a.top_p is None else a.top_p)
+            if self.dt is not None:
+                kw.update(tokenizer=self.tt, assistant_tokenizer=self.dt)
+            with torch.inference_mode():
+                out = self.target.generate(**x, assistant_model=self.drafter, **kw)
+            ids = out[0, x["input_ids"].shape[1]:].tolist()
+        self.bar.update(1)
+        return list(ids)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit; print the verdict; write the report; 1 on "lossy", 0 otherwise."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    for name in ("target", "drafter", "prompt"):
+        if getattr(args, name) is None:
+            print(f"hsd audit: --impl needs --{name}", file=sys.stderr)
+            return 2
+    if args.samples < 1 or args.positions < 1:
+        print("hsd audit: --samples and --positions must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    target, tt = load(args.target, args.target_tokenizer)
+    drafter, dt = load(args.drafter, args.drafter_tokenizer)
+    same = len(tt) == len(dt) and tt.get_vocab() == dt.get_vocab()
+    with tqdm(total=args.samples, desc=f"sampling {args.impl}", unit="draw", file=sys.stderr) as bar:
+        sampler = _Sampler(args, target, tt, drafter, None if (same and args.impl == "transformers") else dt, bar)
+        rep: GenerateAuditReport = audit_generate(
+            sampler, target, tt, args.prompt, n=args.samples, positions=args.positions, do_sample=not args.greedy,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
+            mask_textless=args.impl == "hsd_torch", name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+    det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
+    print(f"{rep.name}: {rep.verdict} (n={rep.n}, alpha={rep.alpha:.3g}, detectable TV {det}, "
+          f"estimated TV {rep.tv_estimate:.4g} [{rep.tv_ci[0]:.4g}, {rep.tv_ci[1]:.4g}])")
+    print(f"  {rep.reason}")
+    if args.report:
+        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+        md = rep.to_markdown()
+        png = os.path.splitext(args.report)[0] + ".png"
+        if rep.save_plot(png):
+            md += f"\n![observed vs expected]({os.path.basename(png)})\n"
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write(md)
+        print(f"  report written to {args.report}")
+    return 1 if rep.verdict == "lossy" else 0
