@@ -1,0 +1,75 @@
+"""pytest plugin: assert in a few lines that a sampler is lossless (issue 12, section 5).
+
+Registered under the ``pytest11`` entry point (``hsd = "hsd_core.pytest_plugin"``), so any project
+that installs hsd gets the ``hsd_lossless`` fixture::
+
+    def test_my_sampler_is_lossless(hsd_lossless):
+        hsd_lossless(lambda rng: my_sample(rng), law, n=20_000)
+
+``hsd_lossless(sample_fn, law_or_target, n=..., alpha=1e-6, seed=0, **kw)``:
+
+* ``law_or_target`` a ``Mapping`` (output tuple -> probability): ``sample_fn(rng)`` draws one
+  output from a ``numpy.random.Generator``; :func:`hsd_core.audit.audit_sampler` runs with
+  ``seed`` (chunked ``SeedSequence`` spawns, so the failure is reproducible from the seed);
+* otherwise a Hugging Face target model: ``sample_fn(prompt, seed)`` returns new target ids, and
+  ``tokenizer=`` and ``prompt=`` are required; :func:`hsd_torch.audit.audit_generate` runs (other
+  keywords pass through: ``positions``, ``do_sample``, ``temperature``, ``top_k``, ...).
+
+The test fails unless the verdict is "lossless-consistent" ("inconclusive" fails too: an audit
+never passes without a promise), with a message naming the verdict, the estimated TV, the TV the
+test could detect, the worst cells and the seed that reproduces the run. ``alpha`` defaults to
+1e-6, the suite's family-wise false-fail rate. Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from .audit import AuditReport, audit_sampler
+
+__all__ = ["assert_lossless", "hsd_lossless"]
+
+
+def _tv(rep: AuditReport) -> float:
+    keys = set(rep.expected) | set(rep.observed)
+    return 0.5 * sum(abs(rep.observed.get(k, 0) - rep.expected.get(k, 0.0)) for k in keys) / rep.n
+
+
+def assert_lossless(sample_fn: Callable[..., Any], law_or_target: Any, n: int = 20_000, *, alpha: float = 1e-6,
+                    seed: int = 0, **kw: Any) -> Any:
+    """Audit ``sample_fn`` (module docstring); ``pytest.fail`` unless lossless-consistent.
+    Returns the report."""
+    if isinstance(law_or_target, Mapping):
+        rep = audit_sampler(sample_fn, law_or_target, n=n, alpha=alpha, seed=seed, **kw)
+        core, tv, det = rep, _tv(rep), rep.detectable_tv
+        over = [(d.output, d.observed, d.expected) for d in rep.over[:3]]
+        under = [(d.output, d.observed, d.expected) for d in rep.under[:3]]
+    else:
+        from hsd_torch.audit import audit_generate
+
+        try:
+            tokenizer, prompt = kw.pop("tokenizer"), kw.pop("prompt")
+        except KeyError:
+            raise TypeError("hsd_lossless(sample_fn, target, ...) needs tokenizer= and prompt= "
+                            "(or pass an exact law as a Mapping)") from None
+        g = audit_generate(sample_fn, law_or_target, tokenizer, prompt, n=n, alpha=alpha, seed=seed, **kw)
+        core, tv, det = g.core, g.tv_estimate, g.detectable_tv
+        over = [(f"{d.output} {d.text!r}", d.observed, d.expected) for d in g.over[:3]]
+        under = [(f"{d.output} {d.text!r}", d.observed, d.expected) for d in g.under[:3]]
+        rep = g
+    if rep.verdict != "lossless-consistent":
+        det_s = "n/a" if det is None else f"{det:.4g}"
+        fmt = "; ".join(f"{o}: {ob} observed vs {ex:.1f} expected" for o, ob, ex in over + under)
+        pytest.fail(f"hsd_lossless: sampler {rep.verdict}: estimated TV {tv:.4g} (detectable TV {det_s} at "
+                    f"family-wise alpha {alpha:.3g}, n={core.n}); {rep.reason}; worst cells: {fmt}; "
+                    f"reproduce with seed={seed}", pytrace=False)
+    return rep
+
+
+@pytest.fixture
+def hsd_lossless() -> Callable[..., Any]:
+    """``hsd_lossless(sample_fn, law_or_target, n=..., ...)``: :func:`assert_lossless`."""
+    return assert_lossless
