@@ -42,6 +42,7 @@ def assert_lossless(sample_fn: Callable[..., Any], law_or_target: Any, n: int = 
                     seed: int = 0, **kw: Any) -> Any:
     """Audit ``sample_fn`` (module docstring); ``pytest.fail`` unless lossless-consistent.
     Returns the report."""
+    rep: Any
     if isinstance(law_or_target, Mapping):
         rep = audit_sampler(sample_fn, law_or_target, n=n, alpha=alpha, seed=seed, **kw)
         core, tv, det = rep, _tv(rep), rep.detectable_tv
