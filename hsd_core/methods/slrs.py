@@ -182,7 +182,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
 
     Defaults: ``lookahead=2``, ``max_tokens=1``, ``greedy=False``, ``lookbehind=4``,
     ``max_psi_calls=200_000`` (the cost guard of :meth:`psi`; above it, ``CostLimitError``),
-    ``min_path_prob=None``, ``proposal_map="retokenize"`` (these two give the procedure of the
+    ``min_path_prob=None``, ``proposal_map='retokenize'`` (these two give the procedure of the
     module docstring exactly).
 
     The bounded procedure: ``min_path_prob=tau`` (0 < tau <= 1, a Fraction or float) stops a draft

@@ -91,7 +91,8 @@ DEFAULTS: dict[type, dict[str, Any]] = {
     SD: {"lookahead": 3, "greedy": False},
     SLEM: {"lookahead": 3, "greedy": False, "lookbehind": 4},
     TLI: {"lookahead": 3, "greedy": False},
-    SLRS: {"lookahead": 2, "max_tokens": 1, "greedy": False, "lookbehind": 4, "max_psi_calls": 200_000},
+    SLRS: {"lookahead": 2, "max_tokens": 1, "greedy": False, "lookbehind": 4, "max_psi_calls": 200_000,
+           "min_path_prob": None, "proposal_map": "retokenize"},
 }
 
 
