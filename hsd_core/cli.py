@@ -167,9 +167,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run_generate(argv: Sequence[str]) -> int:
+    """``hsd generate ...``: handed to :mod:`hsd_torch.cli` (imported only here, so that
+    ``import hsd_core`` and ``hsd audit`` never import torch); a clear message without torch."""
+    try:
+        from hsd_torch.cli import main as generate_main
+    except ImportError as e:
+        print(f"hsd generate needs torch and transformers ({e}). Install a torch first (CPU: pip install torch), "
+              "then pip install -e '.[torch]'", file=sys.stderr)
+        return 2
+    return generate_main(argv)
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["generate"]:
+        return run_generate(args_in[1:])
     parser = argparse.ArgumentParser(prog="hsd", description="Verify lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("generate", add_help=False,
+                   help="speculative generation over local checkpoints (needs torch; hsd generate -h)")
     audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world")
     audit_p.add_argument("--sampled", type=int, default=0, metavar="N",
                          help="also audit every method and variant by sampling N outputs each (default 0: skip)")

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -493,6 +493,7 @@ def generate(
     drafter_temperature: float | None = None,
     record_uniforms: bool = False,
     lookbehind: int = 4,
+    progress: Callable[[int], None] | None = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -506,6 +507,8 @@ def generate(
     (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
     drafter: its processing is free, the target's defines the law); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
     or None (fresh entropy). ``record_uniforms=True`` fills ``GenerateOutput.uniforms``.
+    ``progress``, if given, is called after every round with the number of rows that finished in
+    it (for a progress bar).
 
     Returns :class:`GenerateOutput`. The models are never modified (no attribute, weight, config
     or generation config is written); everything runs under ``torch.inference_mode``.
@@ -766,6 +769,10 @@ def generate(
         for i in range(batch):
             if active[i]:
                 trun.sync(i, t_ctx[i])
+        if progress is not None:
+            done = sum(1 for i in range(batch) if active[i] and finished[i])
+            if done:
+                progress(done)
         trun.drop(finished)
         trun.trim()
         if drun is not None:

@@ -303,3 +303,39 @@ def tiny_pair(target_kind: str = "byte_bpe", drafter_kind: str = "unigram", *, s
     target = tiny_llama(tt, seed=seed, dtype=dtype)
     drafter = tiny_gpt2(dt, seed=seed + 1, vocab_size=len(dt) + 32, dtype=dtype)
     return target, tt, drafter, dt
+
+
+def save_tiny_pair(out: str | os.PathLike[str], *, seed: int = 0) -> tuple[Path, Path]:
+    """Build :func:`tiny_pair` (float32) and ``save_pretrained`` it (models and tokenizers) into
+    ``out/target`` and ``out/drafter``; returns the two folders. A few seconds."""
+    target, tt, drafter, dt = tiny_pair(seed=seed)
+    root = Path(out)
+    folders = (root / "target", root / "drafter")
+    for folder, model, tok in ((folders[0], target, tt), (folders[1], drafter, dt)):
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    return folders
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hsd_torch.tiny --out DIR``: write a tiny target/drafter pair to ``DIR``."""
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m hsd_torch.tiny",
+                                 description="Build a tiny random-init target (Llama, byte-level BPE) and drafter "
+                                             "(GPT-2, Unigram + byte fallback) and save them for hsd generate.")
+    ap.add_argument("--out", required=True, metavar="DIR", help="writes DIR/target and DIR/drafter")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    t, d = save_tiny_pair(args.out, seed=args.seed)
+    print(f"target: {t}\ndrafter: {d}\n({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

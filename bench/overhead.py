@@ -1,0 +1,137 @@
+"""What a round of ``hsd_torch.generate`` costs beyond the two models' forward passes (issue 9, section 2).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py [--repeats 5] [--new 48]
+
+Setup: batch 1, one thread, float32, CPU. Target: GPT-2 style 6 layers x 320 (random init, peaked
+head) over a byte-level BPE of 4096 ids trained here (about 10M parameters); drafter: GPT-2 style 2
+layers x 128 over a Unigram + byte-fallback tokenizer of about 2,000 ids (``--same`` uses the target's
+tokenizer for SD). Forward hooks time every forward call of both models (the ``model(...)`` call,
+embedding to logits); everything else inside ``generate`` (processing the laws, bridging, drafting,
+re-tokenizing, cache bookkeeping, the kernels, Python) is the overhead. Per method and repeat:
+
+    overhead per round = (generate's wall time - time inside both models' forward calls) / rounds
+
+(the part spent in ``hsd_torch.kernels`` shown apart), reported as a ratio to one target forward pass of one token with a KV cache (at a context of 64,
+measured in the same process, minimum over 30). Goal (issue 9): below 0.20. Min and median over
+the repeats. The one-time setup of a call (vocabulary bridge, SLRS's first-token map: cached after
+the first call) is excluded by a warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from hsd_torch import generate, kernels, tiny  # noqa: E402
+
+PROMPT = "def parse(self, text):\n    "
+
+
+class Timer:
+    """Forward hooks that add up the time spent in a module's forward calls."""
+
+    def __init__(self, model: Any) -> None:
+        self.total = 0.0
+        self.calls = 0
+        self._t0 = 0.0
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+
+    def _pre(self, *_: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def _post(self, *_: Any) -> None:
+        self.total += time.perf_counter() - self._t0
+        self.calls += 1
+
+
+KERNEL_TIME = [0.0]
+
+
+def _timed(f: Any) -> Any:
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **kw)
+        finally:
+            KERNEL_TIME[0] += time.perf_counter() - t0
+    return wrapper
+
+
+def one_token_forward(model: Any, vocab: int, ctx: int = 64, reps: int = 30) -> float:
+    from transformers import DynamicCache
+
+    times = []
+    with torch.inference_mode():
+        ids = torch.randint(4, vocab, (1, ctx))
+        for _ in range(reps):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids, cache=cache, use_cache=True)
+            t0 = time.perf_counter()
+            model(input_ids=ids[:, :1], cache=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--new", type=int, default=48, help="max_new_tokens per call")
+    ap.add_argument("--methods", default="ar,sd,tli,slem,slrs")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    tt = tiny.tiny_tokenizer("byte_bpe", vocab_size=4096, max_bytes=400_000)
+    dt = tiny.tiny_tokenizer("unigram", vocab_size=2048, max_bytes=400_000)
+    target = tiny.tiny_gpt2(tt, seed=0, n_layer=6, n_embd=320, n_head=5, n_positions=1024)
+    drafter = tiny.tiny_gpt2(dt, seed=1, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
+    same = tiny.tiny_gpt2(tt, seed=2, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
+    n_params = sum(p.numel() for p in target.parameters())
+    print(f"setup {time.perf_counter() - t0:.1f} s; target {n_params / 1e6:.1f}M params, {len(tt)} ids; "
+          f"drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params, {len(dt)} ids; "
+          f"torch {torch.__version__}, 1 thread")
+    timers = {id(m): Timer(m) for m in (target, drafter, same)}
+    for name in ("sample", "rejection_verify", "exact_match_verify"):  # generate calls them through the module
+        setattr(kernels, name, _timed(getattr(kernels, name)))
+    fwd = one_token_forward(target, len(tt))
+    print(f"one target forward pass (1 token, KV cache at 64): {fwd * 1e3:.2f} ms (min of 30)")
+    print()
+    print(f"{'method':7s} {'rounds':>6s} {'tok/round':>9s} {'ms/round':>9s} {'fwd ms/round':>12s} "
+          f"{'overhead ms':>11s} {'of it kernels':>13s} {'ratio min':>9s} {'ratio median':>12s}")
+    for method in args.methods.split(","):
+        d = None if method == "ar" else (same if method == "sd" else drafter)
+        dtk = None if d is None else (tt if method == "sd" else dt)
+        kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dtk, method=method,
+                                  lookahead=1 if method == "slrs" else 4, max_new_tokens=args.new)
+        generate(target, d, PROMPT, seed=0, **kw)  # warm-up: bridge, maps, allocator
+        ratios, per_round, fwd_round, rounds_l, toks, kern = [], [], [], [], [], []
+        for r in range(args.repeats):
+            for t in timers.values():
+                t.total = 0.0
+            KERNEL_TIME[0] = 0.0
+            t1 = time.perf_counter()
+            out = generate(target, d, PROMPT, seed=r + 1, **kw)
+            wall = time.perf_counter() - t1
+            inside = sum(t.total for t in timers.values())
+            rounds = out.stats[0].target_calls
+            over = (wall - inside) / rounds
+            ratios.append(over / fwd)
+            per_round.append(wall / rounds)
+            fwd_round.append(inside / rounds)
+            rounds_l.append(rounds)
+            toks.append(out.stats[0].new_tokens / rounds)
+            kern.append(KERNEL_TIME[0] / rounds)
+        print(f"{method:7s} {statistics.median(rounds_l):6.0f} {statistics.median(toks):9.2f} "
+              f"{statistics.median(per_round) * 1e3:9.2f} {statistics.median(fwd_round) * 1e3:12.2f} "
+              f"{statistics.median(ratios) * fwd * 1e3:11.2f} {statistics.median(kern) * 1e3:13.2f} {min(ratios):9.3f} {statistics.median(ratios):12.3f}")
+
+
+if __name__ == "__main__":
+    main()

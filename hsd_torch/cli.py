@@ -1,0 +1,192 @@
+"""``hsd generate``: speculative generation over local Hugging Face checkpoints (issue 9, section 4).
+
+    hsd generate --target DIR --drafter DIR --method tli --prompt "def foo(x):" \\
+        [--prompt ...] [--prompts-file FILE] [--max-new-tokens N] [--greedy] [--seed S] [--stats]
+
+``DIR`` are ``save_pretrained`` folders (model and tokenizer; ``--target-tokenizer`` /
+``--drafter-tokenizer`` load the tokenizers from other folders). Everything is offline
+(``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise) and runs on the CPU unless
+``--device`` says otherwise. Every prompt is one row of one :func:`hsd_torch.generate` call (row
+``i`` draws from ``(seed, i)``, so a prompt's output does not depend on the others); a progress
+bar (``tqdm``, which transformers brings) counts finished prompts on stderr when there are
+several. The continuations go to stdout (one per prompt, under a ``=== [i] ===`` header when there
+are several); ``--stats`` prints the per-prompt cost table after them.
+
+``hsd_core.cli`` dispatches here only for the ``generate`` subcommand, so ``import hsd_core`` and
+``hsd audit`` never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+METHODS = ("ar", "sd", "tli", "slem", "slrs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hsd generate",
+                                description="Lossless speculative generation over local Hugging Face checkpoints.")
+    a = p.add_argument
+    a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained)")
+    a("--drafter", metavar="DIR", help="drafter checkpoint folder (not needed for --method ar)")
+    a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
+    a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
+    a("--method", default="tli", choices=METHODS, help="default tli (slrs needs --lookahead 1)")
+    a("--prompt", action="append", default=[], help="a prompt (repeat for several)")
+    a("--prompts-file", metavar="FILE", help="one prompt per line (\\n escapes are expanded)")
+    a("--max-new-tokens", type=int, default=64, metavar="N", help="default 64")
+    a("--lookahead", type=int, default=None, metavar="K", help="drafts per round (default 4; 1 for slrs)")
+    a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
+    a("--temperature", type=float, default=1.0)
+    a("--top-k", type=int, default=None)
+    a("--top-p", type=float, default=None)
+    a("--seed", type=int, default=0, metavar="S", help="default 0")
+    a("--device", default="cpu", help="torch device for both models (default cpu)")
+    a("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
+    a("--stats", action="store_true", help="print the per-prompt stats table at the end")
+    return p
+
+
+def stats_table(prompts: Sequence[str], out: Any, method: str) -> str:
+    """The per-prompt cost table of a :class:`hsd_torch.GenerateOutput`, with a total line."""
+    head = ("#", "prompt", "new", "target calls", "tok/call", "proposed", "accepted", "accept rate",
+            "drafter calls", "recomputed t/d")
+    rows = []
+    tot = [0, 0, 0, 0, 0, 0, 0]
+    for i, (p, st) in enumerate(zip(prompts, out.stats)):
+        short = p if len(p) <= 24 else p[:21] + "..."
+        rate = f"{st.accepted / st.proposed:.2f}" if st.proposed else "-"
+        rows.append((str(i), repr(short), str(st.new_tokens), str(st.target_calls),
+                     f"{st.tokens_per_target_call:.2f}", str(st.proposed), str(st.accepted), rate,
+                     str(st.drafter_calls), f"{st.target_recomputed}/{st.drafter_recomputed}"))
+        for j, v in enumerate((st.new_tokens, st.target_calls, st.proposed, st.accepted, st.drafter_calls,
+                               st.target_recomputed, st.drafter_recomputed)):
+            tot[j] += v
+    rows.append(("all", "", str(tot[0]), str(tot[1]), f"{tot[0] / tot[1]:.2f}" if tot[1] else "-", str(tot[2]),
+                 str(tot[3]), f"{tot[3] / tot[2]:.2f}" if tot[2] else "-", str(tot[4]), f"{tot[5]}/{tot[6]}"))
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    wall = out.stats[0].wall_time if out.stats else 0.0
+    lines.append(f"method {method}; wall time {wall:.2f} s; {tot[0] / wall if wall else 0:.1f} new tokens/s")
+    return "\n".join(lines)
+
+
+class _Progress:
+    """tqdm on stderr if it is installed (transformers brings it), else a plain counter."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.n = total, 0
+        self.bar: Any = None
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+            self.bar = tqdm(total=total, desc="hsd generate", unit="prompt", file=sys.stderr)
+        except ImportError:  # pragma: no cover - tqdm comes with transformers
+            pass
+
+    def __call__(self, k: int) -> None:
+        self.n += k
+        if self.bar is not None:
+            self.bar.update(k)
+        else:  # pragma: no cover
+            print(f"\rhsd generate: {self.n}/{self.total} prompts", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:  # pragma: no cover
+            print(file=sys.stderr)
+
+
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any, Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers' own bar per checkpoint; this process only
+    dtype = getattr(torch, args.dtype)
+
+    def model(path: str, role: str) -> Any:
+        if not os.path.isdir(path):
+            parser.error(f"--{role} {path!r} is not a folder (a save_pretrained checkpoint)")
+        try:
+            m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except (OSError, ValueError) as e:
+            parser.error(f"cannot load the {role} from {path!r}: {e}")
+        return m.to(args.device).eval()
+
+    def tokenizer(path: str, role: str) -> Any:
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            parser.error(f"cannot load the {role} tokenizer from {path!r}: {e}")
+
+    target = model(args.target, "target")
+    tt = tokenizer(args.target_tokenizer or args.target, "target")
+    drafter = dt = None
+    if args.method != "ar":
+        drafter = model(args.drafter, "drafter")
+        dt = tokenizer(args.drafter_tokenizer or args.drafter, "drafter")
+    return target, tt, drafter, dt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hsd generate ...``; returns the exit status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+        except OSError as e:
+            parser.error(f"--prompts-file {args.prompts_file!r}: {e.strerror or e}")
+    if not prompts:
+        parser.error("give at least one --prompt or a --prompts-file")
+    if args.method != "ar" and not args.drafter:
+        parser.error(f"--method {args.method} needs --drafter DIR")
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens needs N >= 1")
+    lookahead = args.lookahead if args.lookahead is not None else (1 if args.method == "slrs" else 4)
+
+    import torch
+
+    from .generate import generate
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    t0 = time.perf_counter()
+    target, tt, drafter, dt = _load(args, parser)
+    load_s = time.perf_counter() - t0
+    bar = _Progress(len(prompts)) if len(prompts) > 1 else None
+    try:
+        out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=args.method,
+                       lookahead=lookahead, max_new_tokens=args.max_new_tokens, do_sample=not args.greedy,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                       progress=bar)
+    except (ValueError, NotImplementedError, TypeError) as e:
+        if bar is not None:
+            bar.close()
+        print(f"hsd generate: {e}", file=sys.stderr)
+        return 2
+    if bar is not None:
+        bar.close()
+    for i, text in enumerate(out.texts):
+        if len(prompts) > 1:
+            print(f"=== [{i}] {prompts[i]!r} ===")
+        print(text)
+    if args.stats:
+        print()
+        print(stats_table(prompts, out, args.method))
+        print(f"(models loaded in {load_s:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

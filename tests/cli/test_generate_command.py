@@ -1,0 +1,64 @@
+"""``hsd generate`` end to end (subprocess) on a tiny pair written by ``python -m hsd_torch.tiny``,
+and the torch-free dispatch of ``hsd_core.cli``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsd_core import cli
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("pair")
+    res = run("-m", "hsd_torch.tiny", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / "target" / "config.json").exists() and (out / "drafter" / "tokenizer.json").exists()
+    return out
+
+
+def test_generate_end_to_end(pair: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello\nimport os\\n\n", encoding="utf-8")
+    code = ("import sys; from hsd_core.cli import main; sys.exit(main(sys.argv[1:]))")
+    res = run("-c", code, "generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
+              "--method", "tli", "--prompt", "def foo(x):", "--prompts-file", str(prompts), "--max-new-tokens", "6",
+              "--greedy", "--stats")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "=== [0] 'def foo(x):' ===" in out and "=== [2] 'import os\\n' ===" in out
+    assert "tok/call" in out and "method tli" in out
+    assert "3/3" in res.stderr, "the progress bar counts finished prompts"
+    # greedy output equals the target's own greedy decoding (method ar)
+    ar = run("-m", "hsd_torch.cli", "--target", str(pair / "target"), "--method", "ar", "--prompt", "def foo(x):",
+             "--prompt", "Hello", "--prompt", "import os\n", "--max-new-tokens", "6", "--greedy")
+    assert ar.returncode == 0, ar.stderr
+    texts = out[:out.index("\n#  ")]  # the continuations, before the blank line and the stats table
+    assert ar.stdout == texts
+
+
+def test_generate_errors_are_one_line(pair: Path) -> None:
+    res = run("-m", "hsd_torch.cli", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
+              "--method", "slrs", "--lookahead", "3", "--prompt", "x")
+    assert res.returncode == 2 and "issue 11" in res.stderr and "Traceback" not in res.stderr
+    res = run("-m", "hsd_torch.cli", "--target", str(pair / "nope"), "--method", "ar", "--prompt", "x")
+    assert res.returncode == 2 and "is not a folder" in res.stderr
+
+
+def test_dispatch_without_torch(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "hsd_torch.cli", None)  # import fails as if torch were missing
+    assert cli.main(["generate", "--target", "x"]) == 2
+    assert "hsd generate needs torch" in capsys.readouterr().err
