@@ -653,7 +653,9 @@ def generate(
                     picked = d_order.to_id(torch.argmax(sel, dim=-1))
                 else:
                     u = torch.tensor([d_uniforms[i][j] for i in rows], dtype=torch.float64, device=dev)
-                    picked = d_order.to_id(kernels.sample(sel, u))
+                    # unchecked: a drafter's law only chooses proposals; the laws that decide what is
+                    # emitted (p, and TLI/SD's q) are checked by the verification kernels each round
+                    picked = d_order.to_id(kernels.sample(sel, u, check=False))
                 picked_l = picked.tolist()
                 if method == "tli":
                     q_steps.append(bridge.push(law))

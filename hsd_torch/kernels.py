@@ -51,6 +51,10 @@ Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
 * A NaN, infinite or negative entry, or no mass, in any law row a row may read (``p[b, :n+1]``,
   ``q[b, :n]``), raises ``ValueError``: never a NaN, never a silent wrong token. The check is two
   read-only reductions over those rows.
+* ``check=False`` (every kernel) skips the value checks (uniform ranges, ids, ragged lengths,
+  budgets, law rows) and their host synchronizations, for a caller that guarantees its inputs
+  (``hsd_torch.generate`` builds its laws with a softmax and checks them once per round); shapes,
+  dtypes and devices are still checked. On valid inputs the result is the same either way.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return idx
 
 
-def sample(probs: Tensor, u: Tensor) -> Tensor:
+def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
     """Inverse-CDF draws: ``LongTensor[B]``, row ``b`` drawn from ``probs[b]`` with ``u[b]``.
 
     ``probs [B, V]`` holds non-negative weights (need not sum to 1; computed in
@@ -146,9 +150,10 @@ def sample(probs: Tensor, u: Tensor) -> Tensor:
         raise ValueError(f"sample needs probs [B, V] and u [B], got {tuple(probs.shape)} and {tuple(u.shape)}")
     if probs.shape[1] == 0:
         raise ValueError("sample: empty vocabulary")
-    _check_uniforms(u, "u")
     pr = probs.to(compute_dtype(probs))
-    _check_law_rows(pr, None, "probs")
+    if check:
+        _check_uniforms(u, "u")
+        _check_law_rows(pr, None, "probs")
     return _inverse_cdf(pr, u.to(pr.device))
 
 
@@ -159,12 +164,13 @@ def _rows_at(x: Tensor, rows: Tensor, pos: Tensor) -> Tensor:
     return x[rows, pos]
 
 
-def _check_ragged(name: str, n: Tensor, batch: int, k: int) -> None:
+def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None:
     if n.dim() != 1 or n.shape[0] != batch:
         raise ValueError(f"{name} must have shape [B] = [{batch}], got {tuple(n.shape)}")
     if n.dtype.is_floating_point or n.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {n.dtype}")
-    _fail_if((n < 0) | (n > k), f"{name} must lie in [0, {k}]")
+    if check:
+        _fail_if((n < 0) | (n > k), f"{name} must lie in [0, {k}]")
 
 
 def _stop_rule(ok: Tensor, tokens: Tensor, eos_id: int | None, budget: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -191,14 +197,15 @@ def _stop_rule(ok: Tensor, tokens: Tensor, eos_id: int | None, budget: Tensor | 
     return n_acc, stopped
 
 
-def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int) -> Tensor | None:
+def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int, check: bool) -> Tensor | None:
     if budget is None:
         return None
     budget = budget.to(device=n_drafts.device)
     if budget.dim() != 1 or budget.shape[0] != batch or budget.dtype.is_floating_point:
         raise ValueError(f"budget must be an integer tensor of shape [B] = [{batch}]")
-    _fail_if(budget < 1, "budget must be >= 1 in every row")
-    _fail_if(n_drafts > budget, "n_drafts must not exceed budget (the reference verifies at most budget drafts)")
+    if check:
+        _fail_if(budget < 1, "budget must be >= 1 in every row")
+        _fail_if(n_drafts > budget, "n_drafts must not exceed budget (the reference verifies at most budget drafts)")
     return budget
 
 
@@ -223,6 +230,7 @@ def rejection_verify(
     greedy: bool = False,
     eos_id: int | None = None,
     budget: Tensor | None = None,
+    check: bool = True,
 ) -> Verified:
     """Standard speculative verification of drafted target ids, batched and ragged.
 
@@ -255,25 +263,29 @@ def rejection_verify(
     for name, t in (("q", q), ("drafts", drafts), ("n_drafts", n_drafts), ("u_accept", u_accept), ("u_final", u_final)):
         if t.device != dev:
             raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
-    _check_ragged("n_drafts", n_drafts, batch, k)
-    budget = _check_budget(budget, n_drafts, batch)
+    _check_ragged("n_drafts", n_drafts, batch, k, check)
+    budget = _check_budget(budget, n_drafts, batch, check)
     if not greedy:
         if u_accept.shape != (batch, k) or u_final.shape != (batch,):
             raise ValueError(f"u_accept must be [B, K] = {(batch, k)} and u_final [B], got "
                              f"{tuple(u_accept.shape)} and {tuple(u_final.shape)}")
-        _check_uniforms(u_accept, "u_accept")
-        _check_uniforms(u_final, "u_final")
+        if check:
+            _check_uniforms(u_accept, "u_accept")
+            _check_uniforms(u_final, "u_final")
     cdt = compute_dtype(p, q)
     valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
     safe = torch.where(valid, drafts, torch.zeros_like(drafts))
-    _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
+    if check:
+        _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
     used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
-    _check_law_rows(p, used, "p")
+    if check:
+        _check_law_rows(p, used, "p")
     px = p[:, :k].gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
     if greedy:
         ok = valid & (torch.argmax(p[:, :k], dim=-1) == drafts)
     else:
-        _check_law_rows(q, valid, "q")
+        if check:
+            _check_law_rows(q, valid, "q")
         qx = q.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
         inf = torch.full_like(px, float("inf"))
         ratio = torch.where(qx > 0, px / torch.where(qx > 0, qx, torch.ones_like(qx)),
@@ -310,6 +322,7 @@ def exact_match_verify(
     greedy: bool = False,
     eos_id: int | None = None,
     budget: Tensor | None = None,
+    check: bool = True,
 ) -> Verified:
     """SLEM's verification: the target draws its own token at every candidate position and keeps
     the prefix that matches the candidates, plus its own next token.
@@ -335,15 +348,17 @@ def exact_match_verify(
     for name, t in (("candidates", candidates), ("n_candidates", n_candidates), ("u", u)):
         if t.device != dev:
             raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
-    _check_ragged("n_candidates", n_candidates, batch, k)
-    budget = _check_budget(budget, n_candidates, batch)
+    _check_ragged("n_candidates", n_candidates, batch, k, check)
+    budget = _check_budget(budget, n_candidates, batch, check)
     if not greedy:
         if u.shape != (batch, k1):
             raise ValueError(f"u must be [B, K+1] = {(batch, k1)}, got {tuple(u.shape)}")
-        _check_uniforms(u, "u")
+        if check:
+            _check_uniforms(u, "u")
     cdt = compute_dtype(p)
     used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
-    _check_law_rows(p, used, "p")
+    if check:
+        _check_law_rows(p, used, "p")
     pf = p.reshape(batch * k1, v).to(cdt)
     if greedy:
         y = torch.argmax(pf, dim=-1).reshape(batch, k1)

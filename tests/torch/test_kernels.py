@@ -150,7 +150,7 @@ def verify_batches(draw: st.DrawFn) -> dict[str, object]:
     g = np.random.default_rng(seed)
     return dict(p=p, q=q, drafts=drafts, n=n, budget=budget if use_budget else None,
                 u_accept=g.random((b, k)), u_final=g.random(b), u=g.random((b, k + 1)),
-                greedy=draw(st.booleans()))
+                greedy=draw(st.booleans()), check=draw(st.booleans()))
 
 
 def t(x: np.ndarray) -> torch.Tensor:
@@ -171,7 +171,7 @@ def test_rejection_verify_mirrors_reference(case: dict[str, object]) -> None:
     assert isinstance(drafts, np.ndarray) and isinstance(ua, np.ndarray) and isinstance(uf, np.ndarray)
     v = p.shape[-1]
     out = rejection_verify(t(p), t(q), t(drafts), t(n), t(ua), t(uf), greedy=greedy, eos_id=v - 1,
-                           budget=None if budget is None else t(np.asarray(budget)))
+                           budget=None if budget is None else t(np.asarray(budget)), check=bool(case["check"]))
     rows = out.rows()
     for b in range(p.shape[0]):
         read = [] if greedy else read_rejection(out, b, ua, uf, int(n[b]))
@@ -192,7 +192,7 @@ def test_exact_match_verify_mirrors_reference(case: dict[str, object]) -> None:
     assert isinstance(u, np.ndarray)
     v = p.shape[-1]
     out = exact_match_verify(t(p), t(cands), t(n), t(u), greedy=greedy, eos_id=v - 1,
-                             budget=None if budget is None else t(np.asarray(budget)))
+                             budget=None if budget is None else t(np.asarray(budget)), check=bool(case["check"]))
     rows = out.rows()
     for b in range(p.shape[0]):
         read = [] if greedy else [float(x) for x in u[b, : int(out.n_emitted[b])]]
@@ -326,6 +326,19 @@ def test_padded_vocabulary_never_emits_a_padding_id() -> None:
         for res in (rejection_verify(pt, qt, t(c["drafts"]), t(c["n"]), t(c["ua"]), u1),
                     exact_match_verify(pt, t(c["drafts"]), t(c["n"]), t(c["u"]))):
             assert int(res.tokens.max()) < 40
+
+
+def test_check_false_skips_value_checks_only() -> None:
+    """check=False: an invalid uniform is not looked at (no sync), but shapes are still checked."""
+    p = torch.full((1, 2, 3), 1 / 3, dtype=torch.float64)
+    q = torch.full((1, 1, 3), 1 / 3, dtype=torch.float64)
+    d, n = torch.tensor([[0]]), torch.tensor([1])
+    bad_u = torch.tensor([1.5], dtype=torch.float64)
+    rejection_verify(p, q, d, n, torch.tensor([[0.5]], dtype=torch.float64), bad_u, check=False)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        rejection_verify(p, q, d, n, torch.tensor([[0.5]], dtype=torch.float64), bad_u)
+    with pytest.raises(ValueError, match="shape"):
+        rejection_verify(p, q[:, :, :2], d, n, torch.tensor([[0.5]], dtype=torch.float64), bad_u, check=False)
 
 
 def test_invalid_inputs_raise_clear_errors() -> None:
