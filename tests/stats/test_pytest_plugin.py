@@ -24,12 +24,23 @@ def test_lossy(hsd_lossless):
 
 
 def test_plugin_passes_lossless_and_fails_lossy(pytester: pytest.Pytester) -> None:
+    # No ``-p``: the fixture must come from the installed ``pytest11`` entry point, as it does
+    # in another project's CI (passing ``-p hsd_core.pytest_plugin`` as well would register the
+    # module twice, which pytest refuses).
     pytester.makepyfile(TEST_FILE)
-    res = pytester.runpytest_subprocess("-p", "hsd_core.pytest_plugin", "-p", "no:cacheprovider")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     res.assert_outcomes(passed=1, failed=1)
     res.stdout.fnmatch_lines(["*test_lossy*", "*hsd_lossless: sampler lossy: estimated TV 0.1*"
                               "worst cells: (2, 0)*reproduce with seed=3"])
     assert "test_lossless FAILED" not in res.stdout.str()
+
+
+def test_fixture_comes_from_the_entry_point(pytester: pytest.Pytester) -> None:
+    """With the ``hsd`` entry point blocked the fixture is gone: the registration is what serves it."""
+    pytester.makepyfile(TEST_FILE)
+    res = pytester.runpytest_subprocess("-p", "no:hsd", "-p", "no:cacheprovider")
+    res.assert_outcomes(errors=2)
+    res.stdout.fnmatch_lines(["*fixture 'hsd_lossless' not found*"])
 
 
 def test_detectable_tv_is_stated() -> None:
