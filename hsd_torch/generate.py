@@ -30,7 +30,7 @@ ids without text other than EOS removed (special tokens, a padded embedding's ex
 then temperature, top-k, top-p. The drafter's laws are processed the same way.
 
 How a batch runs. All rows advance together, one round per target forward pass. Each model has a
-:class:`_Runner`: one ``DynamicCache`` for the batch and a boolean mask of its columns. A row's
+:class:`_Runner`: one ``DynamicCache`` for the batch and an attention mask (0/1) over its columns. A row's
 tokens sit in the columns it was fed; a column a row must forget (a rejected draft, a drafter
 token that the re-sync replaced, padding of a ragged block) is masked out of attention from then on
 (a hole), and position ids count only a row's kept tokens, so every row computes what it would
@@ -137,12 +137,19 @@ def process_logits(logits: Tensor, text_mask: Tensor, temperature: float = 1.0, 
     top-p keeps, in order of decreasing probability (ties by lower id), the ids whose preceding mass
     is below ``top_p`` (the smallest such head of mass >= ``top_p``), renormalized.
     """
-    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    x = logits.to(cdt)
-    v = x.shape[-1]
+    v = logits.shape[-1]
     if text_mask.shape[0] != v:
         raise ValueError(f"logits have {v} columns but the text mask {text_mask.shape[0]}")
-    x = x.masked_fill(~text_mask.to(x.device), float("-inf"))
+    return _process(logits, ~text_mask.to(logits.device), temperature, top_k, top_p)
+
+
+def _process(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """:func:`process_logits` with the mask of removed ids given (``drop [V]`` on ``logits``'
+    device): what ``generate`` calls at every step, without re-deriving the mask."""
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits if logits.dtype == cdt else logits.to(cdt)
+    v = x.shape[-1]
+    x = x.masked_fill(drop, float("-inf"))
     if temperature != 1.0:
         x = x / temperature
     if top_k is not None and top_k < v:
@@ -221,7 +228,7 @@ class _Runner:
         self.name = name
         self.device = _device(model)
         self.cache = DynamicCache(config=model.config)
-        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        self.mask = torch.zeros(batch, 0, dtype=torch.long, device=self.device)  # the attention mask, 1 = kept
         self.batch = batch
         self.live: list[int] = list(range(batch))
         self._slot: dict[int, int] = {i: i for i in range(batch)}
@@ -246,48 +253,50 @@ class _Runner:
         width_in = max(1, max(len(blocks[r]) for r in live))
         start = self.mask.shape[1]
         n_live = len(live)
-        toks = [[self.pad_id] * width_in for _ in range(n_live)]
-        pos = [[0] * width_in for _ in range(n_live)]
-        valid = [[False] * width_in for _ in range(n_live)]
+        # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
+        toks: list[int] = []
+        pos: list[int] = []
+        valid: list[int] = []
         cap = (self.max_pos - 1) if self.max_pos is not None else None
-        for s, i in enumerate(live):
+        for i in live:
             b = blocks[i]
             n0 = len(self.ids[i])
-            if b and self.max_pos is not None and n0 + len(b) > self.max_pos:
+            lb = len(b)
+            if lb and self.max_pos is not None and n0 + lb > self.max_pos:
                 raise ValueError(
-                    f"the {self.name}'s context would grow to {n0 + len(b)} tokens, beyond its {self.max_pos} "
+                    f"the {self.name}'s context would grow to {n0 + lb} tokens, beyond its {self.max_pos} "
                     "positions; shorten the prompt or max_new_tokens")
             top = n0 + width_in
-            pos[s] = list(range(n0, top)) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)]
-            if b:
-                lb = len(b)
-                toks[s][:lb] = [int(t) for t in b]
-                valid[s][:lb] = [True] * lb
+            pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
+            if lb:
+                row = [int(t) for t in b]
+                toks.extend(row)
                 self.calls[i] += 1
                 self.positions[i] += lb
                 self.recomputed[i] += max(0, min(self.high[i], n0 + lb) - n0)
-                self.ids[i].extend(toks[s][:lb])
+                self.ids[i].extend(row)
                 self.cols[i].extend(range(start, start + lb))
                 self.high[i] = max(self.high[i], len(self.ids[i]))
+            toks.extend([self.pad_id] * (width_in - lb))
+            valid.extend([1] * lb + [0] * (width_in - lb))
         for i in range(self.batch):
             if blocks[i] and self.slot(i) < 0:
                 raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
         dev = self.device
-        new_valid = torch.tensor(valid, dtype=torch.bool, device=dev)
-        mask = torch.cat([self.mask, new_valid], dim=1)
-        out = self.model(input_ids=torch.tensor(toks, dtype=torch.long, device=dev),
-                         attention_mask=mask.to(torch.long),
-                         position_ids=torch.tensor(pos, dtype=torch.long, device=dev),
+        packed = torch.tensor(toks + pos + valid, dtype=torch.long).view(3, n_live, width_in).to(dev)
+        mask = torch.cat([self.mask, packed[2]], dim=1)
+        out = self.model(input_ids=packed[0], attention_mask=mask, position_ids=packed[1],
                          use_cache=True, **{self._cache_kw: self.cache})
         self.mask = mask
         logits: Tensor = out.logits
         hi = width_in - 1
-        if width == 1:
-            idx = torch.tensor([[min(max(starts[i], 0), hi)] for i in live], dtype=torch.long, device=dev)
+        first = {min(max(starts[i], 0), hi) for i in live}
+        if len(first) == 1 and (c := first.pop()) + width - 1 <= hi:
+            got = logits[:, c:c + width]  # every row reads the same columns: a view, no gather
         else:
             idx = torch.tensor([[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live],
                                dtype=torch.long, device=dev)
-        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+            got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         if n_live == self.batch:
             return got
         full = got.new_zeros((self.batch, width, got.shape[-1]))
@@ -317,7 +326,10 @@ class _Runner:
         if m < nh:
             drop = self.cols[i][m:]
             s = self.slot(i)
-            self.mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = False
+            if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice
+                self.mask[s, drop[0]:drop[-1] + 1] = 0
+            else:
+                self.mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = 0
             del have[m:]
             del self.cols[i][m:]
         return list(context[m:])
@@ -384,21 +396,24 @@ class _EosLast:
 
     def __init__(self, eos: int, v: int, device: torch.device) -> None:
         self.eos, self.v = eos, v
+        self.identity = eos == v - 1
         self.perm = torch.cat([torch.arange(eos), torch.arange(eos + 1, v), torch.tensor([eos])]).to(device)
+        self.inverse = torch.argsort(self.perm)
 
     def law(self, x: Tensor) -> Tensor:
-        """``x [..., V]`` with its columns in sampling order."""
-        e = self.eos
+        """``x [..., V]`` with its columns in sampling order (``x`` itself when EOS is the last id)."""
+        if self.identity:
+            return x
+        e = self.eos  # three slices and a cat: faster than an index_select over the last dim on CPU
         return torch.cat([x[..., :e], x[..., e + 1:], x[..., e:e + 1]], dim=-1)
 
     def to_id(self, c: Tensor) -> Tensor:
         """Sampling-order positions back to ids."""
-        return self.perm[c]
+        return c if self.identity else self.perm[c]
 
     def from_id(self, ids: Tensor) -> Tensor:
         """Ids to sampling-order positions."""
-        e = self.eos
-        return torch.where(ids == e, torch.full_like(ids, self.v - 1), ids - (ids > e).to(ids.dtype))
+        return ids if self.identity else self.inverse[ids]
 
 
 class FirstTargetMap:
@@ -458,6 +473,21 @@ class FirstTargetMap:
         out = law.new_zeros((law.shape[0], self.vt))
         out.index_add_(1, self.t_idx, law.index_select(1, self.d_idx))
         return out
+
+
+def _require_laws(x: Tensor, rows: Tensor | None, who: str) -> None:
+    """Raise ``ValueError`` unless every row of ``x [B, P, V]`` (those where ``rows [B, P]`` is True,
+    or all) has a finite positive total. ``x`` comes from softmax (and, for drafts, restriction
+    and pushforward), so its entries are never negative: a NaN or infinite logit shows as a NaN
+    total, a row with every id removed as a zero one. One reduction and one host sync."""
+    total = x.sum(-1)
+    bad = ~(total > 0) | torch.isinf(total)
+    if rows is not None:
+        bad &= rows
+    if bool(bad.any()):
+        b, j = (int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"the {who}'s law at row {b}, position {j} has NaN, infinite or no mass "
+                         "(NaN or infinite logits?): generation cannot go on")
 
 
 def _seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
@@ -552,12 +582,12 @@ def generate(
                          "one device")
 
     vt = _logit_width(target)
-    tt = TokenText(target_tokenizer, vt)
+    tt = TokenText.get(target_tokenizer, vt)
     process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
     if drafter_temperature is not None and not drafter_temperature > 0:
         raise ValueError(f"drafter_temperature must be > 0, got {drafter_temperature!r}")
     d_process = dict(process, temperature=float(temperature if drafter_temperature is None else drafter_temperature))
-    t_mask = tt.text_mask.to(dev)
+    t_drop = ~tt.text_mask.to(dev)
     batch = len(prompts)
     prompt_bytes = [p.encode("utf-8") for p in prompts]
     t_first = [tt.start(p) for p in prompts]
@@ -585,16 +615,16 @@ def generate(
     d_ctx: list[list[int]] = []
     d_start: list[list[int]] = []
     first_t: FirstTargetMap | None = None
-    d_mask: Tensor | None = None
+    d_drop: Tensor | None = None
     if needs_drafter:
         vd = _logit_width(drafter)
-        dt = TokenText(drafter_tokenizer, vd)
+        dt = TokenText.get(drafter_tokenizer, vd)
         bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
                              target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev)
         if method == "sd" and not bridge.same_tokenizer:
             raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
                              "text); use 'tli' or 'slem' for different tokenizers")
-        d_mask = dt.text_mask.to(dev)
+        d_drop = ~dt.text_mask.to(dev)
         d_start = [dt.start(p) for p in prompts]
         d_ctx = [d_start[i] + dt.encode(prompt_bytes[i]) for i in range(batch)]
         drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
@@ -608,11 +638,11 @@ def generate(
             used[i].extend(float(v) for v in values)
 
     def target_probs(logits: Tensor) -> Tensor:
-        return process_logits(logits, t_mask, **process)  # type: ignore[arg-type]
+        return _process(logits, t_drop, **process)  # type: ignore[arg-type]
 
     def drafter_probs(logits: Tensor) -> Tensor:
-        assert d_mask is not None
-        return process_logits(logits, d_mask, **d_process)  # type: ignore[arg-type]
+        assert d_drop is not None
+        return _process(logits, d_drop, **d_process)  # type: ignore[arg-type]
 
     while not all(finished):
         active = [not f for f in finished]
@@ -621,6 +651,7 @@ def generate(
         n_d = [0] * batch
         drafts_t: list[list[int]] = [[] for _ in range(batch)]
         q_steps: list[Tensor] = []  # [B, Vt] per draft position: the law each draft was drawn from
+        d_laws: list[Tensor] = []  # TLI: [B, Vd] per draft position, the restricted drafter law
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
         if method in ("sd", "tli", "slem", "slrs"):
             assert drun is not None and dt is not None and bridge is not None
@@ -632,6 +663,7 @@ def generate(
                 k = [min(lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
             if not greedy:
                 d_uniforms = [list(rngs[i].random(k[i])) if k[i] else [] for i in range(batch)]
+                u_round = _pad2(d_uniforms, max(k), dev)
             blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
@@ -647,18 +679,19 @@ def generate(
                 rows = [i for i in range(batch) if still[i]]
                 if not rows:
                     break
-                ridx = torch.tensor(rows, dtype=torch.long, device=dev)
-                sel = d_order.law(law.index_select(0, ridx))
+                every = len(rows) == batch
+                ridx = torch.arange(batch, device=dev) if every else torch.tensor(rows, dtype=torch.long, device=dev)
+                sel = d_order.law(law if every else law.index_select(0, ridx))
                 if greedy:
                     picked = d_order.to_id(torch.argmax(sel, dim=-1))
                 else:
-                    u = torch.tensor([d_uniforms[i][j] for i in rows], dtype=torch.float64, device=dev)
+                    u = u_round[:, j] if every else u_round[ridx, j]
                     # unchecked: a drafter's law only chooses proposals; the laws that decide what is
                     # emitted (p, and TLI/SD's q) are checked by the verification kernels each round
                     picked = d_order.to_id(kernels.sample(sel, u, check=False))
                 picked_l = picked.tolist()
                 if method == "tli":
-                    q_steps.append(bridge.push(law))
+                    d_laws.append(law)  # pushed onto target ids once per round, at verification
                     mapped = bridge.to_target[picked].tolist()
                 elif method == "sd":
                     q_steps.append(_fit_width(law, vt))
@@ -709,20 +742,30 @@ def generate(
         cand = t_order.from_id(torch.tensor([d + [0] * (kmax - len(d)) for d in drafts_t], dtype=torch.long,
                                             device=dev).reshape(batch, kmax))
         p = t_order.law(p)
+        _require_laws(p, None, "target")
+        # The kernels run unchecked (check=False): their other inputs are valid by construction
+        # (uniforms from numpy in [0, 1), drafts and counts built here), and the laws that decide
+        # what is emitted, p and (below) q, are checked here, once per round.
         if method in ("ar", "slem"):
             if greedy:
                 uv = torch.zeros(batch, kmax + 1, dtype=torch.float64, device=dev)
             else:
-                uv = _pad2([list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)],
-                           kmax + 1, dev)
+                uv_rows = [list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)]
+                uv = _pad2(uv_rows, kmax + 1, dev)
             ver = kernels.exact_match_verify(p, cand.reshape(batch, kmax), n_drafts, uv, greedy=greedy,
-                                             eos_id=vt - 1, budget=budget_t)
-            read_u = [uv[i, :int(n)].tolist() for i, n in enumerate(ver.n_emitted.tolist())]
+                                             eos_id=vt - 1, budget=budget_t, check=False)
+            n_acc_l, n_emit_l = ver.n_accepted.tolist(), ver.n_emitted.tolist()
+            read_u = [] if greedy else [uv_rows[i][:n] for i, n in enumerate(n_emit_l)]
         else:
-            q = (torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])).to(p.dtype)
+            if d_laws:
+                assert bridge is not None
+                q = bridge.push(torch.stack(d_laws, dim=1)).to(p.dtype)
+            else:
+                q = (torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])).to(p.dtype)
             if q.shape[1] < kmax:  # pragma: no cover - every draft position has its law
                 raise AssertionError("missing draft laws")
             q = t_order.law(q[:, :kmax])
+            _require_laws(q, torch.arange(kmax, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1), "drafter")
             if greedy:
                 ua = torch.zeros(batch, kmax, dtype=torch.float64, device=dev)
                 uf = torch.zeros(batch, dtype=torch.float64, device=dev)
@@ -732,12 +775,15 @@ def generate(
                 ua = _pad2(ua_rows, kmax, dev)
                 uf = torch.tensor(uf_rows, dtype=torch.float64, device=dev)
             ver = kernels.rejection_verify(p, q, cand.reshape(batch, kmax), n_drafts, ua, uf, greedy=greedy,
-                                           eos_id=vt - 1, budget=budget_t)
+                                           eos_id=vt - 1, budget=budget_t, check=False)
+            n_acc_l, n_emit_l = ver.n_accepted.tolist(), ver.n_emitted.tolist()
             read_u = []
-            for i, (na, ne) in enumerate(zip(ver.n_accepted.tolist(), ver.n_emitted.tolist())):
-                tested = na + 1 if (ne > na and na < n_d[i]) else na
-                read_u.append(ua[i, :tested].tolist() + ([float(uf[i])] if ne > na else []))
-        rows_out = [t_order.to_id(torch.tensor(r, dtype=torch.long, device=dev)).tolist() for r in ver.rows()]
+            if not greedy:
+                for i, (na, ne) in enumerate(zip(n_acc_l, n_emit_l)):
+                    tested = na + 1 if (ne > na and na < n_d[i]) else na
+                    read_u.append(ua_rows[i][:tested] + ([uf_rows[i]] if ne > na else []))
+        toks_out = t_order.to_id(ver.tokens.clamp(min=0)).tolist()  # padding (-1) is cut off below
+        rows_out = [r[:n] for r, n in zip(toks_out, n_emit_l)]
         for i in range(batch):
             if not active[i]:
                 continue
@@ -750,7 +796,7 @@ def generate(
             st.target_calls += 1
             if method != "ar":
                 st.proposed += n_d[i]
-                st.accepted += int(ver.n_accepted[i])
+                st.accepted += n_acc_l[i]
             if (out and out[-1] == tt.eos_id) or len(emitted[i]) >= max_new_tokens:
                 finished[i] = True
             elif method in ("sd", "tli"):

@@ -544,6 +544,7 @@ class VocabBridge:
         self.target_ids: torch.Tensor = c.target_ids.to(device)
         self._levels = tuple((d.to(device), t.to(device)) for d, t in c.levels)
         self._mask: torch.Tensor = self.to_target >= 0
+        self._outside: torch.Tensor = ~self._mask
 
     def to(self, device: torch.device | str) -> VocabBridge:
         """The same bridge with its index tensors on ``device`` (self if already there)."""
@@ -633,10 +634,10 @@ class VocabBridge:
         """
         self._check_law(q)
         work = q if q.dtype in (torch.float32, torch.float64) else q.to(torch.float32)
-        kept = torch.where(self._mask, work, torch.zeros((), dtype=work.dtype, device=work.device))
-        mass = kept.sum(-1)
-        positive = mass > 0
-        denom = torch.where(positive, mass, torch.ones((), dtype=mass.dtype, device=mass.device))
-        law = torch.where(positive.unsqueeze(-1), kept / denom.unsqueeze(-1),
-                          torch.zeros((), dtype=work.dtype, device=work.device))
-        return Restricted(law.to(q.dtype), mass.to(q.dtype))
+        kept = work.masked_fill(self._outside, 0.0)
+        mass = kept.sum(-1, keepdim=True)
+        empty = ~(mass > 0)  # no mass (or NaN): an all-zero law, never 0 / 0
+        law = kept.div_(mass.masked_fill(empty, 1.0)).masked_fill_(empty, 0.0)
+        mass = mass.squeeze(-1)
+        return Restricted(law if law.dtype == q.dtype else law.to(q.dtype),
+                          mass if mass.dtype == q.dtype else mass.to(q.dtype))

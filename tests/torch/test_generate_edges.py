@@ -353,3 +353,55 @@ def test_target_context_beyond_its_positions_is_refused_up_front(toks: dict[str,
     short = tiny.tiny_gpt2(tt, seed=2, n_positions=12)
     with pytest.raises(ValueError, match="beyond its 12 positions"):
         generate(short, None, "def foo(x):\n    return", target_tokenizer=tt, method="ar", max_new_tokens=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN logits: generate runs its kernels unchecked and checks the laws that decide what is emitted
+# (the target's p, and the law each draft was drawn from) once per round.
+
+
+@pytest.mark.parametrize("who", ["target", "drafter"])
+@pytest.mark.parametrize("method", ["ar", "sd", "tli", "slem", "slrs"])
+def test_nan_logits_are_a_clear_error(method: str, who: str, toks: dict[str, Any]) -> None:
+    if method == "ar" and who == "drafter":
+        pytest.skip("ar has no drafter")
+    tt, dt = toks["byte_bpe"], toks["byte_bpe" if method == "sd" else "unigram"]
+    target = tiny.tiny_llama(tt, seed=0, dtype=F64)
+    drafter = tiny.tiny_gpt2(dt, seed=1, dtype=F64) if method != "ar" else None
+    sick = target if who == "target" else drafter
+    assert sick is not None
+    width = sick.get_output_embeddings().weight.shape[0]
+    with_bias(sick, torch.full((width,), float("nan"), dtype=F64))
+    kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dt if drafter is not None else None,
+                              method=method, lookahead=1 if method == "slrs" else 3, max_new_tokens=4, seed=0)
+    if method == "slem" and who == "drafter":
+        # SLEM's verification never reads the drafter's law: drafts are only candidates that the
+        # target's own draws must match, so the output is still the target's (and finite)
+        out = generate(target, drafter, "Hello", **kw)
+        assert all(0 <= t < len(tt) + 8 for t in out.sequences[0])
+        return
+    if method == "tli" and who == "drafter":
+        # a NaN law has no (finite) mass on the intersection: TLI drafts nothing, plain decoding
+        out = generate(target, drafter, "Hello", **kw)
+        assert out.stats[0].proposed == 0 and out.stats[0].new_tokens == 4
+        return
+    with pytest.raises(ValueError, match=f"the {who}'s law .* NaN, infinite or no mass"):
+        generate(target, drafter, "Hello", **kw)
+
+
+def test_token_text_fast_encode_is_the_tokenizers_own(toks: dict[str, Any]) -> None:
+    """TokenText encodes through the tokenizers backend (one Rust call): the same ids as
+    ``tokenizer(s, add_special_tokens=False)``, on source text with spaces, tabs and non-ASCII."""
+    import random
+
+    text = open(__file__, encoding="utf-8").read() + "  héllo 世界 ✓ naïve\n\tx  \r\n"
+    rnd = random.Random(0)
+    samples = [text[a:a + rnd.randint(0, 40)] for a in (rnd.randrange(len(text)) for _ in range(400))]
+    samples += [" ", "  a", "\n\n", "ab  ", "é", " 世"]
+    for kind in ("byte_bpe", "unigram", "bpe_fallback"):
+        tok = toks.get(kind) or tiny.tiny_tokenizer(kind)
+        tx = TokenText(tok, len(tok))
+        assert tx._backend is not None
+        for s in samples:
+            assert tx._encode_str(s) == list(tok(s, add_special_tokens=False)["input_ids"]), (kind, s)
+    assert TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"])) is TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"]))
