@@ -123,7 +123,7 @@ def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
 def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
     cs = torch.cumsum(probs, dim=-1)
-    target = (u.to(cs.dtype) * cs[:, -1]).unsqueeze(-1)
+    target = (u if u.dtype == cs.dtype else u.to(cs.dtype)).unsqueeze(-1) * cs[:, -1:]
     idx = torch.searchsorted(cs, target, right=True).squeeze(-1)
     v = probs.shape[-1]
     past = idx >= v
@@ -150,7 +150,7 @@ def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
         raise ValueError(f"sample needs probs [B, V] and u [B], got {tuple(probs.shape)} and {tuple(u.shape)}")
     if probs.shape[1] == 0:
         raise ValueError("sample: empty vocabulary")
-    pr = probs.to(compute_dtype(probs))
+    pr = probs if probs.dtype in (torch.float32, torch.float64) else probs.to(compute_dtype(probs))
     if check:
         _check_uniforms(u, "u")
         _check_law_rows(pr, None, "probs")
@@ -277,8 +277,8 @@ def rejection_verify(
     safe = torch.where(valid, drafts, torch.zeros_like(drafts))
     if check:
         _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
-    used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
     if check:
+        used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
         _check_law_rows(p, used, "p")
     px = p[:, :k].gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
     if greedy:
@@ -356,8 +356,8 @@ def exact_match_verify(
         if check:
             _check_uniforms(u, "u")
     cdt = compute_dtype(p)
-    used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
     if check:
+        used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
         _check_law_rows(p, used, "p")
     pf = p.reshape(batch * k1, v).to(cdt)
     if greedy:
