@@ -687,7 +687,7 @@ def generate(
                 else:
                     u = u_round[:, j] if every else u_round[ridx, j]
                     # unchecked: a drafter's law only chooses proposals; the laws that decide what is
-                    # emitted (p, and TLI/SD's q) are checked by the verification kernels each round
+                    # emitted (p, and the q each draft was drawn from) are checked once per round below
                     picked = d_order.to_id(kernels.sample(sel, u, check=False))
                 picked_l = picked.tolist()
                 if method == "tli":
