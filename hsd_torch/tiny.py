@@ -274,6 +274,28 @@ def tiny_llama(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, 
     return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
 
 
+def tiny_qwen2(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, num_hidden_layers: int = 2,
+               hidden_size: int = 64, intermediate_size: int = 128, num_attention_heads: int = 4,
+               num_key_value_heads: int = 2, max_position_embeddings: int = 512, head_std: float = 3.0,
+               dtype: Any = None) -> Any:
+    """A random-init ``Qwen2ForCausalLM`` (RoPE, grouped-query attention with q/k/v biases) over
+    ``tokenizer`` with a peaked, untied head; same conventions as :func:`tiny_gpt2`."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    v = len(tokenizer) if vocab_size is None else int(vocab_size)
+    if v < len(tokenizer):
+        raise ValueError(f"vocab_size {v} is smaller than the tokenizer's {len(tokenizer)} ids")
+    cfg = Qwen2Config(vocab_size=v, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
+                      tie_word_embeddings=False, **_special_ids(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg)
+    return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
+
+
 _TOKENIZERS: dict[tuple[str, int], Any] = {}
 
 

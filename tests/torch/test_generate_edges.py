@@ -405,3 +405,12 @@ def test_token_text_fast_encode_is_the_tokenizers_own(toks: dict[str, Any]) -> N
         for s in samples:
             assert tx._encode_str(s) == list(tok(s, add_special_tokens=False)["input_ids"]), (kind, s)
     assert TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"])) is TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"]))
+
+
+@pytest.mark.parametrize("method", ["ar", "tli", "slem", "slrs"])
+def test_qwen2_target(method: str, toks: dict[str, Any], base: dict[str, Any]) -> None:
+    """A Qwen2-style target (q/k/v biases, grouped-query attention): mirror and greedy identity."""
+    target = tiny.tiny_qwen2(toks["byte_bpe"], seed=4, dtype=F64)
+    prompts = ["def foo(x):\n", "Hello"]
+    mirror(method, target, toks["byte_bpe"], base["drafter"], toks["unigram"], prompts, max_new=6)
+    greedy_all((method,), target, toks["byte_bpe"], base["drafter"], toks["unigram"], prompts, max_new=6)
