@@ -765,7 +765,8 @@ def generate(
             if q.shape[1] < kmax:  # pragma: no cover - every draft position has its law
                 raise AssertionError("missing draft laws")
             q = t_order.law(q[:, :kmax])
-            _require_laws(q, torch.arange(kmax, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1), "drafter")
+            if method != "tli":  # TLI drafts only where restrict found a positive (so finite) mass
+                _require_laws(q, torch.arange(kmax, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1), "drafter")
             if greedy:
                 ua = torch.zeros(batch, kmax, dtype=torch.float64, device=dev)
                 uf = torch.zeros(batch, dtype=torch.float64, device=dev)
