@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One command for the end-to-end benchmark on CUDA (issue 13, section 3); it also runs, smaller, on CPU.
+#
+#   bash bench/gpu.sh [OUT_DIR]          # default OUT_DIR: bench_gpu_results/<date>
+#
+# On CUDA: bfloat16, batches 1, 16, 64 (64 held-out prompts x 64 new tokens; batch 1 on the first 8),
+# 2 repeats, the target inflated to 40 blocks (bench/pair.py). The pair is built first if
+# .cache/bench_pair lacks it (trained on the GPU there, so its weights differ from a CPU build's;
+# copy a CPU build to .cache/bench_pair to benchmark the very same pair). On CPU: the --quick run
+# (float32, 1 thread, batches 1 and 4). Writes OUT_DIR/results.json, OUT_DIR/*.png, OUT_DIR/log.txt,
+# OUT_DIR/build.log and OUT_DIR/env.txt. Budget: < 5 minutes (the benchmark itself is cut at 290 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+OUT=${1:-bench_gpu_results/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  ARGS=(--device cuda --dtype bfloat16 --threads 4 --batches 1,16,64 --prompts 64 --b1-prompts 8 --new 64 --repeats 2)
+else
+  ARGS=(--quick)
+fi
+{ date -u; "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'); print('transformers', transformers.__version__)"; nvidia-smi 2>/dev/null || true; } > "$OUT/env.txt"
+[ -f .cache/bench_pair/build.json ] || HSD_BENCH_THREADS=${HSD_BENCH_THREADS:-4} "$PY" bench/pair.py 2>&1 | tee "$OUT/build.log"
+timeout 290 "$PY" bench/generate.py "${ARGS[@]}" --json "$OUT/results.json" --plots "$OUT" 2>&1 | tee "$OUT/log.txt"
+echo "results in $OUT"

@@ -1,0 +1,63 @@
+"""bench/generate.py's --quick path end to end on a barely trained pair (bench/pair.py --fast)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+
+    threads = torch.get_num_threads()
+    gen = _load("generate")
+    out = tmp_path / "r.json"
+    try:
+        assert gen.main(["--quick", "--fast-pair", "--pair", str(tmp_path / "pair"), "--prompts", "2", "--new", "5",
+                         "--repeats", "1", "--batches", "1,2", "--extra-layers", "2", "--json", str(out),
+                         "--plots", str(tmp_path / "plots")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads(out.read_text())
+    m = res["methods"]
+    for method in ("ar", "sd", "slem", "tli", "slrs"):
+        for mode in ("greedy", "sample"):
+            for b in (1, 2):
+                row = m[f"hsd:{method}-{mode}@b{b}"]
+                assert row["new_tokens"] == 2 * 5  # the fast pair's samples rarely end early; EOS would show here
+                assert row["tokens_per_s"] > 0 and row["target_forwards"] >= 1
+                assert (row["acceptance"] is None) == (method == "ar")
+                if method != "ar":
+                    assert 0 <= row["acceptance"] <= 1 and row["drafter_forwards"] >= 1
+    for k in ("ar", "sd", "uag"):
+        assert f"hf:{k}-greedy@b1" in m and f"hf:{k}-sample@b1" in m
+    assert set(res["vs_transformers"]) == {"ar-greedy", "ar-sample", "sd-greedy", "sd-sample", "tli-sample",
+                                           "slem-greedy", "tli-greedy"}
+    assert all(v > 0 for v in res["vs_transformers"].values())
+    # greedy: every hsd method at batch 1 emits the target's own greedy tokens (the AR run's)
+    assert all(v == 0 for k, v in res["greedy_mismatches"].items() if k.startswith("hsd:") and k.endswith("@b1"))
+    assert {Path(p).name for p in res["plots"]} == {"generate_tokens_per_s.png", "generate_batch.png",
+                                                     "generate_bound.png"}
