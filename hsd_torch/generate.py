@@ -16,14 +16,18 @@ Methods (names as in :mod:`hsd_core.methods`; each round is one target forward p
   the target after its context (look-behind 4, :func:`retokenize`), the target's EOS appended if
   the drafter ended; :func:`hsd_torch.kernels.exact_match_verify`. The drafter's context is its
   encoding of (prompt + emitted text), recomputed every round.
-- ``"slrs"``: the paper's one-token SLRS, ``lookahead=1`` only (deeper lookaheads need the
-  bounded-cost psi of issue 11 and raise ``NotImplementedError``): one drafter token from its
+- ``"slrs"`` at ``lookahead=1`` (default ``proposal_map``): the paper's one-token SLRS: one drafter token from its
   processed law (drafter context as SLEM's); the proposal is the first target id of the target's
   encoding of its text alone (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0)``: with no
   look-behind the map from drafter ids to first target ids is context-free, built once,
   :class:`FirstTargetMap`), the target's EOS for the drafter's EOS; verified by
   :func:`hsd_torch.kernels.rejection_verify` against psi(t) = the drafter's mass on the ids
   whose first target id is t (``index_add``: masses add).
+  With ``proposal_map="longest_prefix"`` and ``min_path_prob=tau`` (any lookahead): the bounded
+  SLRS of issue 11, ``hsd_core``'s ``SLRS(lookahead, min_path_prob=tau,
+  proposal_map="longest_prefix")``, psi computed level by level with one batched drafter pass
+  per level (:mod:`hsd_torch.slrs`). Deeper lookaheads without them are refused
+  (``NotImplementedError``: psi would enumerate every drafter path).
 
 The law every method is lossless for is the target's **processed** law (:func:`process_logits`):
 ids without text other than EOS removed (special tokens, a padded embedding's extra ids),
@@ -64,7 +68,8 @@ Every draw (inverse CDF, and argmax ties) reads a law's columns in ``hsd_core``'
 increasing with EOS moved last (:class:`_EosLast`); with the tokenizer's order (EOS at id 2, say)
 the same uniform would pick another token than the reference.
 
-Not implemented: SLRS beyond lookahead 1 (issue 11).
+Not implemented: multi-token SLRS (``max_tokens > 1``) and SLRS's re-tokenizing proposal map beyond
+lookahead 1 (issue 11; :mod:`hsd_torch.slrs`).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .slrs import BoundedSLRS, slrs_options
 from .text import TokenText
 from .vocab import VocabBridge
 
@@ -475,6 +481,33 @@ class FirstTargetMap:
         return out
 
 
+def _bounded_slrs_round(bounded: BoundedSLRS, drun: _Runner, last: Tensor, active: Sequence[bool],
+                        d_ctx: Sequence[Sequence[int]], d_uniforms: Sequence[Sequence[float]],
+                        drafter_probs: Callable[[Tensor], Tensor], drafts_t: list[list[int]], n_d: list[int],
+                        q_steps: list[Tensor], record: Callable[[int, Sequence[float]], None], greedy: bool,
+                        vt: int) -> list[int]:
+    """One bounded SLRS round (:class:`hsd_torch.slrs.BoundedSLRS`) for the active rows, whose
+    root contexts ``drun`` just fed (``last``: their logits): fills each row's proposal, its psi
+    and the uniforms it read; returns the per-row draft counts for the generic drafting loop (zeros:
+    nothing left to draft)."""
+    from .slrs import TreeCache
+
+    rows = [i for i, a in enumerate(active) if a]
+    ridx = torch.tensor(rows, dtype=torch.long, device=last.device)
+    tree = TreeCache(drun, rows, [d_ctx[i] for i in rows], bounded.k)
+    res = bounded.round(drafter_probs(last.index_select(0, ridx)), None if greedy else [d_uniforms[i] for i in rows],
+                        lambda parent, tokens, node_row: drafter_probs(tree.extend(parent, tokens, node_row)))
+    q_full = res.psi.new_zeros(len(active), vt)
+    q_full[ridx] = res.psi
+    q_steps.append(q_full)
+    for r, i in enumerate(rows):
+        drafts_t[i].append(res.proposal[r])
+        n_d[i] = 1
+        if not greedy:
+            record(i, d_uniforms[i][:res.used[r]])
+    return [0] * len(active)
+
+
 def _require_laws(x: Tensor, rows: Tensor | None, who: str) -> None:
     """Raise ``ValueError`` unless every row of ``x [B, P, V]`` (those where ``rows [B, P]`` is True,
     or all) has a finite positive total. ``x`` comes from softmax (and, for drafts, restriction
@@ -524,14 +557,17 @@ def generate(
     record_uniforms: bool = False,
     lookbehind: int = 4,
     progress: Callable[[int], None] | None = None,
+    min_path_prob: float | None = None,
+    proposal_map: str | None = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
     ``target``, ``drafter``: Hugging Face causal LMs in eval mode on one device (``drafter`` may be
     None for ``method="ar"``); ``prompts``: a str or a list of str, encoded by each tokenizer with
     its own special prefix (a BOS; an empty prompt starts from the BOS) and no other special
-    token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring; "slrs" needs
-    ``lookahead=1``); ``lookahead``: drafts per round; ``lookbehind``: SLEM's re-tokenization
+    token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring; "slrs" beyond
+    ``lookahead=1`` needs ``proposal_map="longest_prefix"`` and ``min_path_prob``, the bounded
+    procedure's probability stop; greedy needs no stop); ``lookahead``: drafts per round; ``lookbehind``: SLEM's re-tokenization
     look-behind (SLRS uses 0); ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
     ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
     (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
@@ -546,11 +582,7 @@ def generate(
     t_start = time.perf_counter()
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "slrs" and lookahead != 1:
-        raise NotImplementedError(
-            f"method 'slrs' supports lookahead=1 only (the paper's one-token SLRS), got lookahead={lookahead!r}: "
-            "deeper lookaheads need the bounded-cost psi of issue 11; use lookahead=1, or 'tli'/'slem' for "
-            "longer drafts")
+    slrs_bounded = method == "slrs" and slrs_options(lookahead, min_path_prob, proposal_map, not do_sample)
     if isinstance(prompts, str):
         prompts = [prompts]
     prompts = list(prompts)
@@ -615,6 +647,7 @@ def generate(
     d_ctx: list[list[int]] = []
     d_start: list[list[int]] = []
     first_t: FirstTargetMap | None = None
+    bounded: BoundedSLRS | None = None
     d_drop: Tensor | None = None
     if needs_drafter:
         vd = _logit_width(drafter)
@@ -631,6 +664,7 @@ def generate(
         d_order = _EosLast(dt.eos_id, vd, dev)
         if method == "slrs":
             first_t = FirstTargetMap.get(tt, dt, dev)
+            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev) if slrs_bounded else None
     t_order = _EosLast(tt.eos_id, vt, dev)
 
     def record(i: int, values: Sequence[float]) -> None:
@@ -668,6 +702,9 @@ def generate(
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
             last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
+            if bounded is not None:  # bounded SLRS (hsd_torch/slrs.py): psi level by level, drafting inside
+                k = _bounded_slrs_round(bounded, drun, last, active, d_ctx, d_uniforms, drafter_probs, drafts_t,
+                                        n_d, q_steps, record, greedy, vt)
             for j in range(max(k)):
                 probs = drafter_probs(last)  # [B, Vd]
                 if method == "tli":

@@ -1,0 +1,509 @@
+"""Bounded SLRS over real vocabularies (issue 11, section 2): psi level by level, one batched
+drafter pass per level.
+
+The procedure is ``hsd_core``'s bounded one, ``SLRS(lookahead=k, min_path_prob=tau,
+proposal_map="longest_prefix", max_tokens=1)`` (``proofs/slrs_bounded.md``), over token byte
+strings (:class:`~hsd_torch.text.TokenText`; the mirror reads them as latin-1):
+
+1. The drafter's context is its encoding of (prompt + emitted text), as SLEM's.
+2. It drafts from its processed law, one token per level; after each drafted token it stops on its
+   EOS, after ``k`` tokens, when the path's probability (the product of the drafted tokens'
+   probabilities, float64) is below ``tau``, or when the first target token of the text is
+   *settled* (the text is not a proper prefix of any target token's bytes).
+3. The proposal is the longest target token whose bytes prefix the drafted text (the lowest id
+   among ids with the same bytes); the target's EOS if the drafter ended with no text.
+
+psi is the exact law of that proposal. Every drafter context the procedure can reach at depth
+``j >= 1`` has path probability ``>= tau`` (else it stopped), so the draft tree has at most ``1/tau``
+expanded nodes per level: psi is computed by walking the tree level by level, **one batched drafter
+forward pass per level** over the expanded nodes of every row (:class:`TreeCache`: the rows'
+KV caches are copied along the batch, ``index_select``, and extended by one token per level;
+the generation's own caches are never touched). Each expanded node's children are *all* drafter
+ids; for each the proposal and the settled test come from one vectorized walk of the drafter
+tokens' bytes through a byte trie of the target vocabulary (:class:`TargetTrie`,
+:func:`walk`; sorted ``node * 256 + byte`` keys and ``searchsorted``, no Python loop over the
+vocabulary). Children that stop add their path mass to psi at their proposal (``index_add``);
+the others are the next level's nodes. The row's own draft is sampled along the same tree with
+its uniforms (one per drafted token, inverse CDF in ``hsd_core``'s column order), so drafting
+costs no extra pass.
+
+Greedy: only the argmax path is walked (psi is a point mass).
+
+Cost per round and prompt: at most ``1 + (k - 1) / tau`` drafter rows (``k`` passes), whatever the
+vocabularies; :data:`MAX_PSI_ROWS` bounds that promise up front (a larger one is refused).
+
+Not here: ``max_tokens > 1`` (conditional psi of multi-token proposals) and the
+``"retokenize"`` proposal map beyond lookahead 1 (it needs a tokenizer call per leaf, i.e. per
+drafter id per node); ``generate`` refuses both with a clear message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .text import TokenText
+
+__all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "DrafterBytes", "RoundResult", "TargetTrie", "TreeCache", "psi_bound",
+           "slrs_options", "walk", "walk_pairs"]
+
+MAX_PSI_ROWS = 4096
+"""The largest psi cost bound ``1 + (k - 1) / tau`` (drafter rows per prompt per round) that
+``generate`` accepts; past it the round could need thousands of rows times the drafter's vocabulary
+in memory, and it is refused."""
+
+_CHUNK = 1 << 22
+"""Children (node x drafter id) handled per vectorized step: bounds the memory of one level."""
+
+
+def psi_bound(lookahead: int, min_path_prob: float) -> float:
+    """The bound on drafter rows per round (``proofs/slrs_bounded.md``, Lemma 3)."""
+    return 1 + (lookahead - 1) / min_path_prob
+
+
+def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str | None, greedy: bool) -> bool:
+    """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
+    for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
+    lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
+    name what would make psi finish."""
+    if proposal_map not in (None, "retokenize", "longest_prefix"):
+        raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
+    if min_path_prob is not None and (isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float))
+                                      or not 0 < min_path_prob <= 1):
+        raise ValueError(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
+    if proposal_map == "longest_prefix":
+        if lookahead > 1 and min_path_prob is None and not greedy:
+            raise NotImplementedError(
+                f"method 'slrs' with lookahead={lookahead} and no min_path_prob: psi would enumerate every "
+                "drafter path (|D|^lookahead drafter rows, issue 11); pass min_path_prob=tau (e.g. 0.05): psi then "
+                "costs at most 1 + (lookahead - 1) / tau rows per round")
+        if min_path_prob is not None and psi_bound(lookahead, min_path_prob) > MAX_PSI_ROWS:
+            raise NotImplementedError(
+                f"method 'slrs' with lookahead={lookahead}, min_path_prob={min_path_prob}: psi may need up to "
+                f"{psi_bound(lookahead, min_path_prob):.0f} drafter rows per round and prompt, more than "
+                f"{MAX_PSI_ROWS}; raise min_path_prob or lower the lookahead")
+        return True
+    if lookahead != 1:
+        raise NotImplementedError(
+            f"method 'slrs' with proposal_map={proposal_map!r} supports lookahead=1 only (the paper's one-token "
+            f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure of issue 11, "
+            "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
+            "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
+    return False
+
+
+class TargetTrie:
+    """A byte trie of a vocabulary's token strings, as tensors.
+
+    Node 0 is the root (the empty string). ``keys`` (sorted int64) are ``parent * 256 + byte`` and
+    ``child`` the node they lead to; ``term[n]`` is the lowest id whose bytes are node ``n``'s
+    string (-1: none); ``has_child[n]``: ``n``'s string is a proper prefix of some token."""
+
+    _cache: dict[tuple[int, int, str], tuple[Any, TargetTrie]] = {}
+
+    def __init__(self, text: TokenText, device: torch.device | str = "cpu") -> None:
+        children: dict[int, int] = {}
+        term: list[int] = [-1]
+        for i, b in enumerate(text.bytes_of):
+            if b is None:
+                continue
+            n = 0
+            for c in b:
+                key = n * 256 + c
+                nxt = children.get(key)
+                if nxt is None:
+                    nxt = children[key] = len(term)
+                    term.append(-1)
+                n = nxt
+            if term[n] < 0:
+                term[n] = i
+        keys = sorted(children)
+        self.n_nodes = len(term)
+        self.keys = torch.tensor(keys, dtype=torch.long, device=device)
+        self.child = torch.tensor([children[k] for k in keys], dtype=torch.long, device=device)
+        self.term = torch.tensor(term, dtype=torch.long, device=device)
+        has = torch.zeros(self.n_nodes, dtype=torch.bool)
+        if keys:
+            has[torch.tensor(keys, dtype=torch.long) // 256] = True
+        self.has_child = has.to(device)
+
+    @classmethod
+    def get(cls, text: TokenText, device: torch.device) -> TargetTrie:
+        key = (id(text), text.vocab_size, str(device))
+        hit = cls._cache.get(key)
+        if hit is not None and hit[0] is text:
+            return hit[1]
+        trie = cls(text, device)
+        if len(cls._cache) > 8:
+            cls._cache.clear()
+        cls._cache[key] = (text, trie)
+        return trie
+
+
+class DrafterBytes:
+    """The drafter ids with text and their bytes as a padded matrix: ``ids [N]``, ``data [N, L]``
+    (-1 padding), ``length [N]``; ``column[d]``: the position of id ``d`` in ``ids`` (-1: no text)."""
+
+    _cache: dict[tuple[int, int, str], tuple[Any, DrafterBytes]] = {}
+
+    def __init__(self, text: TokenText, device: torch.device | str = "cpu") -> None:
+        ids = [i for i, b in enumerate(text.bytes_of) if b is not None]
+        lmax = max((len(text.bytes_of[i] or b"") for i in ids), default=1)
+        data = torch.full((len(ids), lmax), -1, dtype=torch.long)
+        length = torch.zeros(len(ids), dtype=torch.long)
+        for r, i in enumerate(ids):
+            b = text.bytes_of[i]
+            assert b is not None
+            data[r, :len(b)] = torch.tensor(list(b), dtype=torch.long)
+            length[r] = len(b)
+        column = torch.full((text.vocab_size,), -1, dtype=torch.long)
+        column[torch.tensor(ids, dtype=torch.long)] = torch.arange(len(ids))
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)
+        self.data = data.to(device)
+        self.length = length.to(device)
+        self.column = column.to(device)
+
+    @classmethod
+    def get(cls, text: TokenText, device: torch.device) -> DrafterBytes:
+        key = (id(text), text.vocab_size, str(device))
+        hit = cls._cache.get(key)
+        if hit is not None and hit[0] is text:
+            return hit[1]
+        db = cls(text, device)
+        if len(cls._cache) > 8:
+            cls._cache.clear()
+        cls._cache[key] = (text, db)
+        return db
+
+
+def walk_pairs(trie: TargetTrie, start: Tensor, best: Tensor, col: Tensor,
+               db: DrafterBytes) -> tuple[Tensor, Tensor, Tensor]:
+    """For pairs ``i`` of (a text whose trie state is ``start[i]`` and whose longest target-token
+    prefix is ``best[i]`` (-1: none), the drafter id in column ``col[i]`` of ``db``): the text
+    extended by that id's bytes. Returns ``prop [P]`` (the longest target token prefixing the
+    extended text, lowest id among equal bytes), ``end [P]`` (its trie state, -1 once it left the
+    trie) and ``settled [P]`` (it is not a proper prefix of any target token's bytes). One
+    ``searchsorted`` per byte position over the pairs still in the trie."""
+    p = start.shape[0]
+    state = start.clone()
+    prop = best.clone()
+    active = torch.arange(p, device=start.device)
+    length = db.length.index_select(0, col)
+    nkeys = trie.keys.shape[0]
+    for j in range(db.data.shape[1]):
+        going = length > j
+        if not bool(going.all()):
+            active, col, length = active[going], col[going], length[going]
+        if active.numel() == 0:
+            break
+        if nkeys == 0:
+            state[active] = -1
+            break
+        key = state.index_select(0, active) * 256 + db.data[col, j]
+        pos = torch.searchsorted(trie.keys, key).clamp(max=nkeys - 1)
+        found = trie.keys.index_select(0, pos) == key
+        child = torch.where(found, trie.child.index_select(0, pos), torch.full_like(key, -1))
+        state[active] = child
+        t = trie.term.index_select(0, child.clamp(min=0))
+        hit = found & (t >= 0)
+        prop[active[hit]] = t[hit]
+        active, col, length = active[found], col[found], length[found]
+    settled = ~((state >= 0) & trie.has_child.index_select(0, state.clamp(min=0)))
+    return prop, state, settled
+
+
+def walk(trie: TargetTrie, start: Tensor, best: Tensor, db: DrafterBytes) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`walk_pairs` for every node ``n`` (``start [N]``, ``best [N]``) and every drafter id
+    with text: ``prop``, ``end``, ``settled`` as ``[N, C]``."""
+    n, c = start.shape[0], db.ids.shape[0]
+    cols = torch.arange(c, device=start.device)
+    prop, end, settled = walk_pairs(trie, start.repeat_interleave(c), best.repeat_interleave(c), cols.repeat(n), db)
+    return prop.view(n, c), end.view(n, c), settled.view(n, c)
+
+
+class TreeCache:
+    """Drafter contexts of the draft tree, one batched forward pass per level, on a copy of the
+    rows' KV caches (a :class:`hsd_torch.generate._Runner`'s, never modified).
+
+    ``rows``: the batch rows (indices of ``runner``) whose root context the runner just fed;
+    ``contexts[r]``: the full context of ``rows[r]`` (for rows that would outgrow the drafter's
+    positions: their nodes are run without the cache, on the backend's sliding window of the full
+    context, exactly as the mirror's ``CoreModel(window=True)``)."""
+
+    def __init__(self, runner: Any, rows: Sequence[int], contexts: Sequence[Sequence[int]], depth: int) -> None:
+        self.runner = runner
+        self.rows = list(rows)
+        self.contexts = [list(c) for c in contexts]
+        dev = runner.device
+        self.device = dev
+        self.slots = torch.tensor([runner.slot(i) for i in self.rows], dtype=torch.long, device=dev)
+        self.base = torch.tensor([len(runner.ids[i]) for i in self.rows], dtype=torch.long, device=dev)
+        mp = runner.max_pos
+        self.direct = [mp is not None and len(c) + depth - 1 > mp for c in self.contexts]
+        self.cache: Any = None
+        self.mask: Tensor | None = None
+        self.pos: Tensor | None = None
+        self.paths: list[list[int]] = []  # per node of the last level: its drafted ids
+        self.node_row: list[int] = []
+
+    def extend(self, parent: Tensor, tokens: Tensor, node_row: Tensor) -> Tensor:
+        """The next level: node ``i`` is node ``parent[i]`` of the last level (a row index into
+        ``rows`` at the first call) followed by drafter id ``tokens[i]``; ``node_row[i]`` its row
+        index. Returns the logits ``[N, V]`` after each new node's context."""
+        from transformers import DynamicCache
+
+        from .generate import window_view
+
+        runner = self.runner
+        par = parent.tolist()
+        tok = tokens.tolist()
+        rws = node_row.tolist()
+        if self.cache is None:
+            paths = [[t] for t in tok]
+        else:
+            paths = [self.paths[p] + [t] for p, t in zip(par, tok)]
+        direct = [self.direct[r] for r in rws]
+        cached = [i for i, d in enumerate(direct) if not d]
+        out: Tensor | None = None
+        n = len(tok)
+        if cached:
+            cidx = torch.tensor(cached, dtype=torch.long, device=self.device)
+            pc = parent.index_select(0, cidx)
+            if self.cache is None:
+                src = runner.cache
+                sel = self.slots.index_select(0, pc)
+                mask = runner.mask.index_select(0, sel)
+                pos = self.base.index_select(0, pc)
+                cache = DynamicCache(config=runner.model.config)
+                for li, layer in enumerate(src.layers):
+                    cache.layers[li].update(  # type: ignore[union-attr]
+                        layer.keys.index_select(0, sel), layer.values.index_select(0, sel))
+            else:
+                assert self.mask is not None and self.pos is not None
+                # parents index the last level's nodes; only cached ones sit in the cache
+                where = self._cached_index.index_select(0, pc)
+                cache = self.cache
+                cache.batch_select_indices(where)
+                mask = self.mask.index_select(0, where)
+                pos = self.pos.index_select(0, where)
+            mask = torch.cat([mask, torch.ones(len(cached), 1, dtype=mask.dtype, device=self.device)], dim=1)
+            res = runner.model(input_ids=tokens.index_select(0, cidx).unsqueeze(1), attention_mask=mask,
+                               position_ids=pos.unsqueeze(1), use_cache=True, **{runner._cache_kw: cache})
+            logits: Tensor = res.logits[:, -1]
+            out = logits.new_zeros((n, logits.shape[-1]))
+            out[cidx] = logits
+            self.cache, self.mask, self.pos = cache, mask, pos + 1
+        ci = torch.full((n,), -1, dtype=torch.long, device=self.device)
+        if cached:
+            ci[torch.tensor(cached, dtype=torch.long, device=self.device)] = torch.arange(len(cached), device=self.device)
+        self._cached_index = ci
+        for i, d in enumerate(direct):
+            if not d:
+                continue
+            r = rws[i]
+            full = window_view(self.contexts[r] + paths[i], runner.n_prefix[self.rows[r]], runner.max_pos)
+            lg: Tensor = runner.model(input_ids=torch.tensor([full], dtype=torch.long, device=self.device)).logits[0, -1]
+            if out is None:
+                out = lg.new_zeros((n, lg.shape[-1]))
+            out[i] = lg
+        for r in set(rws):
+            i = self.rows[r]
+            runner.calls[i] += 1
+        for r in rws:
+            runner.positions[self.rows[r]] += 1
+        self.paths = paths
+        assert out is not None
+        return out
+
+    _cached_index: Tensor
+
+
+@dataclass
+class RoundResult:
+    """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id), ``psi [R, Vt]``
+    (float64, the law it was drawn from), ``used[r]`` (drafting uniforms read), ``evaluations[r]``
+    (drafter contexts evaluated: the root and every expanded node), ``levels`` (forward passes)."""
+
+    proposal: list[int]
+    psi: Tensor
+    used: list[int]
+    evaluations: list[int]
+    levels: int
+
+
+class BoundedSLRS:
+    """The bounded procedure's round (module docstring) for a target/drafter pair of tokenizers."""
+
+    def __init__(self, target: TokenText, drafter: TokenText, lookahead: int, min_path_prob: float | None,
+                 greedy: bool, device: torch.device) -> None:
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+            raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
+        if min_path_prob is not None and not 0 < min_path_prob <= 1:
+            raise ValueError(f"min_path_prob must be None or in (0, 1], got {min_path_prob!r}")
+        if min_path_prob is None and lookahead > 1 and not greedy:
+            raise NotImplementedError("bounded SLRS needs min_path_prob > 0 beyond lookahead 1 (psi would "
+                                      "enumerate every drafter id at every depth)")
+        self.tt, self.dt = target, drafter
+        self.k = lookahead
+        self.tau = float(min_path_prob) if min_path_prob is not None else 0.0
+        self.greedy = greedy
+        self.device = device
+        self.trie = TargetTrie.get(target, device)
+        self.db = DrafterBytes.get(drafter, device)
+        from .generate import _EosLast
+        self.order = _EosLast(drafter.eos_id, drafter.vocab_size, device)
+        self.vt = target.vocab_size
+
+    def round(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
+              extend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> RoundResult:
+        """``root [R, Vd]``: each row's processed drafter law at its context; ``uniforms[r]``: at
+        least ``lookahead`` uniforms (None when greedy); ``extend(parent, tokens, node_row)``: the
+        processed laws ``[N, Vd]`` of the next level's nodes (:meth:`TreeCache.extend` followed by
+        the drafter's processing)."""
+        dev = self.device
+        db, trie, k, tau = self.db, self.trie, self.k, self.tau
+        r_n = root.shape[0]
+        eos_d, eos_t, vt = self.dt.eos_id, self.tt.eos_id, self.vt
+        psi = torch.zeros(r_n, vt, dtype=torch.float64, device=dev)
+        proposal = [-1] * r_n
+        used = [0] * r_n
+        evals = [1] * r_n
+        laws = root.to(torch.float64)
+        node_row = torch.arange(r_n, device=dev)
+        path = torch.ones(r_n, dtype=torch.float64, device=dev)
+        state = torch.zeros(r_n, dtype=torch.long, device=dev)
+        best = torch.full((r_n,), -1, dtype=torch.long, device=dev)
+        cur = list(range(r_n))  # the node of each row's own draft in this level (-1: decided)
+        nt = db.ids.shape[0]
+        levels = 1
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        for depth in range(1, k + 1):
+            live = [r for r in range(r_n) if cur[r] >= 0]
+            if not live and self.greedy:
+                break
+            # the rows' own draws: one uniform per drafted token, in hsd_core's column order (psi
+            # still needs this level's other nodes when every row's own draft has stopped)
+            cur_t = torch.tensor([cur[r] for r in live], dtype=torch.long, device=dev)
+            sel = self.order.law(laws.index_select(0, cur_t))
+            if not live:
+                picked = cur_t
+            elif self.greedy:
+                picked = self.order.to_id(torch.argmax(sel, dim=-1))
+            else:
+                assert uniforms is not None
+                u = torch.tensor([uniforms[r][depth - 1] for r in live], dtype=torch.float64, device=dev)
+                picked = self.order.to_id(kernels.sample(sel, u, check=False))
+                for r in live:
+                    used[r] += 1
+            picked_l = picked.tolist()
+            pcol_l = db.column.index_select(0, picked).tolist()
+            # EOS children: the node's text's longest target prefix, or the target's EOS (root)
+            e_prop = torch.where(best >= 0, best, torch.full_like(best, eos_t))
+            if not self.greedy:
+                psi.view(-1).index_add_(0, node_row * vt + e_prop, path * laws[:, eos_d])
+            # every other child (greedy: the drafted one only) stops with a proposal or grows
+            want = [(r, cur[r] * nt + c) for r, d, c in zip(live, picked_l, pcol_l) if d != eos_d]
+            if self.greedy:
+                wn = torch.tensor([cur[r] for r, _ in want], dtype=torch.long, device=dev)
+                wc = torch.tensor([key % nt for _, key in want], dtype=torch.long, device=dev)
+                chunks = [(wn, wc, 0)]
+            else:
+                n_nodes = laws.shape[0]
+                step = max(1, _CHUNK // max(nt, 1))
+                chunks = []
+                for a in range(0, n_nodes, step):
+                    b = min(n_nodes, a + step)
+                    chunks.append((torch.arange(a, b, device=dev).repeat_interleave(nt),
+                                   torch.arange(nt, device=dev).repeat(b - a), a * nt))
+            grown: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+            offset = 0
+            decided: dict[int, tuple[bool, int, int]] = {}  # row -> (stops, proposal, next index)
+            for ci, (pn, pc, first) in enumerate(chunks):
+                if pn.numel() == 0:
+                    continue
+                prop, end, settled = walk_pairs(trie, state.index_select(0, pn), best.index_select(0, pn), pc, db)
+                w = path.index_select(0, pn) * laws[pn, db.ids.index_select(0, pc)]
+                stop = (settled | (w < tau)) if depth < k else torch.ones_like(settled)
+                if not self.greedy:
+                    psi.view(-1).index_add_(0, node_row.index_select(0, pn) * vt + prop, torch.where(stop, w, zero))
+                grow = ~stop & (w > 0)
+                gidx = torch.cumsum(grow.long(), 0) - 1 + offset
+                if self.greedy:
+                    loc = list(range(len(want)))
+                    rows_here = [r for r, _ in want]
+                else:
+                    rows_here, loc = [], []
+                    for r, key in want:
+                        if 0 <= key - first < pn.shape[0]:
+                            rows_here.append(r)
+                            loc.append(key - first)
+                if loc:
+                    li = torch.tensor(loc, dtype=torch.long, device=dev)
+                    for r, s_, pr, gi in zip(rows_here, stop.index_select(0, li).tolist(),
+                                             prop.index_select(0, li).tolist(), gidx.index_select(0, li).tolist()):
+                        decided[r] = (bool(s_), int(pr), int(gi))
+                if bool(grow.any()):
+                    grown.append((pn[grow], pc[grow], w[grow], end[grow], prop[grow]))
+                    offset += int(grow.sum())
+            nxt = [-1] * r_n
+            for r, d in zip(live, picked_l):
+                if d == eos_d:
+                    proposal[r] = int(e_prop[cur[r]])
+                    continue
+                stops, pr, gi = decided[r]
+                if stops:
+                    proposal[r] = pr
+                else:
+                    nxt[r] = gi
+            cur = nxt
+            if not grown or (self.greedy and all(c < 0 for c in cur)):
+                break
+            parent = torch.cat([g[0] for g in grown])
+            tokens = db.ids.index_select(0, torch.cat([g[1] for g in grown]))
+            path = torch.cat([g[2] for g in grown])
+            state = torch.cat([g[3] for g in grown])
+            best = torch.cat([g[4] for g in grown])
+            node_row = node_row.index_select(0, parent)
+            laws = extend(parent, tokens, node_row).to(torch.float64)
+            levels += 1
+            for r in node_row.tolist():
+                evals[r] += 1
+        assert all(p >= 0 for p in proposal), "every row's draft ends in a proposal"
+        if self.greedy:
+            psi[torch.arange(r_n, device=dev), torch.tensor(proposal, dtype=torch.long, device=dev)] = 1.0
+        return RoundResult(proposal, psi, used, evals, levels)
+
+
+def first_round(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_tokenizer: Any,
+                prompts: Sequence[str], *, lookahead: int, min_path_prob: float | None, greedy: bool = False,
+                uniforms: Sequence[Sequence[float]] | None = None, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None) -> RoundResult:
+    """The bounded SLRS round at each prompt's first state (nothing emitted yet), batched as
+    ``generate`` runs it: psi, the proposal and what it cost (for tests and ``bench/slrs_real.py``).
+    ``uniforms`` default to 0.5 for every draw (psi does not depend on them)."""
+    from .generate import _logit_width, _process, _Runner
+
+    tt = TokenText.get(target_tokenizer, target_vocab_size)
+    vd = _logit_width(drafter)
+    dt = TokenText.get(drafter_tokenizer, vd)
+    dev = next(drafter.parameters()).device
+    bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev)
+    starts = [dt.start(p) for p in prompts]
+    ctx = [starts[i] + dt.encode(p.encode("utf-8")) for i, p in enumerate(prompts)]
+    runner = _Runner(drafter, len(prompts), dt.eos_id, "drafter", window=True, n_prefix=[len(s) for s in starts])
+    drop = ~dt.text_mask.to(dev)
+
+    def probs(logits: Tensor) -> Tensor:
+        return _process(logits, drop, temperature, top_k, top_p)
+
+    with torch.inference_mode():
+        blocks = [runner.sync(i, c) for i, c in enumerate(ctx)]
+        last = runner.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
+        tree = TreeCache(runner, list(range(len(prompts))), ctx, lookahead)
+        us = uniforms if uniforms is not None or greedy else [[0.5] * lookahead for _ in prompts]
+        return bounded.round(probs(last), us, lambda p, t, r: probs(tree.extend(p, t, r)))

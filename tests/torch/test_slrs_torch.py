@@ -1,0 +1,320 @@
+"""Bounded SLRS in hsd_torch (issue 11, section 2) against hsd_core's bounded SLRS.
+
+- The proposal map: the vectorized byte-trie walk (:func:`hsd_torch.slrs.walk_pairs`) gives
+  ``hsd_core``'s ``LongestPrefixMap`` parse and settled test on every drafter token after many texts.
+- psi: the backend's level-by-level psi (one batched drafter pass per level) equals
+  ``SLRS(lookahead, min_path_prob, proposal_map="longest_prefix").psi(...)`` over
+  :class:`hsd_torch.CoreModel` to 1e-12, with the same number of drafter contexts evaluated.
+- Mirror: fed the uniforms the backend consumed, the reference emits the same tokens.
+- Greedy: identical to the target's own ``model.generate``.
+- Sampled (slow): the law of the first two tokens against 20,000 samples, and a lossy variant (psi of
+  the one-level procedure while drafting deeper) that the same sized test rejects.
+
+Models: the tiny random-init peaked GPT-2/Llama of ``tests/torch/test_generate.py`` over the
+locally trained tokenizers (byte-level BPE 384, Unigram + byte fallback, LLaMA-style BPE + byte
+fallback), float64. Their target vocabularies are small (short tokens), so the settled stop ends most
+paths after one or two drafter tokens; min_path_prob 0.01 keeps enough paths for trees of depth 2-3
+(up to 8 drafter contexts per round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hsd_core.methods import SLRS, State  # noqa: E402
+from hsd_core.methods.slrs import LongestPrefixMap  # noqa: E402
+from hsd_core.rand import UniformRand  # noqa: E402
+from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
+from hsd_torch import CoreModel, generate, tiny  # noqa: E402
+from hsd_torch import slrs as tslrs  # noqa: E402
+from hsd_torch.mirror import core_text  # noqa: E402
+from hsd_torch.text import TokenText  # noqa: E402
+
+torch.set_num_threads(1)
+
+PROMPTS = [
+    "def foo(x):\n", "Hello", "naïve café", "x", "import os\nimport sys\n", " leading space", "日本語",
+    "return self.", "# comment\n", "class A:", "1 + 2 = ", "emoji 😀", "for i in range(10):\n    ", "\n\n",
+    'print("hi")', "lambda", "aaaaa", "\t\tindent", "if __name__ == '__main__':", "    ",
+]
+
+
+@pytest.fixture(scope="module")
+def toks() -> dict[str, Any]:
+    return {k: tiny.tiny_tokenizer(k) for k in ("byte_bpe", "unigram", "bpe_fallback")}
+
+
+@pytest.fixture(scope="module")
+def models(toks: dict[str, Any]) -> dict[str, Any]:
+    f64 = torch.float64
+    return {
+        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
+        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
+        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
+                                      dtype=f64),
+    }
+
+
+# (target model, target tokenizer, drafter model, drafter tokenizer, drafter temperature)
+PAIRS = {
+    "bpe<-unigram": ("llama_bpe", "byte_bpe", "gpt2_uni_pad", "unigram", 1.0),
+    "fallback<-bpe": ("gpt2_fb_pad", "bpe_fallback", "llama_bpe", "byte_bpe", 1.0),
+    "unigram<-fallback": ("gpt2_uni_pad", "unigram", "gpt2_fb_pad", "bpe_fallback", 1.0),
+    "bpe<-self": ("llama_bpe", "byte_bpe", "llama_bpe", "byte_bpe", 0.7),
+}
+FAST_PAIRS = ["bpe<-unigram", "fallback<-bpe"]
+K, TAU = 3, 0.01
+
+
+def unpack(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> tuple[Any, Any, Any, Any, float]:
+    t, tt, d, dt, dtemp = PAIRS[pair]
+    return models[t], toks[tt], models[d], toks[dt], dtemp
+
+
+def width(model: Any) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# the proposal map
+
+
+@pytest.mark.parametrize("tkind,dkind", [("byte_bpe", "unigram"), ("bpe_fallback", "byte_bpe"),
+                                         ("unigram", "bpe_fallback")])
+def test_trie_walk_is_the_core_longest_prefix_map(tkind: str, dkind: str, toks: dict[str, Any]) -> None:
+    tt = TokenText(toks[tkind], len(toks[tkind]))
+    dt = TokenText(toks[dkind], len(toks[dkind]))
+    trie = tslrs.TargetTrie(tt)
+    db = tslrs.DrafterBytes(dt)
+    core = CoreModel(tiny.tiny_gpt2(toks[tkind], seed=0), toks[tkind])
+    pmap = LongestPrefixMap(core.vocab)
+    # texts: the empty one, and proper prefixes of target tokens (the only texts the tree expands)
+    strings = sorted({b for b in tt.bytes_of if b is not None}, key=lambda b: (len(b), b))
+    rng = np.random.default_rng(0)
+    texts = [b""] + [s[:j] for s in (strings[i] for i in rng.choice(len(strings), 40, replace=False))
+                     for j in range(1, len(s))][:60]
+    for text in texts:
+        # the text's trie state and longest prefix, by walking its bytes from the root
+        state, best = 0, -1
+        for c in text:
+            hit = (trie.keys == state * 256 + c).nonzero()
+            assert hit.numel() == 1
+            state = int(trie.child[hit[0, 0]])
+            best = int(trie.term[state]) if int(trie.term[state]) >= 0 else best
+        n = db.ids.shape[0]
+        prop, _, settled = tslrs.walk_pairs(trie, torch.full((n,), state), torch.full((n,), best),
+                                            torch.arange(n), db)
+        for c, d in enumerate(db.ids.tolist()):
+            full = (text + (dt.bytes_of[d] or b"")).decode("latin-1")
+            want = core.tokenizer.to_hf(pmap.parse(full, 1))[0]
+            assert int(prop[c]) == want, (text, d)
+            assert bool(settled[c]) == pmap.settled(full, 1), (text, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# psi
+
+
+def core_psi(pair: str, toks: dict[str, Any], models: dict[str, Any], prompt: str, k: int,
+             tau: float) -> tuple[Any, int, CoreModel]:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    ct, cd = CoreModel(target, tt, prompt=prompt), CoreModel(drafter, dt, temperature=dtemp, prompt=prompt)
+    ps = SLRS(lookahead=k, min_path_prob=tau, proposal_map="longest_prefix").psi(ct, cd, State(core_text(prompt), (), 4))
+    return ps.first(len(ct.vocab)), ps.evaluations, ct
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_psi_equals_the_reference_psi(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    prompts = PROMPTS[:6]
+    res = tslrs.first_round(tt, width(target), drafter, dt, prompts, lookahead=K, min_path_prob=TAU,
+                            temperature=dtemp)
+    assert max(res.evaluations) > 2, "the test needs trees deeper than one level"
+    assert res.levels <= K
+    for r, prompt in enumerate(prompts):
+        want, evals, ct = core_psi(pair, toks, models, prompt, K, TAU)
+        got = res.psi[r, torch.tensor(ct.tokenizer.hf_ids)].numpy()
+        assert float(res.psi[r].sum()) == pytest.approx(1.0, abs=1e-12)
+        assert np.abs(got - np.asarray(want, dtype=np.float64)).max() < 1e-12, prompt
+        assert res.evaluations[r] == evals, prompt
+        assert evals <= tslrs.psi_bound(K, TAU)
+
+
+# ---------------------------------------------------------------------------------------------
+# mirror
+
+
+def check_mirror(pair: str, prompts: list[str], toks: dict[str, Any], models: dict[str, Any], k: int, tau: float,
+                 max_new: int) -> int:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs", lookahead=k,
+                   min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=max_new, seed=11,
+                   record_uniforms=True, drafter_temperature=dtemp)
+    assert out.uniforms is not None
+    ct, cd = CoreModel(target, tt), CoreModel(drafter, dt, temperature=dtemp)
+    ref_method = SLRS(lookahead=k, min_path_prob=tau, proposal_map="longest_prefix")
+    deeper = 0
+    for i, prompt in enumerate(prompts):
+        rand = UniformRand(out.uniforms[i])
+        ref = ref_method.generate(ct, cd, core_text(prompt), max_new, rng=rand)
+        assert ct.tokenizer.to_hf(ref) == out.sequences[i], (pair, prompt)
+        assert rand.used == len(out.uniforms[i]), "the backend recorded a uniform the reference did not read"
+        deeper += out.stats[i].drafter_calls - out.stats[i].target_calls
+    return deeper
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_mirror_reference_emits_the_same_tokens(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    deeper = check_mirror(pair, PROMPTS[:4], toks, models, K, TAU, 6)
+    assert deeper > 0, "no round went past the first level"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", list(PAIRS))
+@pytest.mark.parametrize("k,tau", [(2, 0.2), (4, 0.05)])
+def test_mirror_many_prompts(pair: str, k: int, tau: float, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    check_mirror(pair, PROMPTS, toks, models, k, tau, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# greedy
+
+
+def hf_greedy(model: Any, tok: Any, prompt: str, max_new: int) -> list[int]:
+    text = TokenText(tok, width(model))
+    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
+    ids = torch.tensor([text.prompt_ids(prompt)])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
+                             suppress_tokens=suppress, pad_token_id=text.eos_id)
+    res: list[int] = out[0, ids.shape[1]:].tolist()
+    return res
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_greedy_equals_the_targets_own_generate(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    prompts = PROMPTS[:10]
+    for tau in (TAU, None):  # greedy needs no probability stop (one path)
+        out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
+                       lookahead=4, min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=10,
+                       do_sample=False, drafter_temperature=dtemp)
+        for i, prompt in enumerate(prompts):
+            assert out.sequences[i] == hf_greedy(target, tt, prompt, 10), (tau, prompt)
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals
+
+
+def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    target, tt, drafter, dt, _ = unpack("bpe<-unigram", toks, models)
+    kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dt, method="slrs")
+    with pytest.raises(NotImplementedError, match="lookahead=1 only.*issue 11"):
+        generate(target, drafter, "x", lookahead=2, **kw)
+    with pytest.raises(NotImplementedError, match="lookahead=1 only.*issue 11"):
+        generate(target, drafter, "x", lookahead=2, min_path_prob=0.1, proposal_map="retokenize", **kw)
+    with pytest.raises(NotImplementedError, match="no min_path_prob.*issue 11"):
+        generate(target, drafter, "x", lookahead=3, proposal_map="longest_prefix", **kw)
+    with pytest.raises(NotImplementedError, match="more than 4096"):
+        generate(target, drafter, "x", lookahead=8, min_path_prob=1e-3, proposal_map="longest_prefix", **kw)
+    with pytest.raises(ValueError, match="min_path_prob must be"):
+        generate(target, drafter, "x", lookahead=2, min_path_prob=0.0, proposal_map="longest_prefix", **kw)
+    with pytest.raises(ValueError, match="proposal_map must be"):
+        generate(target, drafter, "x", lookahead=2, min_path_prob=0.1, proposal_map="bytes", **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampled: the law of the first two tokens (slow)
+
+ALPHA = 1e-6
+POWER = 0.99
+EPS = 0.04  # detectable TV with power 0.99 at alpha 1e-6 on <= 36 cells with 20,000 samples
+N = 20_000
+CHUNK = 2_500
+TOP_K = 6
+AUDIT_PAIR = "bpe<-self"  # the target drafting for itself at temperature 0.7: deep trees, high acceptance
+
+
+def test_the_sampled_test_is_sized() -> None:
+    assert min_num_samples_for_tv(TOP_K * TOP_K, EPS, ALPHA, POWER) <= N
+    assert min_tv_detectable(TOP_K * TOP_K, N, ALPHA, POWER) <= EPS
+
+
+def exact_two_token_law(model: Any, tok: Any, prompt: str) -> dict[tuple[int, ...], float]:
+    from hsd_torch.generate import process_logits
+
+    text = TokenText(tok, width(model))
+    ids = text.prompt_ids(prompt)
+    law: dict[tuple[int, ...], float] = {}
+    with torch.inference_mode():
+        p1 = process_logits(model(torch.tensor([ids])).logits[0, -1], text.text_mask, top_k=TOP_K).double()
+        for t1 in torch.nonzero(p1).flatten().tolist():
+            if t1 == text.eos_id:
+                law[(t1,)] = float(p1[t1])
+                continue
+            p2 = process_logits(model(torch.tensor([ids + [t1]])).logits[0, -1], text.text_mask,
+                                top_k=TOP_K).double()
+            for t2 in torch.nonzero(p2).flatten().tolist():
+                law[(t1, t2)] = float(p1[t1] * p2[t2])
+    return law
+
+
+def sampled_two_tokens(pair: str, toks: dict[str, Any], models: dict[str, Any], prompt: str,
+                       seed: int) -> list[tuple[int, ...]]:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    out: list[tuple[int, ...]] = []
+    for c in range(N // CHUNK):
+        res = generate(target, drafter, [prompt] * CHUNK, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
+                       lookahead=K, min_path_prob=TAU, proposal_map="longest_prefix", max_new_tokens=2, top_k=TOP_K,
+                       seed=seed * 1000 + c, drafter_temperature=dtemp)
+        out.extend(tuple(s) for s in res.sequences)
+    return out
+
+
+@pytest.fixture()
+def shallow_psi(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A deliberately lossy backend: it drafts with the full procedure but verifies against the psi
+    of the one-level procedure (every path stopped after its first drafter token), i.e. a psi
+    that ignores the deeper paths (the published first-token shortcut)."""
+    real = tslrs.BoundedSLRS.round
+
+    def lossy(self: Any, root: Any, uniforms: Any, extend: Any) -> Any:
+        res = real(self, root, uniforms, extend)
+        k = self.k
+        self.k = 1
+        try:
+            shallow = real(self, root, uniforms, extend)
+        finally:
+            self.k = k
+        return tslrs.RoundResult(res.proposal, shallow.psi, res.used, res.evaluations, res.levels)
+
+    monkeypatch.setattr(tslrs.BoundedSLRS, "round", lossy)
+    yield
+
+
+@pytest.mark.slow
+def test_sampled_law_of_first_two_tokens(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    target, tt, *_ = unpack(AUDIT_PAIR, toks, models)
+    prompt = "import os\n"
+    law = exact_two_token_law(target, tt, prompt)
+    assert len(law) <= TOP_K * TOP_K
+    assert_law_matches(law, sampled_two_tokens(AUDIT_PAIR, toks, models, prompt, seed=3), alpha=ALPHA, eps=EPS,
+                       power=POWER)
+
+
+@pytest.mark.slow
+def test_sampled_lossy_variant_is_rejected(toks: dict[str, Any], models: dict[str, Any], shallow_psi: None) -> None:
+    target, tt, *_ = unpack(AUDIT_PAIR, toks, models)
+    prompt = "import os\n"
+    law = exact_two_token_law(target, tt, prompt)
+    with pytest.raises(AssertionError, match="rejected"):
+        assert_law_matches(law, sampled_two_tokens(AUDIT_PAIR, toks, models, prompt, seed=4), alpha=ALPHA, eps=EPS,
+                           power=POWER)
