@@ -97,8 +97,12 @@ METHODS = ("ar", "sd", "tli", "slem", "slrs")
 @dataclass
 class RowStats:
     """What generating one prompt cost. Forward passes count the calls in which this row had a
-    token to feed; ``*_positions`` the tokens it fed, ``*_recomputed`` those fed again after a
-    rollback (rejected or re-synced context). ``wall_time`` is the whole batch's time (seconds)."""
+    token to feed; ``*_positions`` the tokens it fed; ``*_recomputed`` the fed tokens whose
+    position the model had computed before, with whatever id: the correction token at a rejected
+    draft's position (the target), drafter tokens from the first one a re-sync changed onward, and
+    the last id fed again for its logits when the cache already held the whole context. So
+    ``positions - recomputed`` is the context length each model reached, and ``recomputed`` is
+    what rollbacks cost. ``wall_time`` is the whole batch's time (seconds)."""
 
     target_calls: int = 0
     drafter_calls: int = 0
