@@ -165,6 +165,7 @@ class DrafterBytes:
         column[torch.tensor(ids, dtype=torch.long)] = torch.arange(len(ids))
         self.ids = torch.tensor(ids, dtype=torch.long, device=device)
         self.data = data.to(device)
+        self.first = data[:, 0].clamp(min=0).to(device)
         self.length = length.to(device)
         self.column = column.to(device)
 
@@ -181,21 +182,49 @@ class DrafterBytes:
         return db
 
 
-def walk_pairs(trie: TargetTrie, start: Tensor, best: Tensor, col: Tensor,
-               db: DrafterBytes) -> tuple[Tensor, Tensor, Tensor]:
+def walk_pairs(trie: TargetTrie, start: Tensor, best: Tensor, col: Tensor, db: DrafterBytes,
+               group: Tensor | None = None, group_start: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """For pairs ``i`` of (a text whose trie state is ``start[i]`` and whose longest target-token
     prefix is ``best[i]`` (-1: none), the drafter id in column ``col[i]`` of ``db``): the text
     extended by that id's bytes. Returns ``prop [P]`` (the longest target token prefixing the
     extended text, lowest id among equal bytes), ``end [P]`` (its trie state, -1 once it left the
-    trie) and ``settled [P]`` (it is not a proper prefix of any target token's bytes). One
-    ``searchsorted`` per byte position over the pairs still in the trie."""
+    trie) and ``settled [P]`` (it is not a proper prefix of any target token's bytes). The first
+    byte is a gather from a 256-wide child table per start state (``group [P]`` indexes the
+    distinct states ``group_start``, when the caller knows them); the pairs still in the trie then
+    take one ``searchsorted`` per byte position."""
     p = start.shape[0]
     state = start.clone()
     prop = best.clone()
     active = torch.arange(p, device=start.device)
     length = db.length.index_select(0, col)
     nkeys = trie.keys.shape[0]
-    for j in range(db.data.shape[1]):
+    if nkeys and p:
+        # first byte: a dense 256-wide child table per distinct start state (a gather, not a search);
+        # most pairs leave the trie here, the few others go on with searchsorted below
+        if group is None or group_start is None:
+            starts, inv = torch.unique(start, return_inverse=True)
+        else:
+            starts, inv = group_start, group
+        lo = torch.searchsorted(trie.keys, starts * 256)
+        hi = torch.searchsorted(trie.keys, starts * 256 + 256)
+        cnt = hi - lo
+        table = torch.full((starts.shape[0], 256), -1, dtype=torch.long, device=start.device)
+        if int(cnt.sum()):
+            owner = torch.repeat_interleave(torch.arange(starts.shape[0], device=start.device), cnt)
+            idx = torch.arange(int(cnt.sum()), device=start.device) - torch.repeat_interleave(cnt.cumsum(0) - cnt, cnt) \
+                + lo.index_select(0, owner)
+            table[owner, trie.keys.index_select(0, idx) - starts.index_select(0, owner) * 256] = trie.child.index_select(0, idx)
+        child = table[inv, db.first.index_select(0, col)]
+        state = child  # every drafter token has at least one byte
+        t = trie.term.index_select(0, child.clamp(min=0))
+        hit = (child >= 0) & (t >= 0)
+        prop = torch.where(hit, t, prop)
+        found = child >= 0
+        active, col, length = active[found], col[found], length[found]
+        first = 1
+    else:
+        first = 0
+    for j in range(first, db.data.shape[1]):
         going = length > j
         if not bool(going.all()):
             active, col, length = active[going], col[going], length[going]
@@ -339,6 +368,8 @@ class RoundResult:
 class BoundedSLRS:
     """The bounded procedure's round (module docstring) for a target/drafter pair of tokenizers."""
 
+    _root_walks: dict[tuple[int, int], tuple[TargetTrie, DrafterBytes, tuple[Tensor, Tensor, Tensor]]] = {}
+
     def __init__(self, target: TokenText, drafter: TokenText, lookahead: int, min_path_prob: float | None,
                  greedy: bool, device: torch.device) -> None:
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
@@ -358,6 +389,22 @@ class BoundedSLRS:
         from .generate import _EosLast
         self.order = _EosLast(drafter.eos_id, drafter.vocab_size, device)
         self.vt = target.vocab_size
+        key = (id(self.trie), id(self.db))
+        hit = BoundedSLRS._root_walks.get(key)
+        if hit is None or hit[0] is not self.trie or hit[1] is not self.db:
+            nt = self.db.ids.shape[0]
+            walked = walk_pairs(self.trie, torch.zeros(nt, dtype=torch.long, device=device),
+                                torch.full((nt,), -1, dtype=torch.long, device=device),
+                                torch.arange(nt, device=device), self.db)
+            if len(BoundedSLRS._root_walks) > 8:
+                BoundedSLRS._root_walks.clear()
+            hit = BoundedSLRS._root_walks[key] = (self.trie, self.db, walked)
+        self.root_walk: tuple[Tensor, Tensor, Tensor] = hit[2]
+
+    def _psi_counts(self, stop: Tensor, settled: Tensor, w: Tensor, depth: int) -> Tensor:
+        """Which stopping children psi counts: all of them. A hook for the deliberately lossy
+        variant of the tests only (a psi that ignores the paths pruned by ``min_path_prob``)."""
+        return stop
 
     def round(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
               extend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> RoundResult:
@@ -426,11 +473,16 @@ class BoundedSLRS:
             for ci, (pn, pc, first) in enumerate(chunks):
                 if pn.numel() == 0:
                     continue
-                prop, end, settled = walk_pairs(trie, state.index_select(0, pn), best.index_select(0, pn), pc, db)
+                if depth == 1:  # every node is a root: the walk from the root, computed once per pair of vocabularies
+                    prop, end, settled = (x.index_select(0, pc) for x in self.root_walk)
+                else:
+                    prop, end, settled = walk_pairs(trie, state.index_select(0, pn), best.index_select(0, pn), pc, db,
+                                                    pn, state)
                 w = path.index_select(0, pn) * laws[pn, db.ids.index_select(0, pc)]
                 stop = (settled | (w < tau)) if depth < k else torch.ones_like(settled)
                 if not self.greedy:
-                    psi.view(-1).index_add_(0, node_row.index_select(0, pn) * vt + prop, torch.where(stop, w, zero))
+                    counted = self._psi_counts(stop, settled, w, depth)
+                    psi.view(-1).index_add_(0, node_row.index_select(0, pn) * vt + prop, torch.where(counted, w, zero))
                 grow = ~stop & (w > 0)
                 gidx = torch.cumsum(grow.long(), 0) - 1 + offset
                 if self.greedy:
