@@ -6,7 +6,9 @@
 * :mod:`hsd_torch.vocab`: exact byte strings of Hugging Face tokenizer ids and the drafter/target
   :class:`~hsd_torch.vocab.VocabBridge` (intersection index tensors, additive pushforward).
 * :mod:`hsd_torch.tiny`: tiny tokenizers (and models) built locally, for tests and quick starts.
-* :func:`hsd_torch.generate`: speculative generation (AR, SD, TLI, SLEM) over Hugging Face models,
+* :mod:`hsd_torch.slrs`: bounded SLRS over real vocabularies (psi level by level, one batched drafter
+  pass per level; byte-trie proposal map), used by ``generate(method="slrs", ...)``.
+* :func:`hsd_torch.generate`: speculative generation (AR, SD, TLI, SLEM, SLRS) over Hugging Face models,
   batched with KV caches (:mod:`hsd_torch.generate`); :class:`hsd_torch.CoreModel` presents a model
   and tokenizer as an ``hsd_core`` model for the mirror tests (:mod:`hsd_torch.mirror`).
 
@@ -14,7 +16,7 @@ Install a CPU torch explicitly first (``pip install torch==2.13.0``), then ``pip
 ".[torch]"``; on a GPU machine bring your own CUDA torch.
 """
 
-from . import kernels, vocab
+from . import kernels, slrs, vocab
 from .kernels import Verified, exact_match_verify, rejection_verify, sample
 from .vocab import Restricted, VocabBridge, token_bytes
 from .generate import GenerateOutput, RowStats, generate
@@ -23,5 +25,5 @@ from .mirror import CoreModel
 __all__ = [
     "CoreModel", "GenerateOutput", "RowStats", "generate",
     "Restricted", "Verified", "VocabBridge", "exact_match_verify", "kernels", "rejection_verify", "sample",
-    "token_bytes", "vocab",
+    "slrs", "token_bytes", "vocab",
 ]
