@@ -166,6 +166,11 @@ class DrafterBytes:
         self.ids = torch.tensor(ids, dtype=torch.long, device=device)
         self.data = data.to(device)
         self.first = data[:, 0].clamp(min=0).to(device)
+        # the columns grouped by first byte: group b is order[gstart[b] : gstart[b] + gcount[b]]
+        self.order = torch.argsort(data[:, 0].clamp(min=0), stable=True).to(device)
+        gcount = torch.bincount(data[:, 0].clamp(min=0), minlength=256)
+        self.gcount = gcount.to(device)
+        self.gstart = (gcount.cumsum(0) - gcount).to(device)
         self.length = length.to(device)
         self.column = column.to(device)
 
@@ -401,6 +406,26 @@ class BoundedSLRS:
             hit = BoundedSLRS._root_walks[key] = (self.trie, self.db, walked)
         self.root_walk: tuple[Tensor, Tensor, Tensor] = hit[2]
 
+    def _continuing(self, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Pairs (node, drafter column) whose first byte is a child byte of the node's trie state."""
+        trie, db, dev = self.trie, self.db, self.device
+        lo = torch.searchsorted(trie.keys, state * 256)
+        cnt = torch.searchsorted(trie.keys, state * 256 + 256) - lo
+        total = int(cnt.sum())
+        if total == 0:
+            e = torch.zeros(0, dtype=torch.long, device=dev)
+            return e, e
+        owner = torch.repeat_interleave(torch.arange(state.shape[0], device=dev), cnt)
+        idx = torch.arange(total, device=dev) - torch.repeat_interleave(cnt.cumsum(0) - cnt, cnt) \
+            + lo.index_select(0, owner)
+        byte = trie.keys.index_select(0, idx) - state.index_select(0, owner) * 256
+        gc = db.gcount.index_select(0, byte)
+        n_pairs = int(gc.sum())
+        pn = torch.repeat_interleave(owner, gc)
+        within = torch.arange(n_pairs, device=dev) - torch.repeat_interleave(gc.cumsum(0) - gc, gc)
+        pc = db.order.index_select(0, torch.repeat_interleave(db.gstart.index_select(0, byte), gc) + within)
+        return pn, pc
+
     def _psi_counts(self, stop: Tensor, settled: Tensor, w: Tensor, depth: int) -> Tensor:
         """Which stopping children psi counts: all of them. A hook for the deliberately lossy
         variant of the tests only (a psi that ignores the paths pruned by ``min_path_prob``)."""
@@ -459,7 +484,7 @@ class BoundedSLRS:
                 wn = torch.tensor([cur[r] for r, _ in want], dtype=torch.long, device=dev)
                 wc = torch.tensor([key % nt for _, key in want], dtype=torch.long, device=dev)
                 chunks = [(wn, wc, 0)]
-            else:
+            elif depth == 1:
                 n_nodes = laws.shape[0]
                 step = max(1, _CHUNK // max(nt, 1))
                 chunks = []
@@ -467,6 +492,16 @@ class BoundedSLRS:
                     b = min(n_nodes, a + step)
                     chunks.append((torch.arange(a, b, device=dev).repeat_interleave(nt),
                                    torch.arange(nt, device=dev).repeat(b - a), a * nt))
+            else:
+                # deeper nodes' texts are proper prefixes of target tokens: a child whose first byte
+                # leaves the trie at once stops (settled) with the node's own longest prefix, so its
+                # mass is added in one sum; only ids starting with one of the node's child bytes are walked
+                text_mass = laws.index_select(1, db.ids).sum(1)
+                pn, pc = self._continuing(state)
+                cont = torch.zeros_like(text_mass).index_add_(0, pn, laws[pn, db.ids.index_select(0, pc)])
+                leave = path * (text_mass - cont).clamp(min=0)
+                psi.view(-1).index_add_(0, node_row * vt + best, leave)
+                chunks = [(pn, pc, -1)]
             grown: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
             offset = 0
             decided: dict[int, tuple[bool, int, int]] = {}  # row -> (stops, proposal, next index)
@@ -488,6 +523,16 @@ class BoundedSLRS:
                 if self.greedy:
                     loc = list(range(len(want)))
                     rows_here = [r for r, _ in want]
+                elif first < 0:  # sparse pairs: find the rows' own children by key
+                    keys, perm = torch.sort(pn * nt + pc)
+                    wk = torch.tensor([key for _, key in want], dtype=torch.long, device=dev)
+                    at = torch.searchsorted(keys, wk).clamp(max=keys.shape[0] - 1)
+                    hit_l = (keys.index_select(0, at) == wk).tolist()
+                    rows_here, loc = [], []
+                    for (r, _), h, a in zip(want, hit_l, perm.index_select(0, at).tolist()):
+                        if h:
+                            rows_here.append(r)
+                            loc.append(a)
                 else:
                     rows_here, loc = [], []
                     for r, key in want:
@@ -507,7 +552,7 @@ class BoundedSLRS:
                 if d == eos_d:
                     proposal[r] = int(e_prop[cur[r]])
                     continue
-                stops, pr, gi = decided[r]
+                stops, pr, gi = decided.get(r, (True, int(best[cur[r]]), -1))  # not walked: left the trie
                 if stops:
                     proposal[r] = pr
                 else:
