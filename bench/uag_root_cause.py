@@ -2,7 +2,7 @@
 speculative decoding (``do_sample=True``, different tokenizers) on the tiny pair of
 ``bench/audit_transformers.py``.
 
-    python bench/uag_root_cause.py [--draws M] [--patched] [--orders K]
+    python bench/uag_root_cause.py [--draws M] [--patched] [--orders K] [--top-k K]
 
 A. Column order: which target id a draft from pruned head column j becomes (``get_target_ids``)
    and which target id column j's logit is written to (``get_target_logits``), by calling both.
@@ -15,7 +15,8 @@ C. The translator cache: a second, fresh assistant with the same tokenizer objec
 D. (``--orders K``) the unpatched TV over K random column orders, and the audit's misses on the
    lowest-TV 1% of them (n=1000, positions=1: the size of the CI test).
 
-``--patched`` installs ``bench/transformers_uag_patch.py`` first.
+``--patched`` installs ``bench/transformers_uag_patch.py`` first; ``--top-k K`` samples with top-k K
+in B (default 0: the full vocabulary).
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ def fresh_pair() -> tuple[Any, Any, Any, Any]:
     return target, tt, tiny.tiny_gpt2(dt, seed=1), dt
 
 
-def generate(target: Any, tt: Any, drafter: Any, dt: Any, seed: int) -> list[int]:
+def generate(target: Any, tt: Any, drafter: Any, dt: Any, seed: int, top_k: int = 0) -> list[int]:
     torch.manual_seed(seed)
     x = tt(PROMPT, return_tensors="pt")
     with torch.inference_mode():
         out = target.generate(**x, assistant_model=drafter, tokenizer=tt, assistant_tokenizer=dt, max_new_tokens=2,
-                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+                              do_sample=True, temperature=1.0, top_k=top_k, top_p=1.0)
     return [int(t) for t in out[0, x["input_ids"].shape[1]:]]
 
 
@@ -56,10 +57,11 @@ def tv(a: np.ndarray, b: np.ndarray) -> float:
     return 0.5 * float(np.abs(a - b).sum())
 
 
-def null_q95(law: np.ndarray, m: int, rng: np.random.Generator) -> float:
-    """95th percentile of the plug-in TV of m draws from ``law`` itself."""
+def null_share(law: np.ndarray, m: int, observed: float, rng: np.random.Generator) -> str:
+    """How often m draws from ``law`` itself show a plug-in TV >= ``observed`` (400 simulations)."""
     law = law / law.sum()
-    return float(np.quantile(0.5 * np.abs(rng.multinomial(m, law, size=400) / m - law).sum(axis=1), 0.95))
+    sims = 0.5 * np.abs(rng.multinomial(m, law, size=400) / m - law).sum(axis=1)
+    return f"{float(np.mean(sims >= observed)):.0%}"
 
 
 class Recorder:
@@ -124,7 +126,8 @@ def column_agreement(tt: Any, dt: Any, vsize: int, drafter: Any) -> tuple[int, i
 def first_token_law(p: np.ndarray, d: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Exact law of the first new token of a round with one draft from ``d``, accepted with
     probability min(1, p/q), else a token from norm((p - q)+) (``_speculative_sampling``)."""
-    acc = np.minimum(1.0, np.divide(p, q, out=np.full_like(p, np.inf), where=q > 0))
+    # p/q as torch computes it: q = 0 gives inf (accepted) when p > 0 and nan (rejected) when p = 0
+    acc = np.where(q > 0, np.minimum(1.0, np.divide(p, q, out=np.zeros_like(p), where=q > 0)), (p > 0) * 1.0)
     keep = d * acc
     resid = np.clip(p - q, 0, None)
     out: np.ndarray = keep + (1 - keep.sum()) * resid / resid.sum()
@@ -171,11 +174,12 @@ def order_study(target: Any, tt: Any, p: np.ndarray, col_law: np.ndarray, col_to
 def main() -> None:
     draws = int(sys.argv[sys.argv.index("--draws") + 1]) if "--draws" in sys.argv else 3000
     patched = "--patched" in sys.argv
+    top_k = int(sys.argv[sys.argv.index("--top-k") + 1]) if "--top-k" in sys.argv else 0
     orders = int(sys.argv[sys.argv.index("--orders") + 1]) if "--orders" in sys.argv else 0
     torch.set_num_threads(1)
     if patched:
         transformers_uag_patch.apply_patch()
-    print(f"transformers {__import__('transformers').__version__}; "
+    print(f"transformers {__import__('transformers').__version__}; top_k {top_k}; "
           f"{'PATCHED (bench/transformers_uag_patch.py)' if patched else 'unpatched'}; prompt {PROMPT!r}")
 
     # A. column order, by calling the translator's own methods
@@ -206,12 +210,12 @@ def main() -> None:
     drafted: list[int] = []
     with Recorder() as rec:
         for s in range(draws):
-            first.append(generate(target, tt, drafter, dt, s)[0])
+            first.append(generate(target, tt, drafter, dt, s, top_k)[0])
     r0 = rec.rounds[0]
     plen = r0["prompt_len"]
     rounds = [r for r in rec.rounds if r["prompt_len"] == plen]   # first rounds (second rounds have longer inputs)
     drafted = [r["draft"][0] for r in rounds]
-    same = max(float(np.abs(r["scores"][0] - r0["scores"][0]).max()) for r in rounds)
+    same = max(float(np.abs(softmax(r["scores"][0]) - softmax(r0["scores"][0])).max()) for r in rounds)
     trans = r0["translator"]
     col_law = softmax(r0["scores"][0])                  # the assistant's processed law over its pruned columns
     col_to_target = trans._assistant_to_target_input_ids[trans.assistant_overlap_token_ids].numpy()
@@ -221,21 +225,24 @@ def main() -> None:
     x = tt(PROMPT, return_tensors="pt")
     with torch.inference_mode():
         logits = target(**x).logits[0, -1].float()      # as _assisted_decoding: float32
+    if top_k:                                           # TopKLogitsWarper: keep logits >= the k-th largest
+        logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[-1], float("-inf"))
     p = torch.softmax(logits, -1).double().numpy()
     law = first_token_law(p, d, q)                      # exact law of the first new token (one draft per round)
-    keep = d * np.minimum(1.0, np.divide(p, q, out=np.full_like(p, np.inf), where=q > 0))
+    keep = d * np.where(q > 0, np.minimum(1.0, np.divide(p, q, out=np.zeros_like(p), where=q > 0)), (p > 0) * 1.0)
     rng = np.random.default_rng(0)
     emp_d = np.bincount(drafted, minlength=vsize) / len(drafted)
     emp_f = np.bincount(first, minlength=vsize) / len(first)
-    print(f"\nB. first round, {len(rounds)} instrumented draws (assistant scores identical across draws up to {same:.1e})")
-    print(f"   TV(law the drafts are drawn from, q of the acceptance test) = {tv(d, q):.4f}")
-    print(f"   drafted target ids: empirical TV to the draft law {tv(emp_d, d):.4f}, to q {tv(emp_d, q):.4f} "
-          f"(a sample of the law itself shows up to {null_q95(d, len(drafted), rng):.4f})")
-    print(f"   exact law of the first new token: TV to the target's p = {tv(law, p):.4f}; "
+    print(f"\nB. first round, {len(rounds)} instrumented draws (assistant's law identical across draws up to {same:.1e})")
+    print(f"   TV(law the drafts are drawn from, q of the acceptance test) = {tv(d, q):.2g}")
+    print(f"   drafted target ids: empirical TV to the draft law {tv(emp_d, d):.4f} (draws from that law show as much "
+          f"in {null_share(d, len(drafted), tv(emp_d, d), rng)} of simulations), to q {tv(emp_d, q):.4f} "
+          f"({null_share(q, len(drafted), tv(emp_d, q), rng)})")
+    print(f"   exact law of the first new token: TV to the target's p = {tv(law, p):.2g}; "
           f"acceptance probability {keep.sum():.4f}")
-    print(f"   emitted first tokens: empirical TV to that law {tv(emp_f, law):.4f} (a sample of it shows up to "
-          f"{null_q95(law, len(first), rng):.4f}), to p {tv(emp_f, p):.4f} (a sample of p shows up to "
-          f"{null_q95(p, len(first), rng):.4f})")
+    print(f"   emitted first tokens: empirical TV to that law {tv(emp_f, law):.4f} "
+          f"({null_share(law, len(first), tv(emp_f, law), rng)}), to p {tv(emp_f, p):.4f} "
+          f"({null_share(p, len(first), tv(emp_f, p), rng)})")
     worst = np.argsort(-(law - p))[:3]
     print("   most over-produced first tokens (exact law vs p): " + ", ".join(
         f"{int(t)} {tt.convert_ids_to_tokens(int(t))!r} {law[t]:.4f} vs {p[t]:.4f}" for t in worst))
