@@ -183,6 +183,27 @@ def test_mirror_many_prompts(pair: str, k: int, tau: float, toks: dict[str, Any]
     check_mirror(pair, PROMPTS, toks, models, k, tau, 10)
 
 
+def test_mirror_with_a_sliding_drafter_window(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """A drafter with 12 positions: tree nodes that would outgrow them are run without the cache on
+    the backend's window of the full context (the mirror's ``CoreModel(window=True)``)."""
+    target, tt = models["llama_bpe"], toks["byte_bpe"]
+    dt = toks["unigram"]
+    drafter = tiny.tiny_gpt2(dt, seed=1, n_positions=12, dtype=torch.float64)
+    prompts = ["def foo(x):\n    return x + 1\n", "import os\nimport sys\n"]
+    assert max(len(TokenText(dt, len(dt)).prompt_ids(p)) for p in prompts) > 12
+    out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs", lookahead=K,
+                   min_path_prob=TAU, proposal_map="longest_prefix", max_new_tokens=8, seed=5, record_uniforms=True)
+    assert out.uniforms is not None
+    ct = CoreModel(target, tt)
+    ref_method = SLRS(lookahead=K, min_path_prob=TAU, proposal_map="longest_prefix")
+    for i, prompt in enumerate(prompts):
+        cd = CoreModel(drafter, dt, prompt=prompt, window=True)
+        rand = UniformRand(out.uniforms[i])
+        assert ct.tokenizer.to_hf(ref_method.generate(ct, cd, core_text(prompt), 8, rng=rand)) == out.sequences[i]
+        assert rand.used == len(out.uniforms[i])
+    assert sum(st.drafter_calls - st.target_calls for st in out.stats) > 0, "no tree level ran"
+
+
 # ---------------------------------------------------------------------------------------------
 # greedy
 
