@@ -36,13 +36,15 @@ class Row:
 def default_methods() -> list[Method]:
     """The methods ``hsd audit`` checks, in order."""
     return [AR(), SD(lookahead=2), SLEM(lookahead=2), TLI(lookahead=2), SLRS(lookahead=2),
-            SLRS(lookahead=2, max_tokens=None), SLEM(lookahead=2, greedy=True),
+            SLRS(lookahead=2, max_tokens=None),
+            SLRS(lookahead=3, min_path_prob=0.05, proposal_map="longest_prefix"), SLEM(lookahead=2, greedy=True),
             TLI(lookahead=2, greedy=True), SLRS(lookahead=2, greedy=True)]
 
 
 def label(m: Method) -> str:
-    """A short display name (``TLI``, ``TLI/greedy``, ``variant:tli_raw_q`` ...)."""
-    return m.name + ("/greedy" if m.greedy else "")
+    """A short display name (``TLI``, ``TLI/greedy``, ``SLRS/bounded``, ``variant:tli_raw_q`` ...)."""
+    bounded = isinstance(m, SLRS) and m.bounded
+    return m.name + ("/bounded" if bounded else "") + ("/greedy" if m.greedy else "")
 
 
 def audit_row(m: Method, world: Worldlet, name: str | None = None) -> Row:
@@ -149,7 +151,10 @@ def _add_impl_arguments(p: argparse.ArgumentParser) -> None:
     a("--samples", type=int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
     a("--positions", type=int, default=2, help="new tokens audited (default 2)")
     a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
-    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem (default tli)")
+    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem, slrs (default tli)")
+    a("--min-path-prob", type=float, default=None, metavar="TAU", help="hsd_torch bounded SLRS's probability stop")
+    a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
+      help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
     a("--lookahead", type=int, default=2, help="hsd_torch drafts per round (default 2)")
     a("--temperature", type=float, default=1.0)
     a("--top-k", type=int, default=None)

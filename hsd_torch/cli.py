@@ -36,12 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--drafter", metavar="DIR", help="drafter checkpoint folder (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
-    a("--method", default="tli", choices=METHODS, help="default tli (slrs needs --lookahead 1)")
+    a("--method", default="tli", choices=METHODS,
+      help="default tli; slrs: --lookahead 1, or any lookahead with --proposal-map longest_prefix and "
+           "--min-path-prob TAU (bounded SLRS)")
     a("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     a("--prompts-file", metavar="FILE", help="one prompt per line (\\n escapes are expanded)")
     a("--max-new-tokens", type=int, default=64, metavar="N", help="default 64")
     a("--lookahead", type=int, default=None, metavar="K", help="drafts per round (default 4; 1 for slrs)")
     a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
+    a("--min-path-prob", type=float, default=None, metavar="TAU",
+      help="bounded SLRS: stop drafting a path below this drafter probability")
+    a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
+      help="SLRS's map from drafted text to the proposed target id (bounded SLRS: longest_prefix)")
     a("--temperature", type=float, default=1.0)
     a("--top-k", type=int, default=None)
     a("--top-p", type=float, default=None)
@@ -169,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=args.method,
                        lookahead=lookahead, max_new_tokens=args.max_new_tokens, do_sample=not args.greedy,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                       progress=bar)
+                       progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map)
     except (ValueError, NotImplementedError, TypeError) as e:
         if bar is not None:
             bar.close()
