@@ -362,3 +362,55 @@ def test_sampled_lossy_variant_is_rejected(toks: dict[str, Any], models: dict[st
     with pytest.raises(AssertionError, match="rejected"):
         assert_law_matches(law, sampled_two_tokens(AUDIT_PAIR, toks, models, AUDIT_PROMPT, seed=4), alpha=ALPHA,
                            eps=EPS, power=POWER)
+
+
+# ---------------------------------------------------------------------------------------------
+# real tokenizers (slow): GPT-2 (byte-level BPE, 50k) <- LLaMA (SentencePiece, byte fallback, 32k)
+
+
+@pytest.fixture(scope="module")
+def real_pair() -> tuple[Any, Any]:
+    from hsd_torch import real_tokenizers
+
+    why = real_tokenizers.available()
+    if why.get("gpt2") or why.get("llama"):
+        pytest.skip(f"real tokenizers unavailable: {why}")
+    return real_tokenizers.load("gpt2"), real_tokenizers.load("llama")
+
+
+@pytest.mark.slow
+def test_real_tokenizers_trie_walk_and_psi(real_pair: tuple[Any, Any]) -> None:
+    """On GPT-2 <- LLaMA: the trie walk equals the core map on 2,000 random drafter ids after 20
+    texts, and psi (drafter top-k 200, so that the core's enumeration is affordable; the backend
+    still walks every id) equals the core's psi with the same evaluations."""
+    tg, tl = real_pair
+    target = tiny.tiny_gpt2(tg, seed=0, dtype=torch.float64, head_std=6.0)
+    drafter = tiny.tiny_llama(tl, seed=1, dtype=torch.float64, head_std=6.0)
+    tt, dt = TokenText.get(tg, width(target)), TokenText.get(tl, width(drafter))
+    trie, db = tslrs.TargetTrie(tt), tslrs.DrafterBytes(dt)
+    prompts = ["def foo(x):\n", "Hello world", " naïve café"]
+    cores = [(CoreModel(target, tg, prompt=p), CoreModel(drafter, tl, prompt=p, top_k=200)) for p in prompts]
+    pmap = LongestPrefixMap(cores[0][0].vocab)
+    rng = np.random.default_rng(1)
+    cols = torch.tensor(rng.choice(db.ids.shape[0], 2000, replace=False))
+    strings = [b for b in tt.bytes_of if b is not None and len(b) > 2]
+    for s in [b""] + [strings[i][:j] for i in rng.choice(len(strings), 19, replace=False) for j in (1, 2)][:19]:
+        state, best = 0, -1
+        for c in s:
+            state = int(trie.child[(trie.keys == state * 256 + c).nonzero()[0, 0]])
+            best = int(trie.term[state]) if int(trie.term[state]) >= 0 else best
+        n = cols.shape[0]
+        prop, _, settled = tslrs.walk_pairs(trie, torch.full((n,), state), torch.full((n,), best), cols, db)
+        for i, d in enumerate(db.ids.index_select(0, cols).tolist()):
+            full = (s + (dt.bytes_of[d] or b"")).decode("latin-1")
+            assert int(prop[i]) == cores[0][0].tokenizer.to_hf(pmap.parse(full, 1))[0], (s, d)
+            assert bool(settled[i]) == pmap.settled(full, 1), (s, d)
+    res = tslrs.first_round(tg, width(target), drafter, tl, prompts, lookahead=3, min_path_prob=0.02, top_k=200)
+    assert max(res.evaluations) > 1
+    for r, (prompt, (ct, cd)) in enumerate(zip(prompts, cores)):
+        ps = SLRS(lookahead=3, min_path_prob=0.02, proposal_map="longest_prefix").psi(ct, cd,
+                                                                                      State(core_text(prompt), (), 4))
+        want = np.asarray(ps.first(len(ct.vocab)), dtype=np.float64)
+        got = res.psi[r, torch.tensor(ct.tokenizer.hf_ids)].numpy()
+        assert np.abs(got - want).max() < 1e-12, prompt
+        assert res.evaluations[r] == ps.evaluations, prompt
