@@ -258,20 +258,12 @@ def tiny_llama(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, 
                dtype: Any = None) -> Any:
     """A random-init ``LlamaForCausalLM`` (RoPE, grouped-query attention) over ``tokenizer`` with
     a peaked, untied head; same conventions as :func:`tiny_gpt2`."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    v = len(tokenizer) if vocab_size is None else int(vocab_size)
-    if v < len(tokenizer):
-        raise ValueError(f"vocab_size {v} is smaller than the tokenizer's {len(tokenizer)} ids")
-    cfg = LlamaConfig(vocab_size=v, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-                      num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
-                      tie_word_embeddings=False, **_special_ids(tokenizer))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg)
-    return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
+    return _tiny_rope_lm(LlamaConfig, LlamaForCausalLM, tokenizer, seed, vocab_size, head_std, dtype,
+                         num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings)
 
 
 def tiny_qwen2(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, num_hidden_layers: int = 2,
@@ -280,19 +272,26 @@ def tiny_qwen2(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, 
                dtype: Any = None) -> Any:
     """A random-init ``Qwen2ForCausalLM`` (RoPE, grouped-query attention with q/k/v biases) over
     ``tokenizer`` with a peaked, untied head; same conventions as :func:`tiny_gpt2`."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _tiny_rope_lm(Qwen2Config, Qwen2ForCausalLM, tokenizer, seed, vocab_size, head_std, dtype,
+                         num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings)
+
+
+def _tiny_rope_lm(config_cls: Any, model_cls: Any, tokenizer: Any, seed: int, vocab_size: int | None,
+                  head_std: float, dtype: Any, **shape: int) -> Any:
+    """The Llama-family model of ``model_cls`` with the given shape (shared by tiny_llama/qwen2)."""
+    import torch
 
     v = len(tokenizer) if vocab_size is None else int(vocab_size)
     if v < len(tokenizer):
         raise ValueError(f"vocab_size {v} is smaller than the tokenizer's {len(tokenizer)} ids")
-    cfg = Qwen2Config(vocab_size=v, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-                      num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
-                      tie_word_embeddings=False, **_special_ids(tokenizer))
+    cfg = config_cls(vocab_size=v, tie_word_embeddings=False, **shape, **_special_ids(tokenizer))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(cfg)
+        model = model_cls(cfg)
     return _finish(model, tokenizer, head_std, seed, torch.float32 if dtype is None else dtype)
 
 
