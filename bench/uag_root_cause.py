@@ -14,6 +14,7 @@ B. Laws of the first round (one draft, then the target's bonus / residual token)
 C. The translator cache: a second, fresh assistant with the same tokenizer objects.
 D. (``--orders K``) the unpatched TV over K random column orders, and the audit's misses on the
    lowest-TV 1% of them (n=1000, positions=1: the size of the CI test).
+E. ``max_new_tokens=1``: how many calls draft at all (the last new token is never drafted).
 
 ``--patched`` installs ``bench/transformers_uag_patch.py`` first; ``--top-k K`` samples with top-k K
 in B (default 0: the full vocabulary).
@@ -44,11 +45,11 @@ def fresh_pair() -> tuple[Any, Any, Any, Any]:
     return target, tt, tiny.tiny_gpt2(dt, seed=1), dt
 
 
-def generate(target: Any, tt: Any, drafter: Any, dt: Any, seed: int, top_k: int = 0) -> list[int]:
+def generate(target: Any, tt: Any, drafter: Any, dt: Any, seed: int, top_k: int = 0, new: int = 2) -> list[int]:
     torch.manual_seed(seed)
     x = tt(PROMPT, return_tensors="pt")
     with torch.inference_mode():
-        out = target.generate(**x, assistant_model=drafter, tokenizer=tt, assistant_tokenizer=dt, max_new_tokens=2,
+        out = target.generate(**x, assistant_model=drafter, tokenizer=tt, assistant_tokenizer=dt, max_new_tokens=new,
                               do_sample=True, temperature=1.0, top_k=top_k, top_p=1.0)
     return [int(t) for t in out[0, x["input_ids"].shape[1]:]]
 
@@ -274,6 +275,12 @@ def main() -> None:
     print(f"   20 sampled generate calls with it: {ok} ran; errors: {errors or 'none'}")
     generate(target, tt, drafter, dt, 0)
     print("   the first assistant still runs")
+    # E. the last new token is never drafted: with max_new_tokens=1 UAG samples the target alone
+    with Recorder() as rec1:
+        for s in range(20):
+            generate(target, tt, drafter, dt, s, new=1)
+    print(f"\nE. max_new_tokens=1: first rounds with a draft in 20 sampled calls: {len(rec1.rounds)} "
+          f"(max_new_tokens=2: {len(rounds[:20])} of the first 20 in B)")
     if orders:
         order_study(target, tt, p, col_law, col_to_target, law, orders)
 
