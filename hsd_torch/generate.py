@@ -85,6 +85,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from ._cache import IdentityCache
 from .slrs import BoundedSLRS, slrs_options
 from .text import TokenText
 from .vocab import VocabBridge
@@ -437,7 +438,7 @@ class FirstTargetMap:
     id add up). Built with one batched tokenizer call over the ids whose text is valid UTF-8 and
     :meth:`TokenText.encode` for the rest (partial characters)."""
 
-    _cache: dict[tuple[int, int, int, int, str], tuple[Any, Any, FirstTargetMap]] = {}
+    _cache: IdentityCache[FirstTargetMap] = IdentityCache()
 
     def __init__(self, tt: TokenText, dt: TokenText, device: torch.device) -> None:
         vd = dt.vocab_size
@@ -468,15 +469,8 @@ class FirstTargetMap:
     @classmethod
     def get(cls, tt: TokenText, dt: TokenText, device: torch.device) -> FirstTargetMap:
         """The map for this pair of tokenizers (built once per pair, widths and device)."""
-        key = (id(tt.tokenizer), id(dt.tokenizer), tt.vocab_size, dt.vocab_size, str(device))
-        hit = cls._cache.get(key)
-        if hit is not None and hit[0] is tt.tokenizer and hit[1] is dt.tokenizer:
-            return hit[2]
-        m = cls(tt, dt, device)
-        if len(cls._cache) > 8:
-            cls._cache.clear()
-        cls._cache[key] = (tt.tokenizer, dt.tokenizer, m)
-        return m
+        return cls._cache.get((tt.tokenizer, dt.tokenizer), (tt.vocab_size, dt.vocab_size, str(device)),
+                              lambda: cls(tt, dt, device))
 
     def psi(self, law: Tensor) -> Tensor:
         """``law [R, Vd]`` -> psi ``[R, Vt]``: the law of the first target id of the draft's text."""

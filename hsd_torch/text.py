@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ._cache import IdentityCache
 from .vocab import token_bytes
 
 __all__ = ["TokenText"]
@@ -64,22 +65,15 @@ class TokenText:
         n = len(with_special) - len(plain)
         self.prefix: list[int] = with_special[:n] if n > 0 and with_special[n:n + len(plain)] == plain else []
 
-    _cache: dict[tuple[int, int, int | None, int], tuple[Any, TokenText]] = {}
+    _cache: IdentityCache[TokenText] = IdentityCache(16)
 
     @classmethod
     def get(cls, tokenizer: Any, vocab_size: int) -> TokenText:
         """``TokenText(tokenizer, vocab_size)``, built once per tokenizer object (and its length and
         EOS, so a tokenizer that gained tokens is rebuilt): building reads the whole vocabulary
         (milliseconds at 4k ids, more at 150k), which a call of ``generate`` must not pay again."""
-        key = (id(tokenizer), vocab_size, getattr(tokenizer, "eos_token_id", None), len(tokenizer))
-        hit = cls._cache.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-        text = cls(tokenizer, vocab_size)
-        if len(cls._cache) > 16:
-            cls._cache.clear()
-        cls._cache[key] = (tokenizer, text)
-        return text
+        key = (vocab_size, getattr(tokenizer, "eos_token_id", None), len(tokenizer))
+        return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
 
     def _encode_str(self, s: str) -> list[int]:
         if self._backend is not None:
