@@ -10,7 +10,10 @@
   (duplicates allowed), for mirroring ``hsd_core`` toy vocabularies.
 
 Trained tokenizers come back as ``PreTrainedTokenizerFast`` with ``<unk>``, ``<s>``, ``</s>``,
-``<pad>`` at ids 0..3 (special, out of band). Training is deterministic for a given corpus.
+``<pad>`` at ids 0..3 (special, out of band). Byte-level BPE and BPE training is deterministic
+for a given corpus; the ``tokenizers`` Unigram trainer is not (its vocabulary differs from process
+to process, also with one thread), so a Unigram tokenizer is the same only within one process
+(:func:`tiny_tokenizer` caches it there). Save it (``save_pretrained``) where runs must share it.
 """
 
 from __future__ import annotations
