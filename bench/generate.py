@@ -326,7 +326,7 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="hsd_torch vs transformers and AR on bench/pair.py's pair")
-    ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens, batches 1 and 4, 2 repeats")
+    ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
     ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT), help="a bench/pair.py build (built if missing)")
     ap.add_argument("--fast-pair", action="store_true", help="build a barely trained pair if missing (tests)")
     ap.add_argument("--prompts", type=int, default=16)
@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots there")
     args = ap.parse_args(argv)
     if args.quick:
-        args.prompts, args.new, args.repeats = min(args.prompts, 4), min(args.new, 32), min(args.repeats, 2)
-        args.batches = ",".join(b for b in args.batches.split(",") if int(b) <= 4)
+        args.prompts, args.new, args.repeats = min(args.prompts, 3), min(args.new, 24), min(args.repeats, 2)
+        args.batches = ",".join(sorted({str(min(int(b), args.prompts)) for b in args.batches.split(",")}, key=int))
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     root = pairmod.ensure_pair(args.pair, fast=args.fast_pair)

@@ -78,18 +78,23 @@ def texts(files: list[Path]) -> list[str]:
 
 
 def prompts(n: int, *, lines: int = 6, seed: int = 0, held_out: bool = True) -> list[str]:
-    """``n`` prompts of ``lines`` consecutive whole lines each (ending with a newline), from random
-    places of the held-out files (``held_out=False``: of the training files). Deterministic."""
+    """``n`` prompts from random places of the tables of the held-out files (``held_out=False``: of
+    the training files): ``lines`` whole lines, then the next table line up to its ``->``, e.g.
+    ``...\n    '\\xe9'     #  0xE9 ->``, so that a prompt ends at a token boundary of both tokenizers
+    (a prompt ending in ``\n`` would cut the ``\n    `` token that both BPEs use inside a table, and
+    both models then predict the end of the table). The continuation starts with a character name.
+    Deterministic."""
     train, held = codec_files()
     rng = random.Random(seed)
     out = []
     src = [t.splitlines(keepends=True) for t in texts(held if held_out else train)]
     while len(out) < n:
         ls = src[rng.randrange(len(src))]
-        i = rng.randrange(0, len(ls) - lines)
-        p = "".join(ls[i:i + lines])
-        if p.strip():
-            out.append(p)
+        i = rng.randrange(0, len(ls) - lines - 1)
+        nxt = ls[i + lines]
+        if " -> " not in nxt:
+            continue
+        out.append("".join(ls[i:i + lines]) + nxt[:nxt.index(" -> ") + 3])
     return out
 
 
@@ -169,8 +174,10 @@ def sample_texts(model: Any, tok: Any, seeds: list[str], *, new: int, batch: int
     return out
 
 
-def build(out: Path, *, fast: bool = False, log: Any = print) -> dict[str, Any]:
-    """Train the tokenizers and the three models and save them under ``out``; returns build.json's dict."""
+def build(out: Path, *, fast: bool = False, log: Any = print, reuse_target: bool = False) -> dict[str, Any]:
+    """Train the tokenizers and the three models and save them under ``out``; returns build.json's dict.
+    ``reuse_target``: keep the target (and tokenizers) already saved in ``out``, retrain the drafters
+    (its time is added to the recorded target training time)."""
     import torch
 
     from hsd_torch.tiny import train_byte_bpe
@@ -192,10 +199,21 @@ def build(out: Path, *, fast: bool = False, log: Any = print) -> dict[str, Any]:
     log(f"tokenizers: target {len(tt)} ids, drafter {len(dt)} ids; corpus {len(t_data)} / {len(d_data)} tokens "
         f"({time.perf_counter() - t_start:.0f} s)")
     steps = {"target": 6, "distill_seeds": 8, "drafter": 6} if fast else \
-        {"target": 900, "distill_seeds": 256, "drafter": 1000}
+        {"target": 900, "distill_seeds": 256, "drafter": 2500}
     info["steps"] = steps
-    target = _gpt2(tt, 4, 256, 4, seed=0).to(dev)
-    info["loss_target"] = train(target, t_data, steps=steps["target"], lr=2e-3, seed=0, log=log, name="target")[-50:]
+    if reuse_target:
+        from transformers import AutoModelForCausalLM
+
+        old = json.loads((out / "build.json").read_text())
+        target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).to(dev)
+        info["loss_target"], info["target_seconds"] = old["loss_target"], old["target_seconds"]
+        info["reused_target_from_build_of"] = old.get("build_seconds")
+    else:
+        t1 = time.perf_counter()
+        target = _gpt2(tt, 4, 256, 4, seed=0).to(dev)
+        info["loss_target"] = train(target, t_data, steps=steps["target"], lr=2e-3, seed=0, log=log,
+                                    name="target")[-50:]
+        info["target_seconds"] = round(time.perf_counter() - t1, 1)
     # distillation text: the trained target's own samples after seeds from the training files
     rng = random.Random(1)
     seeds = []
@@ -211,7 +229,7 @@ def build(out: Path, *, fast: bool = False, log: Any = print) -> dict[str, Any]:
     log(f"distillation text: {len(distill)} target samples, {info['distill_chars']} chars "
         f"({time.perf_counter() - t1:.0f} s)")
     # the drafters see the corpus and the target's samples (the samples repeated to about half the data)
-    reps = max(1, round(0.5 * sum(map(len, docs)) / max(1, info["distill_chars"])))
+    reps = max(1, round(1.0 * sum(map(len, docs)) / max(1, info["distill_chars"])))
     mix = docs + distill * reps
     drafter = _gpt2(dt, 2, 128, 2, seed=1).to(dev)
     info["loss_drafter"] = train(drafter, _stream(dt, mix), steps=steps["drafter"], seed=1, log=log,
@@ -223,7 +241,7 @@ def build(out: Path, *, fast: bool = False, log: Any = print) -> dict[str, Any]:
         (out / name).mkdir(parents=True, exist_ok=True)
         m.to("cpu").save_pretrained(out / name)
         tok.save_pretrained(out / name)
-    info["build_seconds"] = round(time.perf_counter() - t_start, 1)
+    info["build_seconds"] = round(time.perf_counter() - t_start + (info["target_seconds"] if reuse_target else 0), 1)
     (out / "build.json").write_text(json.dumps(info, indent=1))
     log(f"built {out} in {info['build_seconds']:.0f} s")
     return info
@@ -319,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--fast", action="store_true", help="a barely trained pair in seconds (tests)")
     ap.add_argument("--check", action="store_true", help="only measure acceptance of an existing build")
+    ap.add_argument("--drafters-only", action="store_true", help="keep the built target, retrain the drafters")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
     args = ap.parse_args(argv)
@@ -327,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
     if not args.check:
-        build(out, fast=args.fast)
+        build(out, fast=args.fast, reuse_target=args.drafters_only)
     pair = load_pair(out)
     print(json.dumps(describe(pair)))
     print(json.dumps(check_acceptance(pair, n_prompts=args.prompts, new=args.new)))
