@@ -7,7 +7,10 @@ tokenizer=tt, assistant_tokenizer=dt, ...)`` (universal assisted generation; wit
 tokenizer, plain assisted generation), seeded by ``torch.manual_seed(seed)`` per draw; its law is
 the target's plain law (no id removed), and ``top_k`` unset is passed as ``top_k=0`` (transformers
 otherwise applies its default top-k 50). ``--impl hsd_torch`` samples :func:`hsd_torch.generate`
-(``--method``), whose law removes ids without text (``mask_textless=True``).
+(``--method``), whose law removes ids without text (``mask_textless=True``). Both are asked for
+one token more than ``--positions`` (the audit reads the first ``--positions``), so that every
+audited token comes out of a round with room to draft: transformers drafts nothing for the last
+new token, so ``--positions 1`` with ``max_new_tokens=1`` would audit no speculation at all.
 """
 
 from __future__ import annotations
@@ -42,13 +45,13 @@ class _Sampler:
             from .generate import generate
 
             ids = generate(self.target, self.drafter, prompt, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
-                           method=a.method, lookahead=a.lookahead, max_new_tokens=a.positions,
+                           method=a.method, lookahead=a.lookahead, max_new_tokens=a.positions + 1,
                            do_sample=not a.greedy, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                            seed=seed, min_path_prob=a.min_path_prob, proposal_map=a.proposal_map).sequences[0]
         else:
             torch.manual_seed(seed)
             x = self.tt(prompt, return_tensors="pt")
-            kw: dict[str, Any] = {"max_new_tokens": a.positions, "do_sample": not a.greedy}
+            kw: dict[str, Any] = {"max_new_tokens": a.positions + 1, "do_sample": not a.greedy}
             if not a.greedy:
                 kw.update(temperature=a.temperature, top_k=a.top_k or 0, top_p=1.0 if a.top_p is None else a.top_p)
             if self.dt is not None:

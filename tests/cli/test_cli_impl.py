@@ -76,3 +76,36 @@ def test_lossy_exits_non_zero(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsy
 def test_missing_argument(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t")]) == 2
     assert "--drafter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("impl", ["hsd_torch", "transformers"])
+def test_asks_for_one_token_more_than_it_audits(ckpt: Path, impl: str, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers drafts nothing for the last new token: the samplers are asked for
+    ``--positions + 1`` tokens so that the audited ones come out of rounds with room to draft."""
+    import sys
+
+    from transformers.generation.utils import GenerationMixin
+
+    seen: list[int] = []
+    if impl == "hsd_torch":
+        g = sys.modules["hsd_torch.generate"]
+        real = g.generate
+
+        def spy(*a: Any, **kw: Any) -> Any:
+            seen.append(kw["max_new_tokens"])
+            return real(*a, **kw)
+
+        monkeypatch.setattr(g, "generate", spy)
+    else:
+        real_hf = GenerationMixin.generate
+
+        def spy_hf(self: Any, *a: Any, **kw: Any) -> Any:
+            if "assistant_model" in kw:  # the audited call (not the assistant's own drafting calls)
+                seen.append(kw["max_new_tokens"])
+            return real_hf(self, *a, **kw)
+
+        monkeypatch.setattr(GenerationMixin, "generate", spy_hf)
+    assert main(args(ckpt, impl, "--samples", "20", "--positions", "1")) in (0, 1)
+    capsys.readouterr()
+    assert seen and set(seen) == {2}
