@@ -7,7 +7,8 @@ The pair is ``bench/pair.py``'s (its module doc says what it is: a narrow codec-
 distilled drafter with a smaller byte-level BPE, a target inflated with zero-branch blocks), the
 prompts are held out from its training. One thread, one process, every configuration run once per
 repeat on the same prompts, so each ratio below is taken inside one repeat; min and median over the
-repeats are reported.
+repeats are reported. The configurations run in a new random order each repeat (seeded), so that
+the slow phases of a shared machine do not always hit the same ones.
 
 Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, lookahead 1):
 
@@ -45,6 +46,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -371,12 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         t1 = time.perf_counter()
         res: dict[str, dict[str, Any]] = {}
-        for impl, m, mode, b in cfgs:
+        order = list(cfgs)
+        random.Random(r).shuffle(order)  # a new order each repeat: slow phases of a shared machine hit all alike
+        for impl, m, mode, b in order:
             res[key(impl, m, mode, b)] = (bench.run_hsd(m, mode, b, seed=r) if impl == "hsd"
                                           else bench.run_hf(m, mode, seed=r))
             if r == 0 and mode == "greedy":
                 greedy[key(impl, m, mode, b)] = bench.last_sequences
-        runs.append(res)
+        runs.append({key(*c): res[key(*c)] for c in cfgs})
         print(f"repeat {r + 1}/{args.repeats}: {time.perf_counter() - t1:.0f} s", flush=True)
     summary = summarize(runs)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
