@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the end-to-end benchmark on CUDA (issue 13, section 3); it also runs, smaller, on CPU.
 #
-#   bash bench/gpu.sh [OUT_DIR]          # default OUT_DIR: bench_gpu_results/<date>
+#   bash bench/gpu.sh [OUT_DIR]          # default OUT_DIR: .cache/bench_gpu/<date> (gitignored)
 #
 # On CUDA: bfloat16, batches 1, 16, 64 (64 held-out prompts x 64 new tokens; batch 1 on the first 8),
 # 2 repeats, the target inflated to 40 blocks (bench/pair.py). The pair is built first if
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-OUT=${1:-bench_gpu_results/$(date -u +%Y%m%dT%H%M%SZ)}
+OUT=${1:-.cache/bench_gpu/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
