@@ -22,6 +22,10 @@ The costs (drafter rows, wall time) do not depend on training.
    drafts per proposed, tokens per target call, drafter rows per round.
 4. The curve over min_path_prob at lookahead 4: rows, psi time, and the exact first-position
    acceptance sum_t min(p(t), psi(t)) (from the target's own law; no sampling noise).
+5. Multi-token proposals (``max_tokens=None``: every target id read off the drafted text, each
+   verified against psi given the ones before) against one token per round, bounded SLRS at
+   lookahead 4 and min_path_prob 0.05, on the aligned pairs: tokens per target pass, drafter rows
+   and time per round. ``--multi`` runs this section alone.
 """
 
 from __future__ import annotations
@@ -194,8 +198,12 @@ def row_cost_ms(drafter: Any, batch: int = 512) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer prompts and pairs (a smoke run)")
+    ap.add_argument("--multi", action="store_true", help="section 5 only (multi-token proposals)")
+    ap.add_argument("--prompts", type=int, default=None, metavar="N", help="the first N prompts only")
     args = ap.parse_args()
     prompts = PROMPTS[:4] if args.quick else PROMPTS
+    if args.prompts is not None:
+        prompts = prompts[:args.prompts]
     pairs = [("qwen", "gpt2"), ("gpt2", "llama"), ("o200k", "cl100k"), ("byte_bpe", "unigram")]
     if args.quick:
         pairs = pairs[-1:] + pairs[:1]
@@ -209,6 +217,9 @@ def main() -> None:
         mods[f"d:{b}:{i}"] = model(toks[b], 20 + i)
     print(f"tiny GPT-2 (2 layers, d=64, random init, head_std {HEAD_STD}), float32, 1 thread; {len(prompts)} prompts; "
           f"torch {torch.__version__}\n")
+    if args.multi:
+        multi_section(pairs, toks, prompts)
+        return
 
     print("## 1. psi cost per round (bounded, longest_prefix, min_path_prob 0.05; first state of each prompt)\n")
     print("| pair (target <- drafter) | k | rows mean / max | levels max | root pass ms | psi ms (median / max) "
@@ -297,6 +308,33 @@ def main() -> None:
                 accs.append(float(torch.minimum(law, psi).sum()))
             print(f"| {a} <- {b} | {kind} | {tau_} | {statistics.mean(rows):.1f} / {max(rows)} | {statistics.median(psis):.1f} "
                   f"| {statistics.mean(accs):.4f} |")
+    multi_section(pairs, toks, prompts)
+
+
+def multi_section(pairs: list[tuple[str, str]], toks: dict[str, Any], prompts: list[str]) -> None:
+    """Section 5: bounded SLRS (lookahead 4, min_path_prob 0.05) with max_tokens=None vs 1 on the
+    aligned pairs (the models of section 3's 'aligned' rows, rebuilt with the same seeds)."""
+    print("\n## 5. multi-token proposals: max_tokens=None vs 1 (bounded, lookahead 4, min_path_prob 0.05, "
+          "aligned models, 32 new tokens per prompt)\n")
+    print("| pair | max_tokens | proposed / round | accepted / proposed | tokens / target call "
+          "| drafter rows / round | ms / round |")
+    print("|---|---|---|---|---|---|---|")
+    for i, (a, b) in enumerate(pairs):
+        t, d = model(toks[a], 10 + i), model(toks[b], 20 + i)
+        align(t, toks[a], d, toks[b], seed=i)
+        for mt in (1, None):
+            out = generate(t, d, prompts, target_tokenizer=toks[a], drafter_tokenizer=toks[b], method="slrs",
+                           lookahead=4, min_path_prob=0.05, proposal_map="longest_prefix", max_tokens=mt,
+                           max_new_tokens=32, seed=1)
+            acc = sum(s.accepted for s in out.stats)
+            prop = sum(s.proposed for s in out.stats)
+            calls = sum(s.target_calls for s in out.stats)
+            new = sum(s.new_tokens for s in out.stats)
+            rows = sum(s.drafter_positions for s in out.stats)
+            wall = out.stats[0].wall_time
+            print(f"| {a} <- {b} | {mt} | {prop / calls:.2f} | {acc / max(prop, 1):.3f} ({acc}/{prop}) "
+                  f"| {new / calls:.3f} | {rows / calls:.1f} | {wall * 1e3 / max(calls / len(prompts), 1):.1f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ from typing import Any
 METHODS = ("ar", "sd", "tli", "slem", "slrs")
 
 
+def _max_tokens(text: str) -> int | None:
+    """``--max-tokens``: an int >= 1, or ``all`` (None: up to the budget)."""
+    if text.lower() in ("all", "none"):
+        return None
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsd generate",
                                 description="Lossless speculative generation over local Hugging Face checkpoints.")
@@ -48,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="bounded SLRS: stop drafting a path below this drafter probability")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
       help="SLRS's map from drafted text to the proposed target id (bounded SLRS: longest_prefix)")
+    a("--max-tokens", type=_max_tokens, default=1, metavar="M",
+      help="bounded SLRS: target ids proposed per round, each verified against psi given the ones before "
+           "(default 1; 'all': up to the budget)")
     a("--temperature", type=float, default=1.0)
     a("--top-k", type=int, default=None)
     a("--top-p", type=float, default=None)
@@ -175,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=args.method,
                        lookahead=lookahead, max_new_tokens=args.max_new_tokens, do_sample=not args.greedy,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                       progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map)
+                       progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map,
+                       max_tokens=args.max_tokens)
     except (ValueError, NotImplementedError, TypeError) as e:
         if bar is not None:
             bar.close()

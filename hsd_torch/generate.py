@@ -26,7 +26,8 @@ Methods (names as in :mod:`hsd_core.methods`; each round is one target forward p
   With ``proposal_map="longest_prefix"`` and ``min_path_prob=tau`` (any lookahead): the bounded
   SLRS of issue 11, ``hsd_core``'s ``SLRS(lookahead, min_path_prob=tau,
   proposal_map="longest_prefix")``, psi computed level by level with one batched drafter pass
-  per level (:mod:`hsd_torch.slrs`). Deeper lookaheads without them are refused
+  per level (:mod:`hsd_torch.slrs`); ``max_tokens=m`` (None: the budget) proposes up to m target ids
+  per round. Deeper lookaheads without them are refused
   (``NotImplementedError``: psi would enumerate every drafter path).
 
 The law every method is lossless for is the target's **processed** law (:func:`process_logits`):
@@ -68,8 +69,11 @@ Every draw (inverse CDF, and argmax ties) reads a law's columns in ``hsd_core``'
 increasing with EOS moved last (:class:`_EosLast`); with the tokenizer's order (EOS at id 2, say)
 the same uniform would pick another token than the reference.
 
-Not implemented: multi-token SLRS (``max_tokens > 1``) and SLRS's re-tokenizing proposal map beyond
-lookahead 1 (issue 11; :mod:`hsd_torch.slrs`).
+Multi-token SLRS (``max_tokens`` > 1 or None) runs only with the bounded procedure: the proposal is
+the first ``min(max_tokens, budget)`` target ids read off the drafted text, position ``j`` verified
+against psi conditioned on the first ``j`` (``hsd_core``'s ``PsiLaw.conditional``;
+:meth:`hsd_torch.slrs.BoundedSLRS.round_multi`). Not implemented: SLRS's re-tokenizing proposal map
+beyond lookahead 1 (issue 11; :mod:`hsd_torch.slrs`).
 """
 
 from __future__ import annotations
@@ -483,16 +487,32 @@ def _bounded_slrs_round(bounded: BoundedSLRS, drun: _Runner, last: Tensor, activ
                         d_ctx: Sequence[Sequence[int]], d_uniforms: Sequence[Sequence[float]],
                         drafter_probs: Callable[[Tensor], Tensor], drafts_t: list[list[int]], n_d: list[int],
                         q_steps: list[Tensor], record: Callable[[int, Sequence[float]], None], greedy: bool,
-                        vt: int) -> list[int]:
+                        vt: int, budget: Sequence[int]) -> list[int]:
     """One bounded SLRS round (:class:`hsd_torch.slrs.BoundedSLRS`) for the active rows, whose
     root contexts ``drun`` just fed (``last``: their logits): fills each row's proposal, its psi
-    and the uniforms it read; returns the per-row draft counts for the generic drafting loop (zeros:
-    nothing left to draft)."""
+    (multi-token: the conditional psi of each position) and the uniforms it read; returns the
+    per-row draft counts for the generic drafting loop (zeros: nothing left to draft)."""
     from .slrs import TreeCache
 
     rows = [i for i, a in enumerate(active) if a]
     ridx = torch.tensor(rows, dtype=torch.long, device=last.device)
     tree = TreeCache(drun, rows, [d_ctx[i] for i in rows], bounded.k)
+    if bounded.max_tokens != 1:
+        mt = bounded.max_tokens
+        multi = bounded.round_multi(
+            drafter_probs(last.index_select(0, ridx)), None if greedy else [d_uniforms[i] for i in rows],
+            lambda parent, tokens, node_row: drafter_probs(tree.extend(parent, tokens, node_row)),
+            [budget[i] if mt is None else min(mt, budget[i]) for i in rows])
+        for j in range(multi.conditionals.shape[1]):
+            q_full = multi.conditionals.new_zeros(len(active), vt)
+            q_full[ridx] = multi.conditionals[:, j]
+            q_steps.append(q_full)
+        for r, i in enumerate(rows):
+            drafts_t[i].extend(multi.proposals[r])
+            n_d[i] = len(multi.proposals[r])
+            if not greedy:
+                record(i, d_uniforms[i][:multi.used[r]])
+        return [0] * len(active)
     res = bounded.round(drafter_probs(last.index_select(0, ridx)), None if greedy else [d_uniforms[i] for i in rows],
                         lambda parent, tokens, node_row: drafter_probs(tree.extend(parent, tokens, node_row)))
     q_full = res.psi.new_zeros(len(active), vt)
@@ -557,6 +577,7 @@ def generate(
     progress: Callable[[int], None] | None = None,
     min_path_prob: float | None = None,
     proposal_map: str | None = None,
+    max_tokens: int | None = 1,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -565,7 +586,9 @@ def generate(
     its own special prefix (a BOS; an empty prompt starts from the BOS) and no other special
     token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring; "slrs" beyond
     ``lookahead=1`` needs ``proposal_map="longest_prefix"`` and ``min_path_prob``, the bounded
-    procedure's probability stop; greedy needs no stop); ``lookahead``: drafts per round; ``lookbehind``: SLEM's re-tokenization
+    procedure's probability stop; greedy needs no stop; ``max_tokens``: bounded SLRS's proposed target ids per
+    round, verified against psi conditioned on the ones before, None: up to the budget); ``lookahead``: drafts
+    per round; ``lookbehind``: SLEM's re-tokenization
     look-behind (SLRS uses 0); ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
     ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
     (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
@@ -580,7 +603,10 @@ def generate(
     t_start = time.perf_counter()
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    slrs_bounded = method == "slrs" and slrs_options(lookahead, min_path_prob, proposal_map, not do_sample)
+    if max_tokens != 1 and method != "slrs":
+        raise ValueError(f"max_tokens is an option of method 'slrs', got max_tokens={max_tokens!r} with {method!r}")
+    slrs_bounded = method == "slrs" and slrs_options(lookahead, min_path_prob, proposal_map, not do_sample,
+                                                     max_tokens)
     if isinstance(prompts, str):
         prompts = [prompts]
     prompts = list(prompts)
@@ -662,7 +688,8 @@ def generate(
         d_order = _EosLast(dt.eos_id, vd, dev)
         if method == "slrs":
             first_t = FirstTargetMap.get(tt, dt, dev)
-            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev) if slrs_bounded else None
+            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev,
+                                  max_tokens=max_tokens) if slrs_bounded else None
     t_order = _EosLast(tt.eos_id, vt, dev)
 
     def record(i: int, values: Sequence[float]) -> None:
@@ -702,7 +729,7 @@ def generate(
             last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
             if bounded is not None:  # bounded SLRS (hsd_torch/slrs.py): psi level by level, drafting inside
                 k = _bounded_slrs_round(bounded, drun, last, active, d_ctx, d_uniforms, drafter_probs, drafts_t,
-                                        n_d, q_steps, record, greedy, vt)
+                                        n_d, q_steps, record, greedy, vt, budget)
             for j in range(max(k)):
                 probs = drafter_probs(last)  # [B, Vd]
                 if method == "tli":

@@ -32,9 +32,22 @@ Greedy: only the argmax path is walked (psi is a point mass).
 Cost per round and prompt: at most ``1 + (k - 1) / tau`` drafter rows (``k`` passes), whatever the
 vocabularies; :data:`MAX_PSI_ROWS` bounds that promise up front (a larger one is refused).
 
-Not here: ``max_tokens > 1`` (conditional psi of multi-token proposals) and the
-``"retokenize"`` proposal map beyond lookahead 1 (it needs a tokenizer call per leaf, i.e. per
-drafter id per node); ``generate`` refuses both with a clear message.
+Multi-token proposals (``max_tokens=m`` > 1 or None, :meth:`BoundedSLRS.round_multi`):
+``hsd_core``'s ``SLRS(lookahead=k, max_tokens=m, min_path_prob=tau, proposal_map="longest_prefix")``.
+Drafting also stops when the first ``min(m, budget)`` target ids of the text are settled, and the
+proposal is those ids read off the text (:func:`parse_pairs`: the greedy longest-prefix parse of
+many texts at once, with where the settled ids end), the target's EOS appended after the drafter's.
+A node's text splits into ids already settled and a rest (empty or a proper prefix of a target
+token); each child's proposal is the node's settled ids followed by the parse of (rest + its
+bytes). Every stopping child's proposal tuple and mass are kept; once the row's own proposal
+``X`` is drawn, position ``j`` gets psi conditioned on ``X[:j]`` (``PsiLaw.conditional``: the
+mass of the kept tuples that start with ``X[:j]`` and go on, by their ``j``-th id), and
+``generate`` verifies the tuple with :func:`hsd_torch.kernels.rejection_verify`. Same cost bound
+(every expanded node has path probability ``>= tau``), more nodes expanded (the text must settle
+several ids), and every child of every node is parsed (no first-byte shortcut).
+
+Not here: the ``"retokenize"`` proposal map beyond lookahead 1 (it needs a tokenizer call per
+leaf, i.e. per drafter id per node); ``generate`` refuses it with a clear message.
 """
 
 from __future__ import annotations
@@ -49,8 +62,8 @@ from torch import Tensor
 from . import kernels
 from .text import TokenText
 
-__all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "DrafterBytes", "RoundResult", "TargetTrie", "TreeCache", "psi_bound",
-           "slrs_options", "walk", "walk_pairs"]
+__all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "DrafterBytes", "MultiRoundResult", "RoundResult", "TargetTrie", "TreeCache",
+           "parse_pairs", "psi_bound", "slrs_options", "walk", "walk_pairs"]
 
 MAX_PSI_ROWS = 4096
 """The largest psi cost bound ``1 + (k - 1) / tau`` (drafter rows per prompt per round) that
@@ -60,17 +73,27 @@ in memory, and it is refused."""
 _CHUNK = 1 << 22
 """Children (node x drafter id) handled per vectorized step: bounds the memory of one level."""
 
+_CHUNK_MULTI = 1 << 20
+"""The same for multi-token proposals (each child keeps its proposal tuple until the round ends)."""
+
 
 def psi_bound(lookahead: int, min_path_prob: float) -> float:
     """The bound on drafter rows per round (``proofs/slrs_bounded.md``, Lemma 3)."""
     return 1 + (lookahead - 1) / min_path_prob
 
 
-def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str | None, greedy: bool) -> bool:
+def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str | None, greedy: bool,
+                 max_tokens: int | None = 1) -> bool:
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
     lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
     name what would make psi finish."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+    if max_tokens != 1 and proposal_map != "longest_prefix":
+        raise NotImplementedError(
+            f"method 'slrs' with max_tokens={max_tokens!r} needs the bounded procedure (proposal_map='longest_prefix' "
+            "and min_path_prob=tau, issue 11): multi-token proposals with the re-tokenizing map are not implemented")
     if proposal_map not in (None, "retokenize", "longest_prefix"):
         raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
     if min_path_prob is not None and (isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float))
@@ -357,6 +380,158 @@ class TreeCache:
     _cached_index: Tensor
 
 
+_NEVER = 1 << 40
+"""``f`` of :func:`parse_pairs` for a text whose first ``limit`` ids are settled."""
+
+
+def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor, col: Tensor, db: DrafterBytes,
+                limit: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The longest-prefix parse (``hsd_core``'s ``LongestPrefixMap.parse``) of many texts at once.
+
+    Text ``i`` is ``heads[node[i], :head_len[node[i]]]`` (bytes, ``heads [N, H]`` padded) followed by
+    the bytes of drafter column ``col[i]`` of ``db`` (nothing when ``col[i] < 0``); at most
+    ``limit[i]`` ids are read off it. Returns ``ids [P, W]`` (-1 padding), ``n [P]`` (ids read),
+    ``f [P]`` and ``fpos [P]``: ``f`` is the first ``j < limit`` at which the rest of the text
+    (after the first ``j`` ids) is empty or a proper prefix of a target token, i.e. the first ``f``
+    ids are settled and the ``f+1``-th is not (``LongestPrefixMap.settled(text, m)`` iff
+    ``f >= m``; :data:`_NEVER` when the first ``limit`` are settled), and ``fpos`` the byte offset
+    of that rest. One vectorized step per byte walked (``searchsorted`` over the trie's keys); a
+    pair leaves the loop once its ``limit`` ids are read or its text is used up."""
+    dev = node.device
+    p_n = node.shape[0]
+    nkeys = trie.keys.shape[0]
+    lh = head_len.index_select(0, node)
+    ld = torch.where(col >= 0, db.length.index_select(0, col.clamp(min=0)), torch.zeros_like(col))
+    total = lh + ld
+    pos = torch.zeros(p_n, dtype=torch.long, device=dev)
+    walked = torch.zeros_like(pos)
+    st = torch.zeros_like(pos)
+    best = torch.full_like(pos, -1)
+    blen = torch.zeros_like(pos)
+    cnt = torch.zeros_like(pos)
+    f = torch.full_like(pos, _NEVER)
+    fpos = torch.zeros_like(pos)
+    columns: list[Tensor] = []  # the j-th id of every pair (-1: none), allocated as some pair reaches it
+    empty = (total == 0) & (limit > 0)
+    f[empty] = 0
+    act = torch.nonzero((total > 0) & (limit > 0)).flatten()
+    hw, dw = max(heads.shape[1], 1), max(db.data.shape[1], 1)
+    if heads.shape[1] == 0:
+        heads = torch.full((heads.shape[0], 1), -1, dtype=torch.long, device=dev)
+    while act.numel():
+        at = pos.index_select(0, act) + walked.index_select(0, act)
+        end = at >= total.index_select(0, act)
+        lha = lh.index_select(0, act)
+        hb = heads[node.index_select(0, act), at.clamp(max=hw - 1)]
+        dbyte = db.data[col.index_select(0, act).clamp(min=0), (at - lha).clamp(min=0, max=dw - 1)]
+        key = st.index_select(0, act) * 256 + torch.where(at < lha, hb, dbyte)
+        if nkeys:
+            kp = torch.searchsorted(trie.keys, key).clamp(max=nkeys - 1)
+            found = (trie.keys.index_select(0, kp) == key) & ~end
+            child = torch.where(found, trie.child.index_select(0, kp), torch.full_like(key, -1))
+        else:
+            found = torch.zeros_like(end)
+            child = torch.full_like(key, -1)
+        go = act[found]
+        if go.numel():
+            cg = child[found]
+            st[go] = cg
+            walked[go] += 1
+            tm = trie.term.index_select(0, cg)
+            hit = tm >= 0
+            best[go[hit]] = tm[hit]
+            blen[go[hit]] = walked[go[hit]]
+        fin = act[~found]
+        if fin.numel():
+            # the token starting at pos is decided: the walk left the trie, or the text ended (if
+            # there inside a proper prefix of a target token, the rest is not settled)
+            in_p = end[~found] & trie.has_child.index_select(0, st.index_select(0, fin))
+            newly = fin[in_p & (f.index_select(0, fin) == _NEVER)]
+            f[newly] = cnt[newly]
+            fpos[newly] = pos[newly]
+            b = best.index_select(0, fin)
+            if not bool((b >= 0).all()):
+                raise ValueError("a byte of a drafted text starts no target token (the longest-prefix map needs "
+                                 "every byte to be a target token)")
+            c = cnt.index_select(0, fin)
+            lo_c, hi_c = int(c.min()), int(c.max())
+            while len(columns) <= hi_c:
+                columns.append(torch.full((p_n,), -1, dtype=torch.long, device=dev))
+            if lo_c == hi_c:
+                columns[lo_c][fin] = b
+            else:
+                for cv in range(lo_c, hi_c + 1):
+                    at_c = c == cv
+                    columns[cv][fin[at_c]] = b[at_c]
+            pos[fin] += blen.index_select(0, fin)
+            cnt[fin] += 1
+            st[fin] = 0
+            walked[fin] = 0
+            best[fin] = -1
+            blen[fin] = 0
+            used_up = pos.index_select(0, fin) >= total.index_select(0, fin)
+            short = used_up & (cnt.index_select(0, fin) < limit.index_select(0, fin)) \
+                & (f.index_select(0, fin) == _NEVER)
+            fs = fin[short]
+            f[fs] = cnt[fs]
+            fpos[fs] = pos[fs]
+        keep = (pos.index_select(0, act) < total.index_select(0, act)) \
+            & (cnt.index_select(0, act) < limit.index_select(0, act))
+        act = act[keep]
+    ids = torch.stack(columns, dim=1) if columns else torch.full((p_n, 1), -1, dtype=torch.long, device=dev)
+    return ids, cnt, f, fpos
+
+
+@dataclass
+class MultiRoundResult:
+    """One bounded SLRS round with multi-token proposals for rows ``0..R-1``: ``proposals[r]`` (target
+    ids), ``conditionals [R, M, Vt]`` (float64; position ``j < len(proposals[r])``: psi of the
+    ``j+1``-th proposed id given the first ``j``, ``hsd_core``'s ``PsiLaw.conditional``; zeros
+    past the proposal), ``used``, ``evaluations``, ``levels`` as in :class:`RoundResult`."""
+
+    proposals: list[list[int]]
+    conditionals: Tensor
+    used: list[int]
+    evaluations: list[int]
+    levels: int
+
+
+def _pad_bytes(texts: Sequence[bytes], device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max((len(t) for t in texts), default=0)
+    out = torch.full((len(texts), max(width, 1)), -1, dtype=torch.long)
+    for i, t in enumerate(texts):
+        if t:
+            out[i, :len(t)] = torch.tensor(list(t), dtype=torch.long)
+    return out.to(device), torch.tensor([len(t) for t in texts], dtype=torch.long, device=device)
+
+
+def _join(prefix: Tensor, prefix_len: Tensor, node: Tensor, suffix: Tensor, suffix_len: Tensor,
+          cap: Tensor) -> tuple[Tensor, Tensor]:
+    """Per entry ``i``: ``prefix[node[i], :prefix_len[node[i]]] + suffix[i, :suffix_len[i]]`` cut
+    to ``cap[i]`` ids, as ``[E, W]`` (-1 padding) and the lengths."""
+    lu = prefix_len.index_select(0, node)
+    wu, ws = prefix.shape[1], suffix.shape[1]
+    if not bool((prefix_len > 0).any()):  # no prefix (the root level): the suffix, cut
+        n0 = torch.minimum(suffix_len, cap)
+        keep = torch.arange(ws, device=node.device).unsqueeze(0) < n0.unsqueeze(1)
+        return torch.where(keep, suffix, torch.full_like(suffix, -1)), n0
+    p = torch.arange(wu + ws, device=node.device).unsqueeze(0)
+    from_u = prefix.index_select(0, node).gather(1, p.clamp(max=wu - 1).expand(node.shape[0], -1))
+    from_s = suffix.gather(1, (p - lu.unsqueeze(1)).clamp(min=0, max=ws - 1))
+    n = torch.minimum(lu + suffix_len, cap)
+    full = torch.where(p < lu.unsqueeze(1), from_u, from_s)
+    return torch.where(p < n.unsqueeze(1), full, torch.full_like(full, -1)), n
+
+
+def _pad_ids(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+    return out.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+
+
 @dataclass
 class RoundResult:
     """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id), ``psi [R, Vt]``
@@ -374,9 +549,14 @@ class BoundedSLRS:
     """The bounded procedure's round (module docstring) for a target/drafter pair of tokenizers."""
 
     _root_walks: dict[tuple[int, int], tuple[TargetTrie, DrafterBytes, tuple[Tensor, Tensor, Tensor]]] = {}
+    _root_parses: dict[tuple[int, int], tuple[TargetTrie, DrafterBytes, tuple[Tensor, Tensor, Tensor, Tensor]]] = {}
 
     def __init__(self, target: TokenText, drafter: TokenText, lookahead: int, min_path_prob: float | None,
-                 greedy: bool, device: torch.device) -> None:
+                 greedy: bool, device: torch.device, max_tokens: int | None = 1) -> None:
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+        self.max_tokens = max_tokens
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
             raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
         if min_path_prob is not None and not 0 < min_path_prob <= 1:
@@ -575,6 +755,196 @@ class BoundedSLRS:
             psi[torch.arange(r_n, device=dev), torch.tensor(proposal, dtype=torch.long, device=dev)] = 1.0
         return RoundResult(proposal, psi, used, evals, levels)
 
+    def _given_prefix(self, same: Tensor, j: int) -> Tensor:
+        """Which kept proposals the conditional law at position ``j`` sums: those that agree with
+        the drawn proposal on its first ``j`` ids (``same``: the length of their common prefix). A
+        hook for the deliberately lossy variant of the tests only (the unconditional marginal)."""
+        return same >= j
+
+    def _root_parse(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:func:`parse_pairs` of every drafter token's text alone (no limit): once per pair of
+        vocabularies."""
+        key = (id(self.trie), id(self.db))
+        hit = BoundedSLRS._root_parses.get(key)
+        if hit is None or hit[0] is not self.trie or hit[1] is not self.db:
+            nt, dev = self.db.ids.shape[0], self.device
+            zeros = torch.zeros(nt, dtype=torch.long, device=dev)
+            parsed = parse_pairs(self.trie, torch.full((1, 1), -1, dtype=torch.long, device=dev), zeros[:1], zeros,
+                                 torch.arange(nt, device=dev), self.db, torch.full_like(zeros, _NEVER))
+            if len(BoundedSLRS._root_parses) > 8:
+                BoundedSLRS._root_parses.clear()
+            hit = BoundedSLRS._root_parses[key] = (self.trie, self.db, parsed)
+        return hit[2]
+
+    def round_multi(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
+                    extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int]) -> MultiRoundResult:
+        """The round with multi-token proposals: as :meth:`round`, with ``m[r]`` (``min(max_tokens,
+        budget)``) target ids proposed per row at most, the settled stop on the first ``m[r]`` ids.
+
+        A tree node's text splits into its settled ids ``u`` (final whatever is drafted next) and a
+        rest that is empty or a proper prefix of a target token; a child's proposal is ``u`` followed
+        by the parse of (rest + the child's bytes) (:func:`parse_pairs`, every child of every node
+        walked; the root level's parses are cached per pair of vocabularies). Every stopping child's
+        proposal tuple and path mass are kept; once the rows' own proposals are drawn, their
+        conditional laws are summed from those (:class:`MultiRoundResult`)."""
+        dev = self.device
+        db, trie, k, tau = self.db, self.trie, self.k, self.tau
+        r_n = root.shape[0]
+        eos_d, eos_t, vt = self.dt.eos_id, self.tt.eos_id, self.vt
+        m_t = torch.tensor(list(m), dtype=torch.long, device=dev)
+        proposals: list[list[int]] = [[] for _ in range(r_n)]
+        used = [0] * r_n
+        evals = [1] * r_n
+        laws = root.to(torch.float64)
+        node_row = torch.arange(r_n, device=dev)
+        path = torch.ones(r_n, dtype=torch.float64, device=dev)
+        settled_ids: list[list[int]] = [[] for _ in range(r_n)]  # per node: its settled ids u
+        rests: list[bytes] = [b""] * r_n  # per node: the rest of its text after u
+        cur = list(range(r_n))
+        nt = db.ids.shape[0]
+        levels = 1
+        kept: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (row, proposal [E, W], length, mass)
+        pos0 = torch.zeros(r_n, vt, dtype=torch.float64, device=dev)  # position 0: every proposal counts
+
+        def keep(rows: Tensor, full: Tensor, flen: Tensor, w: Tensor, known: Tensor) -> None:
+            """Add position 0 now; keep for later only the proposals of two ids or more that can
+            share the row's first id (``known[row]``: it, once known, else -1)."""
+            pos0.view(-1).index_add_(0, rows * vt + full[:, 0], w)
+            kn = known.index_select(0, rows)
+            same1 = ((kn < 0) | (full[:, 0] == kn)).long()
+            on = (flen >= 2) & self._given_prefix(same1, 1)
+            if bool(on.any()):
+                kept.append((rows[on], full[on], flen[on], w[on]))
+        for depth in range(1, k + 1):
+            n_nodes = laws.shape[0]
+            u_t, u_len = _pad_ids(settled_ids, dev)
+            mrem = m_t.index_select(0, node_row) - u_len
+            heads, head_len = _pad_bytes(rests, dev)
+            all_nodes = torch.arange(n_nodes, device=dev)
+            # each row's first proposed id where already known: drawn, or settled on its path
+            known = torch.tensor([proposals[r][0] if proposals[r] else
+                                  (settled_ids[cur[r]][0] if cur[r] >= 0 and settled_ids[cur[r]] else -1)
+                                  for r in range(r_n)], dtype=torch.long, device=dev)
+            # EOS children: the node's own text read off, then the target's EOS, cut to m
+            e_ids, e_n, _, _ = parse_pairs(trie, heads, head_len, all_nodes, torch.full_like(all_nodes, -1), db, mrem)
+            e_ids = torch.cat([e_ids, e_ids.new_full((n_nodes, 1), -1)], dim=1)
+            e_ids[all_nodes, e_n] = eos_t
+            e_full, e_len = _join(u_t, u_len, all_nodes, e_ids, e_n + 1, m_t.index_select(0, node_row))
+            if not self.greedy:
+                keep(node_row, e_full, e_len, path * laws[:, eos_d], known)
+            live = [r for r in range(r_n) if cur[r] >= 0]
+            cur_t = torch.tensor([cur[r] for r in live], dtype=torch.long, device=dev)
+            sel = self.order.law(laws.index_select(0, cur_t))
+            if not live:
+                picked = cur_t
+            elif self.greedy:
+                picked = self.order.to_id(torch.argmax(sel, dim=-1))
+            else:
+                assert uniforms is not None
+                u = torch.tensor([uniforms[r][depth - 1] for r in live], dtype=torch.float64, device=dev)
+                picked = self.order.to_id(kernels.sample(sel, u, check=False))
+                for r in live:
+                    used[r] += 1
+            picked_l = picked.tolist()
+            pcol_l = db.column.index_select(0, picked).tolist()
+            want = {r: cur[r] * nt + c for r, d, c in zip(live, picked_l, pcol_l) if d != eos_d}
+            if self.greedy:
+                wkeys = list(want.values())
+                chunks = [(torch.tensor([x // nt for x in wkeys], dtype=torch.long, device=dev),
+                           torch.tensor([x % nt for x in wkeys], dtype=torch.long, device=dev))]
+            else:
+                step = max(1, _CHUNK_MULTI // max(nt, 1))
+                chunks = [(torch.arange(a, min(n_nodes, a + step), device=dev).repeat_interleave(nt),
+                           torch.arange(nt, device=dev).repeat(min(n_nodes, a + step) - a))
+                          for a in range(0, n_nodes, step)]
+            grown: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []  # parent, column, mass, f, fpos
+            offset = 0
+            decided: dict[int, tuple[bool, list[int], int]] = {}  # row -> (stops, proposal, next index)
+            for pn, pc in chunks:
+                if pn.numel() == 0:
+                    continue
+                lim = mrem.index_select(0, pn)
+                if depth == 1:
+                    r_ids, r_n_ids, f, fpos = (x.index_select(0, pc) for x in self._root_parse())
+                    ids = torch.where(torch.arange(r_ids.shape[1], device=dev).unsqueeze(0) < lim.unsqueeze(1), r_ids,
+                                      torch.full_like(r_ids, -1))
+                    n_ids = torch.minimum(r_n_ids, lim)
+                else:
+                    ids, n_ids, f, fpos = parse_pairs(trie, heads, head_len, pn, pc, db, lim)
+                w = path.index_select(0, pn) * laws[pn, db.ids.index_select(0, pc)]
+                settled = f >= lim
+                stop = (settled | (w < tau)) if depth < k else torch.ones_like(settled)
+                full, flen = _join(u_t, u_len, pn, ids, n_ids, m_t.index_select(0, node_row.index_select(0, pn)))
+                if not self.greedy:
+                    counted = self._psi_counts(stop, settled, w, depth) & (w > 0)
+                    keep(node_row.index_select(0, pn)[counted], full[counted], flen[counted], w[counted], known)
+                grow = ~stop & (w > 0)
+                gidx = torch.cumsum(grow.long(), 0) - 1 + offset
+                first = int(pn[0]) * nt + int(pc[0])
+                for r, key in want.items():
+                    a = key - first if not self.greedy else wkeys.index(key)
+                    if 0 <= a < pn.shape[0] and int(pn[a]) * nt + int(pc[a]) == key:
+                        decided[r] = (bool(stop[a]), full[a, :int(flen[a])].tolist(), int(gidx[a]))
+                if bool(grow.any()):
+                    grown.append((pn[grow], pc[grow], w[grow], f[grow], fpos[grow]))
+                    offset += int(grow.sum())
+            nxt = [-1] * r_n
+            for r, d in zip(live, picked_l):
+                if d == eos_d:
+                    proposals[r] = e_full[cur[r], :int(e_len[cur[r]])].tolist()
+                    continue
+                stops, prop, gi = decided[r]
+                if stops:
+                    proposals[r] = prop
+                else:
+                    nxt[r] = gi
+            cur = nxt
+            if not grown or (self.greedy and all(c < 0 for c in cur)):
+                break
+            parent = torch.cat([g[0] for g in grown])
+            cols = torch.cat([g[1] for g in grown])
+            tokens = db.ids.index_select(0, cols)
+            path = torch.cat([g[2] for g in grown])
+            f_l = torch.cat([g[3] for g in grown]).tolist()
+            fpos_l = torch.cat([g[4] for g in grown]).tolist()
+            new_u: list[list[int]] = []
+            new_rest: list[bytes] = []
+            gids, _, _, _ = parse_pairs(trie, heads, head_len, parent, cols, db, mrem.index_select(0, parent))
+            for i, (pa, tok) in enumerate(zip(parent.tolist(), tokens.tolist())):
+                text = rests[pa] + (self.dt.bytes_of[tok] or b"")
+                new_u.append(settled_ids[pa] + gids[i, :f_l[i]].tolist())
+                new_rest.append(text[fpos_l[i]:])
+            settled_ids, rests = new_u, new_rest
+            node_row = node_row.index_select(0, parent)
+            laws = extend(parent, tokens, node_row).to(torch.float64)
+            levels += 1
+            for r in node_row.tolist():
+                evals[r] += 1
+        assert all(p for p in proposals), "every row's draft ends in a proposal"
+        width = max(len(p) for p in proposals)
+        cond = torch.zeros(r_n, width, vt, dtype=torch.float64, device=dev)
+        if self.greedy:
+            for r, prop in enumerate(proposals):
+                for j, t in enumerate(prop):
+                    cond[r, j, t] = 1.0
+        else:
+            x, nx = _pad_ids(proposals, dev)
+            flat = cond.view(-1)
+            cond[:, 0] = pos0
+            for rows, full, flen, w in kept:
+                if rows.numel() == 0:
+                    continue
+                cw = min(full.shape[1], width)
+                same = (full[:, :cw] == x.index_select(0, rows)[:, :cw]).long().cumprod(1).sum(1)
+                nxr = nx.index_select(0, rows)
+                for j in range(1, cw):
+                    on = self._given_prefix(same, j) & (flen > j) & (nxr > j)
+                    if bool(on.any()):
+                        flat.index_add_(0, (rows[on] * width + j) * vt + full[on, j], w[on])
+            tot = cond.sum(-1, keepdim=True)
+            cond = torch.where(tot > 0, cond / torch.where(tot > 0, tot, torch.ones_like(tot)), cond)
+        return MultiRoundResult(proposals, cond, used, evals, levels)
+
 
 def first_round(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_tokenizer: Any,
                 prompts: Sequence[str], *, lookahead: int, min_path_prob: float | None, greedy: bool = False,
@@ -583,13 +953,38 @@ def first_round(target_tokenizer: Any, target_vocab_size: int, drafter: Any, dra
     """The bounded SLRS round at each prompt's first state (nothing emitted yet), batched as
     ``generate`` runs it: psi, the proposal and what it cost (for tests and ``bench/slrs_real.py``).
     ``uniforms`` default to 0.5 for every draw (psi does not depend on them)."""
+    res = _first(target_tokenizer, target_vocab_size, drafter, drafter_tokenizer, prompts, lookahead, min_path_prob,
+                 greedy, uniforms, temperature, top_k, top_p, None)
+    assert isinstance(res, RoundResult)
+    return res
+
+
+def first_round_multi(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_tokenizer: Any,
+                      prompts: Sequence[str], *, lookahead: int, min_path_prob: float | None, max_tokens: int | None,
+                      budget: int, greedy: bool = False, uniforms: Sequence[Sequence[float]] | None = None,
+                      temperature: float = 1.0, top_k: int | None = None,
+                      top_p: float | None = None) -> MultiRoundResult:
+    """:func:`first_round` with multi-token proposals (:meth:`BoundedSLRS.round_multi`), ``m =
+    min(max_tokens, budget)`` (``budget`` when ``max_tokens`` is None): the drawn proposals and
+    their conditional psi."""
+    m = budget if max_tokens is None else min(max_tokens, budget)
+    res = _first(target_tokenizer, target_vocab_size, drafter, drafter_tokenizer, prompts, lookahead, min_path_prob,
+                 greedy, uniforms, temperature, top_k, top_p, m)
+    assert isinstance(res, MultiRoundResult)
+    return res
+
+
+def _first(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_tokenizer: Any,
+           prompts: Sequence[str], lookahead: int, min_path_prob: float | None, greedy: bool,
+           uniforms: Sequence[Sequence[float]] | None, temperature: float, top_k: int | None, top_p: float | None,
+           m: int | None) -> RoundResult | MultiRoundResult:
     from .generate import _logit_width, _process, _Runner
 
     tt = TokenText.get(target_tokenizer, target_vocab_size)
     vd = _logit_width(drafter)
     dt = TokenText.get(drafter_tokenizer, vd)
     dev = next(drafter.parameters()).device
-    bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev)
+    bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=1 if m is None else m)
     starts = [dt.start(p) for p in prompts]
     ctx = [starts[i] + dt.encode(p.encode("utf-8")) for i, p in enumerate(prompts)]
     runner = _Runner(drafter, len(prompts), dt.eos_id, "drafter", window=True, n_prefix=[len(s) for s in starts])
@@ -603,4 +998,6 @@ def first_round(target_tokenizer: Any, target_vocab_size: int, drafter: Any, dra
         last = runner.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
         tree = TreeCache(runner, list(range(len(prompts))), ctx, lookahead)
         us = uniforms if uniforms is not None or greedy else [[0.5] * lookahead for _ in prompts]
-        return bounded.round(probs(last), us, lambda p, t, r: probs(tree.extend(p, t, r)))
+        if m is None:
+            return bounded.round(probs(last), us, lambda p, t, r: probs(tree.extend(p, t, r)))
+        return bounded.round_multi(probs(last), us, lambda p, t, r: probs(tree.extend(p, t, r)), [m] * len(prompts))

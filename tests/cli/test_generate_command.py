@@ -51,10 +51,11 @@ def test_generate_end_to_end(pair: Path, tmp_path: Path) -> None:
 
 
 def test_generate_bounded_slrs(pair: Path) -> None:
-    """Bounded SLRS from the command line (issue 11): greedy, it is the target's greedy decoding."""
+    """Bounded SLRS from the command line (issue 11), multi-token proposals (``--max-tokens all``):
+    greedy, it is the target's greedy decoding."""
     args = ("--target", str(pair / "target"), "--prompt", "def foo(x):", "--max-new-tokens", "6", "--greedy")
     res = run("-m", "hsd_torch.cli", *args, "--drafter", str(pair / "drafter"), "--method", "slrs",
-              "--lookahead", "3", "--proposal-map", "longest_prefix", "--min-path-prob", "0.05")
+              "--lookahead", "3", "--proposal-map", "longest_prefix", "--min-path-prob", "0.05", "--max-tokens", "all")
     assert res.returncode == 0, res.stderr
     ar = run("-m", "hsd_torch.cli", *args, "--method", "ar")
     assert ar.returncode == 0, ar.stderr

@@ -31,6 +31,7 @@ pytest.importorskip("transformers")
 from hsd_core.methods import SLRS, State  # noqa: E402
 from hsd_core.methods.slrs import LongestPrefixMap  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
+from hsd_core import variants  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
 from hsd_torch import CoreModel, generate, tiny  # noqa: E402
 from hsd_torch import slrs as tslrs  # noqa: E402
@@ -71,6 +72,7 @@ PAIRS = {
 }
 FAST_PAIRS = ["bpe<-unigram", "fallback<-bpe"]
 K, TAU = 3, 0.01
+MULTI_FAST_TAU = 0.05  # multi-token proposals draft until several ids are settled: larger trees, a slower reference
 
 
 def unpack(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> tuple[Any, Any, Any, Any, float]:
@@ -152,50 +154,67 @@ def test_psi_equals_the_reference_psi(pair: str, toks: dict[str, Any], models: d
 
 
 def check_mirror(pair: str, prompts: list[str], toks: dict[str, Any], models: dict[str, Any], k: int, tau: float,
-                 max_new: int) -> int:
+                 max_new: int, max_tokens: int | None = 1) -> tuple[int, int]:
+    """Generate with recorded uniforms, replay them into hsd_core: the same tokens, every uniform
+    read. Returns the drafter passes past the root and the proposals past one per round."""
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
     out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs", lookahead=k,
                    min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=max_new, seed=11,
-                   record_uniforms=True, drafter_temperature=dtemp)
+                   record_uniforms=True, drafter_temperature=dtemp, max_tokens=max_tokens)
     assert out.uniforms is not None
     ct, cd = CoreModel(target, tt), CoreModel(drafter, dt, temperature=dtemp)
-    ref_method = SLRS(lookahead=k, min_path_prob=tau, proposal_map="longest_prefix")
-    deeper = 0
+    ref_method = SLRS(lookahead=k, min_path_prob=tau, proposal_map="longest_prefix", max_tokens=max_tokens)
+    deeper = extra = 0
     for i, prompt in enumerate(prompts):
         rand = UniformRand(out.uniforms[i])
         ref = ref_method.generate(ct, cd, core_text(prompt), max_new, rng=rand)
         assert ct.tokenizer.to_hf(ref) == out.sequences[i], (pair, prompt)
         assert rand.used == len(out.uniforms[i]), "the backend recorded a uniform the reference did not read"
         deeper += out.stats[i].drafter_calls - out.stats[i].target_calls
-    return deeper
+        extra += out.stats[i].proposed - out.stats[i].target_calls
+    return deeper, extra
 
 
 @pytest.mark.parametrize("pair", FAST_PAIRS)
 def test_mirror_reference_emits_the_same_tokens(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
-    deeper = check_mirror(pair, PROMPTS[:4], toks, models, K, TAU, 6)
+    deeper, _ = check_mirror(pair, PROMPTS[:4], toks, models, K, TAU, 6)
     assert deeper > 0, "no round went past the first level"
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_mirror_multi_token_proposals(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """``max_tokens=None`` (up to the budget): the reference ``SLRS(..., max_tokens=None)`` emits the
+    same tokens on the recorded uniforms."""
+    deeper, extra = check_mirror(pair, PROMPTS[:4], toks, models, K, MULTI_FAST_TAU, 6, max_tokens=None)
+    assert deeper > 0 and extra > 0, "no round proposed more than one token"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", list(PAIRS))
 @pytest.mark.parametrize("k,tau", [(2, 0.2), (4, 0.05)])
-def test_mirror_many_prompts(pair: str, k: int, tau: float, toks: dict[str, Any], models: dict[str, Any]) -> None:
-    check_mirror(pair, PROMPTS, toks, models, k, tau, 10)
+@pytest.mark.parametrize("max_tokens", [1, 2, None])
+def test_mirror_many_prompts(pair: str, k: int, tau: float, max_tokens: int | None, toks: dict[str, Any],
+                             models: dict[str, Any]) -> None:
+    check_mirror(pair, PROMPTS, toks, models, k, tau, 10, max_tokens)
 
 
-def test_mirror_with_a_sliding_drafter_window(toks: dict[str, Any], models: dict[str, Any]) -> None:
+@pytest.mark.parametrize("max_tokens", [1, None])
+def test_mirror_with_a_sliding_drafter_window(max_tokens: int | None, toks: dict[str, Any],
+                                              models: dict[str, Any]) -> None:
     """A drafter with 12 positions: tree nodes that would outgrow them are run without the cache on
     the backend's window of the full context (the mirror's ``CoreModel(window=True)``)."""
     target, tt = models["llama_bpe"], toks["byte_bpe"]
     dt = toks["unigram"]
+    tau = TAU if max_tokens == 1 else MULTI_FAST_TAU
     drafter = tiny.tiny_gpt2(dt, seed=1, n_positions=12, dtype=torch.float64)
     prompts = ["def foo(x):\n    return x + 1\n", "import os\nimport sys\n"]
     assert max(len(TokenText(dt, len(dt)).prompt_ids(p)) for p in prompts) > 12
     out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs", lookahead=K,
-                   min_path_prob=TAU, proposal_map="longest_prefix", max_new_tokens=8, seed=5, record_uniforms=True)
+                   min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=8, seed=5, record_uniforms=True,
+                   max_tokens=max_tokens)
     assert out.uniforms is not None
     ct = CoreModel(target, tt)
-    ref_method = SLRS(lookahead=K, min_path_prob=TAU, proposal_map="longest_prefix")
+    ref_method = SLRS(lookahead=K, min_path_prob=tau, proposal_map="longest_prefix", max_tokens=max_tokens)
     for i, prompt in enumerate(prompts):
         cd = CoreModel(drafter, dt, prompt=prompt, window=True)
         rand = UniformRand(out.uniforms[i])
@@ -223,12 +242,12 @@ def hf_greedy(model: Any, tok: Any, prompt: str, max_new: int) -> list[int]:
 def test_greedy_equals_the_targets_own_generate(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
     prompts = PROMPTS[:10]
-    for tau in (TAU, None):  # greedy needs no probability stop (one path)
+    for tau, mt in ((TAU, 1), (None, 1), (TAU, None), (None, 3)):  # greedy needs no probability stop (one path)
         out = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
                        lookahead=4, min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=10,
-                       do_sample=False, drafter_temperature=dtemp)
+                       do_sample=False, drafter_temperature=dtemp, max_tokens=mt)
         for i, prompt in enumerate(prompts):
-            assert out.sequences[i] == hf_greedy(target, tt, prompt, 10), (tau, prompt)
+            assert out.sequences[i] == hf_greedy(target, tt, prompt, 10), (tau, mt, prompt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +269,13 @@ def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
         generate(target, drafter, "x", lookahead=2, min_path_prob=0.0, proposal_map="longest_prefix", **kw)
     with pytest.raises(ValueError, match="proposal_map must be"):
         generate(target, drafter, "x", lookahead=2, min_path_prob=0.1, proposal_map="bytes", **kw)
+    with pytest.raises(NotImplementedError, match="max_tokens=2 needs the bounded procedure"):
+        generate(target, drafter, "x", lookahead=1, max_tokens=2, **kw)
+    with pytest.raises(ValueError, match="max_tokens must be"):
+        generate(target, drafter, "x", lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix", max_tokens=0,
+                 **kw)
+    with pytest.raises(ValueError, match="max_tokens is an option of method 'slrs'"):
+        generate(target, drafter, "x", target_tokenizer=tt, drafter_tokenizer=dt, method="tli", max_tokens=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,3 +440,179 @@ def test_real_tokenizers_trie_walk_and_psi(real_pair: tuple[Any, Any]) -> None:
         got = res.psi[r, torch.tensor(ct.tokenizer.hf_ids)].numpy()
         assert np.abs(got - want).max() < 1e-12, prompt
         assert res.evaluations[r] == ps.evaluations, prompt
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-token proposals: the parse, the conditional psi, a lossy variant
+
+
+@pytest.mark.parametrize("tkind,dkind", [("byte_bpe", "unigram"), ("bpe_fallback", "byte_bpe")])
+def test_parse_pairs_is_the_core_parse(tkind: str, dkind: str, toks: dict[str, Any]) -> None:
+    """:func:`hsd_torch.slrs.parse_pairs` (head text + a drafter token) gives ``LongestPrefixMap.parse``
+    and, through ``f``, its ``settled`` test, for limits 1-4 and unlimited."""
+    tt = TokenText(toks[tkind], len(toks[tkind]))
+    dt = TokenText(toks[dkind], len(toks[dkind]))
+    trie, db = tslrs.TargetTrie(tt), tslrs.DrafterBytes(dt)
+    core = CoreModel(tiny.tiny_gpt2(toks[tkind], seed=0), toks[tkind])
+    pmap = LongestPrefixMap(core.vocab)
+    rng = np.random.default_rng(2)
+    strings = [b for b in tt.bytes_of if b is not None]
+    heads = [b""] + [b"".join(strings[i] for i in rng.choice(len(strings), int(rng.integers(1, 4))))[:int(j)]
+                     for j in rng.integers(1, 12, 15)]
+    hm, hl = tslrs._pad_bytes(heads, torch.device("cpu"))
+    n_d = db.ids.shape[0]
+    cols = torch.tensor(rng.choice(n_d, 60, replace=False))
+    node = torch.arange(len(heads)).repeat_interleave(61)
+    col = torch.cat([cols, torch.tensor([-1])]).repeat(len(heads))  # -1: the head alone
+    for limit in (1, 2, 4, 1 << 20):
+        ids, n, f, fpos = tslrs.parse_pairs(trie, hm, hl, node, col, db, torch.full_like(node, limit))
+        for i, (h, c) in enumerate(zip(node.tolist(), col.tolist())):
+            text = heads[h] + ((dt.bytes_of[int(db.ids[c])] or b"") if c >= 0 else b"")
+            full = text.decode("latin-1")
+            want = core.tokenizer.to_hf(pmap.parse(full, limit))
+            assert ids[i, :int(n[i])].tolist() == list(want), (text, limit)
+            for m in range(1, min(limit, 5) + 1):
+                assert (int(f[i]) >= m) == pmap.settled(full, m), (text, m)
+            if int(f[i]) < limit:  # the rest after the settled ids: the text past fpos
+                assert core.tokenizer.to_hf(pmap.parse(full, int(f[i]))) == ids[i, :int(f[i])].tolist()
+                assert pmap.parse(full[int(fpos[i]):]) == pmap.parse(full)[int(f[i]):]
+
+
+def core_conditionals(pair: str, toks: dict[str, Any], models: dict[str, Any], prompt: str, proposal: list[int],
+                      max_tokens: int | None, budget: int) -> tuple[list[Any], int]:
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    ct, cd = CoreModel(target, tt, prompt=prompt), CoreModel(drafter, dt, temperature=dtemp, prompt=prompt)
+    ps = SLRS(lookahead=K, min_path_prob=MULTI_FAST_TAU, proposal_map="longest_prefix", max_tokens=max_tokens).psi(
+        ct, cd, State(core_text(prompt), (), budget))
+    mine = [s for s in ps.law if list(ct.tokenizer.to_hf(s)) == proposal]
+    assert len(mine) == 1, "the backend's proposal is in the support of the reference psi"
+    hf = torch.tensor(ct.tokenizer.hf_ids)
+    out = []
+    for j in range(len(proposal)):
+        want = np.zeros(width(target))
+        want[hf.numpy()] = np.asarray(ps.conditional(mine[0][:j], len(ct.vocab)), dtype=np.float64)
+        out.append(want)
+    return out, ps.evaluations
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_multi_conditional_psi_equals_the_reference(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """The backend's conditional psi along its drawn proposals equals ``PsiLaw.conditional`` of
+    ``SLRS(..., max_tokens)`` over ``CoreModel`` to 1e-12, with the same drafter evaluations."""
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    prompts = PROMPTS[:4]
+    rng = np.random.default_rng(0)
+    longest = 0
+    for max_tokens, budget in ((None, 4), (2, 4)):
+        for _ in range(2):
+            us = [list(rng.random(K)) for _ in prompts]
+            res = tslrs.first_round_multi(tt, width(target), drafter, dt, prompts, lookahead=K,
+                                          min_path_prob=MULTI_FAST_TAU, max_tokens=max_tokens, budget=budget,
+                                          uniforms=us, temperature=dtemp)
+            for r, prompt in enumerate(prompts):
+                want, evals = core_conditionals(pair, toks, models, prompt, res.proposals[r], max_tokens, budget)
+                for j, w in enumerate(want):
+                    assert np.abs(res.conditionals[r, j].numpy() - w).max() < 1e-12, (prompt, j)
+                assert res.evaluations[r] == evals, prompt
+                assert evals <= tslrs.psi_bound(K, MULTI_FAST_TAU)
+                longest = max(longest, len(res.proposals[r]))
+    assert longest >= 3, "the test needs proposals of several tokens"
+
+
+def test_multi_round_at_one_token_is_the_one_token_round(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """``round_multi`` with m = 1 gives :meth:`BoundedSLRS.round`'s psi, proposals and cost."""
+    target, tt, drafter, dt, dtemp = unpack("bpe<-unigram", toks, models)
+    us = [list(np.random.default_rng(i).random(K)) for i in range(6)]
+    one = tslrs.first_round(tt, width(target), drafter, dt, PROMPTS[:6], lookahead=K, min_path_prob=TAU,
+                            uniforms=us, temperature=dtemp)
+    multi = tslrs.first_round_multi(tt, width(target), drafter, dt, PROMPTS[:6], lookahead=K, min_path_prob=TAU,
+                                    max_tokens=1, budget=4, uniforms=us, temperature=dtemp)
+    assert [[p] for p in one.proposal] == multi.proposals
+    assert float((one.psi - multi.conditionals[:, 0]).abs().max()) < 1e-12
+    assert one.evaluations == multi.evaluations and one.used == multi.used
+
+
+class Unconditioned(tslrs.BoundedSLRS):
+    """Deliberately lossy: position j verified against the marginal of the j-th proposed id, not
+    its law given the proposal's first j ids (``hsd_core.variants.SLRSUnconditioned``)."""
+
+    def _given_prefix(self, same: Any, j: int) -> Any:
+        return torch.ones_like(same, dtype=torch.bool)
+
+
+class CoreUnconditioned(SLRS):
+    """``hsd_core``'s unconditioned variant, with the bounded procedure's options."""
+
+    def __init__(self, lookahead: int, min_path_prob: float) -> None:
+        super().__init__(lookahead=lookahead, max_tokens=None, min_path_prob=min_path_prob,
+                         proposal_map="longest_prefix")
+        self.name = "slrs_unconditioned"
+
+    proposal_laws = variants.SLRSUnconditioned.proposal_laws
+
+
+@pytest.fixture()
+def unconditioned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import importlib
+
+    gen = importlib.import_module("hsd_torch.generate")
+    monkeypatch.setattr(gen, "BoundedSLRS", Unconditioned)
+    yield
+
+
+MULTI_PROMPT = "import os\nimport sys\n"
+MULTI_TAU = 0.1  # the unconditioned variant's exact TV on the first two tokens here: 0.134 (> EPS)
+
+
+def test_the_unconditioned_variant_is_lossy_at_the_audited_state(toks: dict[str, Any], models: dict[str, Any],
+                                                                  unconditioned: None) -> None:
+    """hsd_core's exact engine: honest multi-token bounded SLRS has TV 0 on the first two tokens at the
+    multi-token audit's state, the unconditioned variant 0.134; and the backend's lossy variant
+    mirrors the reference variant on recorded uniforms (so the sampled test audits that law)."""
+    from hsd_core.exact import output_law, target_law, total_variation
+
+    target, tt, drafter, dt, dtemp = unpack(AUDIT_PAIR, toks, models)
+    ct = CoreModel(target, tt, prompt=MULTI_PROMPT, top_k=TOP_K)
+    cd = CoreModel(drafter, dt, prompt=MULTI_PROMPT, top_k=TOP_K, temperature=dtemp)
+    ref = target_law(ct, core_text(MULTI_PROMPT), 2)
+    honest = SLRS(lookahead=K, min_path_prob=MULTI_TAU, proposal_map="longest_prefix", max_tokens=None)
+    assert float(total_variation(output_law(honest, ct, cd, core_text(MULTI_PROMPT), 2), ref)) < 1e-12
+    lossy = CoreUnconditioned(K, MULTI_TAU)
+    assert float(total_variation(output_law(lossy, ct, cd, core_text(MULTI_PROMPT), 2), ref)) > 0.13
+    out = generate(target, drafter, [MULTI_PROMPT] * 30, target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
+                   lookahead=K, min_path_prob=MULTI_TAU, proposal_map="longest_prefix", max_tokens=None,
+                   max_new_tokens=2, top_k=TOP_K, seed=1, record_uniforms=True, drafter_temperature=dtemp)
+    assert out.uniforms is not None
+    for i in range(30):
+        rand = UniformRand(out.uniforms[i])
+        assert ct.tokenizer.to_hf(lossy.generate(ct, cd, core_text(MULTI_PROMPT), 2, rng=rand)) == out.sequences[i]
+
+
+def sampled_multi(toks: dict[str, Any], models: dict[str, Any], seed: int) -> list[tuple[int, ...]]:
+    target, tt, drafter, dt, dtemp = unpack(AUDIT_PAIR, toks, models)
+    out: list[tuple[int, ...]] = []
+    for c in range(N // CHUNK):
+        res = generate(target, drafter, [MULTI_PROMPT] * CHUNK, target_tokenizer=tt, drafter_tokenizer=dt,
+                       method="slrs", lookahead=K, min_path_prob=MULTI_TAU, proposal_map="longest_prefix",
+                       max_tokens=None, max_new_tokens=2, top_k=TOP_K, seed=seed * 1000 + c, drafter_temperature=dtemp)
+        out.extend(tuple(s) for s in res.sequences)
+    return out
+
+
+@pytest.mark.slow
+def test_sampled_multi_token_law_of_first_two_tokens(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """Multi-token proposals (up to 2 here, the second verified against the conditional psi): the
+    first two tokens against the target's exact law, N = 20,000, alpha 1e-6, TV 0.04 detected with
+    power 0.99."""
+    target, tt, *_ = unpack(AUDIT_PAIR, toks, models)
+    law = exact_two_token_law(target, tt, MULTI_PROMPT)
+    assert_law_matches(law, sampled_multi(toks, models, seed=5), alpha=ALPHA, eps=EPS, power=POWER)
+
+
+@pytest.mark.slow
+def test_sampled_unconditioned_variant_is_rejected(toks: dict[str, Any], models: dict[str, Any],
+                                                   unconditioned: None) -> None:
+    target, tt, *_ = unpack(AUDIT_PAIR, toks, models)
+    law = exact_two_token_law(target, tt, MULTI_PROMPT)
+    with pytest.raises(AssertionError, match="rejected"):
+        assert_law_matches(law, sampled_multi(toks, models, seed=6), alpha=ALPHA, eps=EPS, power=POWER)
