@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from hsd_torch import generate, tiny  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.mirror import target_greedy  # noqa: E402
 
 PROMPTS = ["def foo(x):\n", "Hello", "import os\n", "naïve café", "x", "for i in range(3):\n    "]
 
@@ -37,17 +37,17 @@ def main() -> int:
 
     cpu = build()
     on = {k: m.to(dev) for k, m in build().items()}
-    text = TokenText(tb, len(tb))
-    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
     bad = 0
-    for method, d, dt in (("ar", None, None), ("sd", "s", tb), ("tli", "d", tu), ("slem", "d", tu), ("tli", "s", tb)):
+    bounded = {"min_path_prob": 0.05, "proposal_map": "longest_prefix"}
+    for method, d, dt, extra in (("ar", None, None, {}), ("sd", "s", tb, {}), ("tli", "d", tu, {}),
+                                 ("slem", "d", tu, {}), ("tli", "s", tb, {}), ("slrs", "d", tu, {"lookahead": 1}),
+                                 ("slrs", "d", tu, bounded)):
         t0 = time.perf_counter()
         kw = dict(target_tokenizer=tb, drafter_tokenizer=dt, method=method, lookahead=3, max_new_tokens=16)
+        kw.update(extra)
         g = generate(on["t"], on[d] if d else None, PROMPTS, do_sample=False, **kw)
         for i, p in enumerate(PROMPTS):
-            ids = torch.tensor([text.prompt_ids(p)], device=dev)
-            want = on["t"].generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
-                                    suppress_tokens=suppress, pad_token_id=text.eos_id)[0, ids.shape[1]:].tolist()
+            want = target_greedy(on["t"], tb, p, 16)
             if g.sequences[i] != want:
                 bad += 1
                 print(f"  GREEDY MISMATCH {method} {p!r}: {g.sequences[i]} vs {want}")

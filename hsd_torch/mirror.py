@@ -43,7 +43,7 @@ from hsd_core.vocab import Vocabulary
 from .generate import _device, _logit_width, _max_positions, process_logits, window_view
 from .text import TokenText
 
-__all__ = ["CoreModel", "CoreTokenizer"]
+__all__ = ["CoreModel", "CoreTokenizer", "target_greedy"]
 
 
 class CoreTokenizer:
@@ -139,3 +139,19 @@ class CoreModel:
         self._cache[ctx] = law
         self.evaluations += 1
         return law
+
+
+def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> list[int]:
+    """The target's own greedy decoding, ``model.generate(do_sample=False)``, of ``prompt`` as
+    :func:`hsd_torch.generate` encodes it (:meth:`TokenText.prompt_ids`), with the ids that
+    ``generate`` removes from every law (no text, not EOS) suppressed: the new ids, ending after
+    EOS. Every method of :func:`hsd_torch.generate` with ``do_sample=False`` must return exactly
+    these (the greedy identity the tests and ``bench/gpu_check_generate.py`` check)."""
+    text = TokenText.get(tokenizer, _logit_width(model))
+    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
+    ids = torch.tensor([text.prompt_ids(prompt)], device=_device(model))
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, suppress_tokens=suppress, pad_token_id=text.eos_id)
+    new: list[int] = out[0, ids.shape[1]:].tolist()
+    return new

@@ -33,7 +33,7 @@ from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
 from hsd_torch import CoreModel, generate, kernels, tiny  # noqa: E402
 from hsd_torch.generate import process_logits  # noqa: E402
-from hsd_torch.mirror import core_text  # noqa: E402
+from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 
 torch.set_num_threads(1)
@@ -148,17 +148,6 @@ def test_mirror_many_prompts(method: str, pair: str, toks: dict[str, Any], model
 # greedy
 
 
-def hf_greedy(model: Any, tok: Any, prompt: str, max_new: int) -> list[int]:
-    text = TokenText(tok, model.get_output_embeddings().weight.shape[0])
-    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
-    ids = torch.tensor([text.prompt_ids(prompt)])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                             suppress_tokens=suppress, pad_token_id=text.eos_id)
-    res: list[int] = out[0, ids.shape[1]:].tolist()
-    return res
-
-
 @pytest.mark.parametrize("method,pair", GREEDY_CASES)
 def test_greedy_equals_the_targets_own_generate(method: str, pair: str, toks: dict[str, Any],
                                                 models: dict[str, Any]) -> None:
@@ -169,7 +158,7 @@ def test_greedy_equals_the_targets_own_generate(method: str, pair: str, toks: di
                               lookahead=1 if method == "slrs" else 3, max_new_tokens=12, do_sample=False, drafter_temperature=dtemp)
     batched = generate(target, drafter if use_drafter else None, prompts, **kw)
     for i, prompt in enumerate(prompts):
-        want = hf_greedy(target, tt, prompt, 12)
+        want = target_greedy(target, tt, prompt, 12)
         assert batched.sequences[i] == want, (i, prompt)
         if i < 3:
             alone = generate(target, drafter if use_drafter else None, [prompt], **kw)

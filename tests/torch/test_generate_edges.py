@@ -28,7 +28,7 @@ from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Method  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_torch import CoreModel, generate, tiny  # noqa: E402
 from hsd_torch.generate import window_view  # noqa: E402
-from hsd_torch.mirror import core_text  # noqa: E402
+from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 from hsd_torch.vocab import VocabBridge  # noqa: E402
 
@@ -102,20 +102,9 @@ def mirror(method: str, target: Any, tt: Any, drafter: Any, dt: Any, prompts: li
     return out
 
 
-def hf_greedy(model: Any, tok: Any, prompt: str, max_new: int) -> list[int]:
-    text = TokenText(tok, model.get_output_embeddings().weight.shape[0])
-    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
-    ids = torch.tensor([text.prompt_ids(prompt)])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                             suppress_tokens=suppress, pad_token_id=text.eos_id)
-    res: list[int] = out[0, ids.shape[1]:].tolist()
-    return res
-
-
 def greedy_all(methods: tuple[str, ...], target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str],
                max_new: int, lookahead: int = 3) -> list[list[int]]:
-    want = [hf_greedy(target, tt, p, max_new) for p in prompts]
+    want = [target_greedy(target, tt, p, max_new) for p in prompts]
     for m in methods:
         use_d = m != "ar"
         out = generate(target, drafter if use_d else None, prompts, target_tokenizer=tt,
