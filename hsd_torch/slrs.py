@@ -60,6 +60,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from ._cache import IdentityCache
 from .text import TokenText
 
 __all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "DrafterBytes", "MultiRoundResult", "RoundResult", "TargetTrie", "TreeCache",
@@ -127,7 +128,7 @@ class TargetTrie:
     ``child`` the node they lead to; ``term[n]`` is the lowest id whose bytes are node ``n``'s
     string (-1: none); ``has_child[n]``: ``n``'s string is a proper prefix of some token."""
 
-    _cache: dict[tuple[int, int, str], tuple[Any, TargetTrie]] = {}
+    _cache: IdentityCache[TargetTrie] = IdentityCache()
 
     def __init__(self, text: TokenText, device: torch.device | str = "cpu") -> None:
         children: dict[int, int] = {}
@@ -157,22 +158,14 @@ class TargetTrie:
 
     @classmethod
     def get(cls, text: TokenText, device: torch.device) -> TargetTrie:
-        key = (id(text), text.vocab_size, str(device))
-        hit = cls._cache.get(key)
-        if hit is not None and hit[0] is text:
-            return hit[1]
-        trie = cls(text, device)
-        if len(cls._cache) > 8:
-            cls._cache.clear()
-        cls._cache[key] = (text, trie)
-        return trie
+        return cls._cache.get((text,), (text.vocab_size, str(device)), lambda: cls(text, device))
 
 
 class DrafterBytes:
     """The drafter ids with text and their bytes as a padded matrix: ``ids [N]``, ``data [N, L]``
     (-1 padding), ``length [N]``; ``column[d]``: the position of id ``d`` in ``ids`` (-1: no text)."""
 
-    _cache: dict[tuple[int, int, str], tuple[Any, DrafterBytes]] = {}
+    _cache: IdentityCache[DrafterBytes] = IdentityCache()
 
     def __init__(self, text: TokenText, device: torch.device | str = "cpu") -> None:
         ids = [i for i, b in enumerate(text.bytes_of) if b is not None]
@@ -199,15 +192,7 @@ class DrafterBytes:
 
     @classmethod
     def get(cls, text: TokenText, device: torch.device) -> DrafterBytes:
-        key = (id(text), text.vocab_size, str(device))
-        hit = cls._cache.get(key)
-        if hit is not None and hit[0] is text:
-            return hit[1]
-        db = cls(text, device)
-        if len(cls._cache) > 8:
-            cls._cache.clear()
-        cls._cache[key] = (text, db)
-        return db
+        return cls._cache.get((text,), (text.vocab_size, str(device)), lambda: cls(text, device))
 
 
 def walk_pairs(trie: TargetTrie, start: Tensor, best: Tensor, col: Tensor, db: DrafterBytes,

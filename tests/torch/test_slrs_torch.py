@@ -35,7 +35,7 @@ from hsd_core import variants  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
 from hsd_torch import CoreModel, generate, tiny  # noqa: E402
 from hsd_torch import slrs as tslrs  # noqa: E402
-from hsd_torch.mirror import core_text  # noqa: E402
+from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 
 torch.set_num_threads(1)
@@ -227,17 +227,6 @@ def test_mirror_with_a_sliding_drafter_window(max_tokens: int | None, toks: dict
 # greedy
 
 
-def hf_greedy(model: Any, tok: Any, prompt: str, max_new: int) -> list[int]:
-    text = TokenText(tok, width(model))
-    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
-    ids = torch.tensor([text.prompt_ids(prompt)])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                             suppress_tokens=suppress, pad_token_id=text.eos_id)
-    res: list[int] = out[0, ids.shape[1]:].tolist()
-    return res
-
-
 @pytest.mark.parametrize("pair", FAST_PAIRS)
 def test_greedy_equals_the_targets_own_generate(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
@@ -247,7 +236,7 @@ def test_greedy_equals_the_targets_own_generate(pair: str, toks: dict[str, Any],
                        lookahead=4, min_path_prob=tau, proposal_map="longest_prefix", max_new_tokens=10,
                        do_sample=False, drafter_temperature=dtemp, max_tokens=mt)
         for i, prompt in enumerate(prompts):
-            assert out.sequences[i] == hf_greedy(target, tt, prompt, 10), (tau, mt, prompt)
+            assert out.sequences[i] == target_greedy(target, tt, prompt, 10), (tau, mt, prompt)
 
 
 # ---------------------------------------------------------------------------------------------
