@@ -422,6 +422,14 @@ class _EosLast:
         e = self.eos  # three slices and a cat: faster than an index_select over the last dim on CPU
         return torch.cat([x[..., :e], x[..., e + 1:], x[..., e:e + 1]], dim=-1)
 
+    def draw(self, x: Tensor, u: Tensor | None) -> Tensor:
+        """One id per row of ``x [R, V]`` (a law over ids), read in sampling order: the argmax
+        (ties to the first in that order) when ``u`` is None, else the inverse-CDF draw with
+        ``u [R]`` (:func:`hsd_torch.kernels.sample`, unchecked: a drafter's law only chooses
+        proposals; the laws that decide what is emitted are checked where they are verified)."""
+        sel = self.law(x)
+        return self.to_id(torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False))
+
     def to_id(self, c: Tensor) -> Tensor:
         """Sampling-order positions back to ids."""
         return c if self.identity else self.perm[c]
@@ -743,14 +751,8 @@ def generate(
                     break
                 every = len(rows) == batch
                 ridx = torch.arange(batch, device=dev) if every else torch.tensor(rows, dtype=torch.long, device=dev)
-                sel = d_order.law(law if every else law.index_select(0, ridx))
-                if greedy:
-                    picked = d_order.to_id(torch.argmax(sel, dim=-1))
-                else:
-                    u = u_round[:, j] if every else u_round[ridx, j]
-                    # unchecked: a drafter's law only chooses proposals; the laws that decide what is
-                    # emitted (p, and the q each draft was drawn from) are checked once per round below
-                    picked = d_order.to_id(kernels.sample(sel, u, check=False))
+                picked = d_order.draw(law if every else law.index_select(0, ridx),
+                                      None if greedy else (u_round[:, j] if every else u_round[ridx, j]))
                 picked_l = picked.tolist()
                 if method == "tli":
                     d_laws.append(law)  # pushed onto target ids once per round, at verification

@@ -59,7 +59,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import kernels
 from ._cache import IdentityCache
 from .text import TokenText
 
@@ -596,6 +595,21 @@ class BoundedSLRS:
         variant of the tests only (a psi that ignores the paths pruned by ``min_path_prob``)."""
         return stop
 
+    def _draw(self, laws: Tensor, cur_t: Tensor, live: list[int], uniforms: Sequence[Sequence[float]] | None,
+              depth: int, used: list[int]) -> Tensor:
+        """The rows' own drafts at ``depth``: one id per live row from the law of its current node
+        (``laws[cur_t]``), in hsd_core's column order, with the row's ``depth``-th uniform (counted
+        in ``used``); greedy: the argmax. No live row: ``cur_t`` itself (empty)."""
+        if not live:
+            return cur_t
+        u = None
+        if not self.greedy:
+            assert uniforms is not None
+            u = torch.tensor([uniforms[r][depth - 1] for r in live], dtype=torch.float64, device=laws.device)
+            for r in live:
+                used[r] += 1
+        return self.order.draw(laws.index_select(0, cur_t), u)
+
     def round(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
               extend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> RoundResult:
         """``root [R, Vd]``: each row's processed drafter law at its context; ``uniforms[r]``: at
@@ -626,17 +640,7 @@ class BoundedSLRS:
             # the rows' own draws: one uniform per drafted token, in hsd_core's column order (psi
             # still needs this level's other nodes when every row's own draft has stopped)
             cur_t = torch.tensor([cur[r] for r in live], dtype=torch.long, device=dev)
-            sel = self.order.law(laws.index_select(0, cur_t))
-            if not live:
-                picked = cur_t
-            elif self.greedy:
-                picked = self.order.to_id(torch.argmax(sel, dim=-1))
-            else:
-                assert uniforms is not None
-                u = torch.tensor([uniforms[r][depth - 1] for r in live], dtype=torch.float64, device=dev)
-                picked = self.order.to_id(kernels.sample(sel, u, check=False))
-                for r in live:
-                    used[r] += 1
+            picked = self._draw(laws, cur_t, live, uniforms, depth, used)
             picked_l = picked.tolist()
             pcol_l = db.column.index_select(0, picked).tolist()
             # EOS children: the node's text's longest target prefix, or the target's EOS (root)
@@ -819,17 +823,7 @@ class BoundedSLRS:
                 keep(node_row, e_full, e_len, path * laws[:, eos_d], known)
             live = [r for r in range(r_n) if cur[r] >= 0]
             cur_t = torch.tensor([cur[r] for r in live], dtype=torch.long, device=dev)
-            sel = self.order.law(laws.index_select(0, cur_t))
-            if not live:
-                picked = cur_t
-            elif self.greedy:
-                picked = self.order.to_id(torch.argmax(sel, dim=-1))
-            else:
-                assert uniforms is not None
-                u = torch.tensor([uniforms[r][depth - 1] for r in live], dtype=torch.float64, device=dev)
-                picked = self.order.to_id(kernels.sample(sel, u, check=False))
-                for r in live:
-                    used[r] += 1
+            picked = self._draw(laws, cur_t, live, uniforms, depth, used)
             picked_l = picked.tolist()
             pcol_l = db.column.index_select(0, picked).tolist()
             want = {r: cur[r] * nt + c for r, d, c in zip(live, picked_l, pcol_l) if d != eos_d}
