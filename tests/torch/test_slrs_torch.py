@@ -47,21 +47,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def toks() -> dict[str, Any]:
-    return {k: tiny.tiny_tokenizer(k) for k in ("byte_bpe", "unigram", "bpe_fallback")}
-
-
-@pytest.fixture(scope="module")
-def models(toks: dict[str, Any]) -> dict[str, Any]:
-    f64 = torch.float64
-    return {
-        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
-        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
-        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
-                                      dtype=f64),
-    }
-
 
 # (target model, target tokenizer, drafter model, drafter tokenizer, drafter temperature)
 PAIRS = {

@@ -1,0 +1,32 @@
+"""Fixtures shared by the hsd_torch suites: the tiny tokenizers of three kinds and float64 tiny
+models over them (random init, peaked heads; two with padded embeddings). Module-scoped, as each
+suite had them; imports are inside the fixtures, so collecting this folder needs no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def toks() -> dict[str, Any]:
+    from hsd_torch import tiny
+
+    return {k: tiny.tiny_tokenizer(k) for k in ("byte_bpe", "unigram", "bpe_fallback")}
+
+
+@pytest.fixture(scope="module")
+def models(toks: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from hsd_torch import tiny
+
+    f64 = torch.float64
+    return {
+        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
+        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
+        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
+                                      dtype=f64),
+        "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
+    }
