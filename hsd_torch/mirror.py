@@ -43,7 +43,7 @@ from hsd_core.vocab import Vocabulary
 from .generate import _device, _logit_width, _max_positions, process_logits, window_view
 from .text import TokenText
 
-__all__ = ["CoreModel", "CoreTokenizer", "target_greedy"]
+__all__ = ["CoreModel", "CoreTokenizer", "target_greedy", "target_two_token_law"]
 
 
 class CoreTokenizer:
@@ -155,3 +155,32 @@ def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) 
                              max_new_tokens=max_new_tokens, suppress_tokens=suppress, pad_token_id=text.eos_id)
     new: list[int] = out[0, ids.shape[1]:].tolist()
     return new
+
+
+def target_two_token_law(model: Any, tokenizer: Any, prompt: str, *, temperature: float = 1.0,
+                         top_k: int | None = None, top_p: float | None = None) -> dict[tuple[int, ...], float]:
+    """The exact law of the first two new ids of :func:`hsd_torch.generate` with this target (any
+    method: they are all lossless for it), by enumeration over the target's own forward passes:
+    ``{(t1, t2): P}``, and ``{(eos,): P}`` where the first id is EOS (the sequence ends). The
+    processed law of :func:`process_logits` (with ``temperature``, ``top_k``, ``top_p``), in
+    float64. One forward pass per first id with mass: for tests with a small support (top-k)."""
+    text = TokenText.get(tokenizer, _logit_width(model))
+    ids = text.prompt_ids(prompt)
+    dev = _device(model)
+    mask = text.text_mask.to(dev)
+
+    def law_after(ctx: list[int]) -> torch.Tensor:
+        logits = model(torch.tensor([ctx], device=dev)).logits[0, -1]
+        return process_logits(logits, mask, temperature, top_k, top_p).double()
+
+    law: dict[tuple[int, ...], float] = {}
+    with torch.inference_mode():
+        p1 = law_after(ids)
+        for t1 in torch.nonzero(p1).flatten().tolist():
+            if t1 == text.eos_id:
+                law[(t1,)] = float(p1[t1])
+                continue
+            p2 = law_after(ids + [t1])
+            for t2 in torch.nonzero(p2).flatten().tolist():
+                law[(t1, t2)] = float(p1[t1] * p2[t2])
+    return law

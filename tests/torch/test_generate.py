@@ -32,8 +32,7 @@ from hsd_core.methods.base import Method  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
 from hsd_torch import CoreModel, generate, kernels, tiny  # noqa: E402
-from hsd_torch.generate import process_logits  # noqa: E402
-from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
+from hsd_torch.mirror import core_text, target_greedy, target_two_token_law  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 
 torch.set_num_threads(1)
@@ -161,22 +160,9 @@ TOP_K = 6
 
 
 def exact_two_token_law(model: Any, tok: Any, prompt: str) -> dict[tuple[int, ...], float]:
-    """P(first two new tokens) under the processed law (top-k 6), from the target's own forward
-    passes (an EOS first token ends the sequence: outcome ``(eos,)``)."""
-    text = TokenText(tok, model.get_output_embeddings().weight.shape[0])
-    ids = text.prompt_ids(prompt)
-    with torch.inference_mode():
-        p1 = process_logits(model(torch.tensor([ids])).logits[0, -1], text.text_mask, top_k=TOP_K).double()
-        law: dict[tuple[int, ...], float] = {}
-        for t1 in torch.nonzero(p1).flatten().tolist():
-            if t1 == text.eos_id:
-                law[(t1,)] = float(p1[t1])
-                continue
-            p2 = process_logits(model(torch.tensor([ids + [t1]])).logits[0, -1], text.text_mask,
-                                top_k=TOP_K).double()
-            for t2 in torch.nonzero(p2).flatten().tolist():
-                law[(t1, t2)] = float(p1[t1] * p2[t2])
-    return law
+    """P(first two new tokens) under the processed law (top-k 6), exact: an EOS first token ends
+    the sequence (outcome ``(eos,)``)."""
+    return target_two_token_law(model, tok, prompt, top_k=TOP_K)
 
 
 def sampled_two_tokens(method: str, pair: str, toks: dict[str, Any], models: dict[str, Any], prompt: str,
