@@ -260,10 +260,13 @@ class _Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int) -> Tensor:
+    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
         rows dropped from the cache must have empty blocks); returns the logits ``[B, width, V]``
-        at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows."""
+        at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows;
+        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone."""
+        one = width is None
+        width = 1 if width is None else width
         live = self.live
         width_in = max(1, max(len(blocks[r]) for r in live))
         start = self.mask.shape[1]
@@ -298,23 +301,25 @@ class _Runner:
             if blocks[i] and self.slot(i) < 0:
                 raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
         dev = self.device
-        packed = torch.tensor(toks + pos + valid, dtype=torch.long).view(3, n_live, width_in).to(dev)
-        mask = torch.cat([self.mask, packed[2]], dim=1)
-        out = self.model(input_ids=packed[0], attention_mask=mask, position_ids=packed[1],
+        ids_in, pos_in, new_mask = torch.tensor(toks + pos + valid, dtype=torch.long, device=dev).view(
+            3, n_live, width_in).unbind(0)
+        mask = torch.cat([self.mask, new_mask], dim=1)
+        out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
                          use_cache=True, **{self._cache_kw: self.cache})
         self.mask = mask
         logits: Tensor = out.logits
         hi = width_in - 1
         first = {min(max(starts[i], 0), hi) for i in live}
         if len(first) == 1 and (c := first.pop()) + width - 1 <= hi:
-            got = logits[:, c:c + width]  # every row reads the same columns: a view, no gather
+            got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
         else:
             idx = torch.tensor([[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live],
                                dtype=torch.long, device=dev)
             got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+            got = got[:, 0] if one else got
         if n_live == self.batch:
             return got
-        full = got.new_zeros((self.batch, width, got.shape[-1]))
+        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
         full[torch.tensor(live, dtype=torch.long, device=dev)] = got
         return full
 
@@ -390,7 +395,8 @@ def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Ten
     out = np.zeros((len(rows), max(width, 0)), dtype=np.float64)
     for i, r in enumerate(rows):
         out[i, :len(r)] = r[:width]
-    return torch.from_numpy(out).to(dev)
+    t = torch.from_numpy(out)
+    return t if t.device == dev else t.to(dev)
 
 
 def _fit_width(law: Tensor, v: int) -> Tensor:
@@ -414,6 +420,8 @@ class _EosLast:
         self.identity = eos == v - 1
         self.perm = torch.cat([torch.arange(eos), torch.arange(eos + 1, v), torch.tensor([eos])]).to(device)
         self.inverse = torch.argsort(self.perm)
+        self.perm_list: list[int] = self.perm.tolist()  # the same maps on the host, for lists of ids
+        self.inverse_list: list[int] = self.inverse.tolist()
 
     def law(self, x: Tensor) -> Tensor:
         """``x [..., V]`` with its columns in sampling order (``x`` itself when EOS is the last id)."""
@@ -427,16 +435,20 @@ class _EosLast:
         (ties to the first in that order) when ``u`` is None, else the inverse-CDF draw with
         ``u [R]`` (:func:`hsd_torch.kernels.sample`, unchecked: a drafter's law only chooses
         proposals; the laws that decide what is emitted are checked where they are verified)."""
+        return self.to_id(self._positions(x, u))
+
+    def draw_ids(self, x: Tensor, u: Tensor | None) -> list[int]:
+        """:meth:`draw` as a host list (the positions read back once, mapped to ids on the host)."""
+        pos = self._positions(x, u).tolist()
+        return pos if self.identity else [self.perm_list[c] for c in pos]
+
+    def _positions(self, x: Tensor, u: Tensor | None) -> Tensor:
         sel = self.law(x)
-        return self.to_id(torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False))
+        return torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False)
 
     def to_id(self, c: Tensor) -> Tensor:
         """Sampling-order positions back to ids."""
         return c if self.identity else self.perm[c]
-
-    def from_id(self, ids: Tensor) -> Tensor:
-        """Ids to sampling-order positions."""
-        return ids if self.identity else self.inverse[ids]
 
 
 class FirstTargetMap:
@@ -540,6 +552,10 @@ def _require_laws(x: Tensor, rows: Tensor | None, who: str) -> None:
     and pushforward), so its entries are never negative: a NaN or infinite logit shows as a NaN
     total, a row with every id removed as a zero one. One reduction and one host sync."""
     total = x.sum(-1)
+    if rows is None:  # the usual case, two host reads: min > 0 fails on NaN and 0, max < inf on inf
+        lo, hi = torch.aminmax(total)
+        if float(lo) > 0 and float(hi) < float("inf"):
+            return
     bad = ~(total > 0) | torch.isinf(total)
     if rows is not None:
         bad &= rows
@@ -694,6 +710,7 @@ def generate(
         d_ctx = [d_start[i] + dt.encode(prompt_bytes[i]) for i in range(batch)]
         drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
         d_order = _EosLast(dt.eos_id, vd, dev)
+        to_target = bridge.to_target_list
         if method == "slrs":
             first_t = FirstTargetMap.get(tt, dt, dev)
             bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev,
@@ -734,43 +751,45 @@ def generate(
             blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
-            last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
+            last = drun.feed(blocks, [len(b) - 1 for b in blocks], None)
             if bounded is not None:  # bounded SLRS (hsd_torch/slrs.py): psi level by level, drafting inside
                 k = _bounded_slrs_round(bounded, drun, last, active, d_ctx, d_uniforms, drafter_probs, drafts_t,
                                         n_d, q_steps, record, greedy, vt, budget)
             for j in range(max(k)):
                 probs = drafter_probs(last)  # [B, Vd]
                 if method == "tli":
-                    law, mass = bridge.restrict(probs)
-                    has = (mass > 0).tolist()
-                    still = [s and bool(h) for s, h in zip(still, has)]
+                    law, _, has = bridge._restricted(probs)
+                    still = [s and h[0] for s, h in zip(still, has.tolist())]
                 else:
                     law = probs
+                if not greedy and u_round.dtype != law.dtype:
+                    u_round = u_round.to(law.dtype)  # once a round, the conversion sample would make at every draw
                 rows = [i for i in range(batch) if still[i]]
                 if not rows:
                     break
-                every = len(rows) == batch
-                ridx = torch.arange(batch, device=dev) if every else torch.tensor(rows, dtype=torch.long, device=dev)
-                picked = d_order.draw(law if every else law.index_select(0, ridx),
-                                      None if greedy else (u_round[:, j] if every else u_round[ridx, j]))
-                picked_l = picked.tolist()
+                ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
+                picked_l = d_order.draw_ids(law if ridx is None else law.index_select(0, ridx),
+                                            None if greedy else (u_round[:, j] if ridx is None else u_round[ridx, j]))
                 if method == "tli":
                     d_laws.append(law)  # pushed onto target ids once per round, at verification
-                    mapped = bridge.to_target[picked].tolist()
+                    mapped = [to_target[d] for d in picked_l]
                 elif method == "sd":
                     q_steps.append(_fit_width(law, vt))
                     mapped = picked_l
                 elif method == "slrs":
                     assert first_t is not None
-                    mapped_t = first_t.ids[picked]
+                    mapped_t = first_t.ids[torch.tensor(picked_l, dtype=torch.long, device=dev)]
                     if greedy:
                         psi = law.new_zeros(len(rows), vt)
                         psi.scatter_(1, mapped_t.unsqueeze(1), 1.0)
                     else:
-                        psi = first_t.psi(law.index_select(0, ridx))
-                    q_full = law.new_zeros(batch, vt)
-                    q_full[ridx] = psi
-                    q_steps.append(q_full)
+                        psi = first_t.psi(law if ridx is None else law.index_select(0, ridx))
+                    if ridx is None:
+                        q_steps.append(psi)
+                    else:
+                        q_full = law.new_zeros(batch, vt)
+                        q_full[ridx] = psi
+                        q_steps.append(q_full)
                     mapped = mapped_t.tolist()
                 else:
                     mapped = picked_l
@@ -784,7 +803,7 @@ def generate(
                 if not any(still):
                     break
                 blocks = [drun.sync(i, d_ctx[i] + drafts_d[i]) if still[i] else [] for i in range(batch)]
-                last = drun.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
+                last = drun.feed(blocks, [len(b) - 1 for b in blocks], None)
             if method == "slem":
                 for i in range(batch):
                     if not active[i]:
@@ -801,10 +820,13 @@ def generate(
         blocks = [pend[i] + drafts_t[i] if active[i] else [] for i in range(batch)]
         kmax = max(n_d)
         p = target_probs(trun.feed(blocks, [len(pend[i]) - 1 for i in range(batch)], kmax + 1))
-        n_drafts = torch.tensor(n_d, dtype=torch.long, device=dev)
-        budget_t = torch.tensor([max(b, 1) for b in budget], dtype=torch.long, device=dev)
-        cand = t_order.from_id(torch.tensor([d + [0] * (kmax - len(d)) for d in drafts_t], dtype=torch.long,
-                                            device=dev).reshape(batch, kmax))
+        inv = t_order.inverse_list
+        # one host-to-device copy: [n_drafts | budget | candidates in sampling order (0-padded)]
+        packed = torch.tensor(n_d + [max(b, 1) for b in budget]
+                              + [inv[t] for d in drafts_t for t in d + [0] * (kmax - len(d))],
+                              dtype=torch.long).to(dev)
+        n_drafts, budget_t = packed[:batch], packed[batch:2 * batch]
+        cand = packed[2 * batch:].view(batch, kmax)
         p = t_order.law(p)
         _require_laws(p, None, "target")
         # The kernels run unchecked (check=False): their other inputs are valid by construction
@@ -816,19 +838,21 @@ def generate(
             else:
                 uv_rows = [list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)]
                 uv = _pad2(uv_rows, kmax + 1, dev)
-            ver = kernels.exact_match_verify(p, cand.reshape(batch, kmax), n_drafts, uv, greedy=greedy,
+            ver = kernels.exact_match_verify(p, cand, n_drafts, uv, greedy=greedy,
                                              eos_id=vt - 1, budget=budget_t, check=False)
-            n_acc_l, n_emit_l = ver.n_accepted.tolist(), ver.n_emitted.tolist()
+            rows_pos, n_acc_l = ver.rows(), ver.accepted()
+            n_emit_l = [len(r) for r in rows_pos]
             read_u = [] if greedy else [uv_rows[i][:n] for i, n in enumerate(n_emit_l)]
         else:
             if d_laws:
                 assert bridge is not None
-                q = bridge.push(torch.stack(d_laws, dim=1)).to(p.dtype)
+                q = bridge.push(torch.stack(d_laws, dim=1))
             else:
-                q = (torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])).to(p.dtype)
+                q = torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])
+            q = q if q.dtype == p.dtype else q.to(p.dtype)
             if q.shape[1] < kmax:  # pragma: no cover - every draft position has its law
                 raise AssertionError("missing draft laws")
-            q = t_order.law(q[:, :kmax])
+            q = t_order.law(q if q.shape[1] == kmax else q[:, :kmax])
             if method != "tli":  # TLI drafts only where restrict found a positive (so finite) mass
                 _require_laws(q, torch.arange(kmax, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1), "drafter")
             if greedy:
@@ -837,18 +861,19 @@ def generate(
             else:
                 ua_rows = [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
                 uf_rows = [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
-                ua = _pad2(ua_rows, kmax, dev)
-                uf = torch.tensor(uf_rows, dtype=torch.float64, device=dev)
-            ver = kernels.rejection_verify(p, q, cand.reshape(batch, kmax), n_drafts, ua, uf, greedy=greedy,
+                u_all = _pad2([r + [0.0] * (kmax - len(r)) + [f] for r, f in zip(ua_rows, uf_rows)], kmax + 1, dev)
+                ua, uf = u_all[:, :kmax], u_all[:, kmax]  # one host-to-device copy for both
+            ver = kernels.rejection_verify(p, q, cand, n_drafts, ua, uf, greedy=greedy,
                                            eos_id=vt - 1, budget=budget_t, check=False)
-            n_acc_l, n_emit_l = ver.n_accepted.tolist(), ver.n_emitted.tolist()
+            rows_pos, n_acc_l = ver.rows(), ver.accepted()
+            n_emit_l = [len(r) for r in rows_pos]
             read_u = []
             if not greedy:
                 for i, (na, ne) in enumerate(zip(n_acc_l, n_emit_l)):
                     tested = na + 1 if (ne > na and na < n_d[i]) else na
                     read_u.append(ua_rows[i][:tested] + ([uf_rows[i]] if ne > na else []))
-        toks_out = t_order.to_id(ver.tokens.clamp(min=0)).tolist()  # padding (-1) is cut off below
-        rows_out = [r[:n] for r, n in zip(toks_out, n_emit_l)]
+        perm = t_order.perm_list
+        rows_out = rows_pos if t_order.identity else [[perm[c] for c in r] for r in rows_pos]
         for i in range(batch):
             if not active[i]:
                 continue
@@ -869,9 +894,9 @@ def generate(
                 if method == "sd":
                     d_ctx[i].extend(out)
                 else:
-                    to_d = bridge.to_drafter
+                    to_d = bridge.to_drafter_list
                     for t in out:
-                        d = int(to_d[t])
+                        d = to_d[t]
                         if d >= 0:
                             d_ctx[i].append(d)
                         else:

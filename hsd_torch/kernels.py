@@ -59,7 +59,7 @@ Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -81,11 +81,21 @@ class Verified:
     tokens: Tensor
     n_accepted: Tensor
     n_emitted: Tensor
+    # the same, as the kernels computed them on the host: (rows(), n_accepted as a list)
+    _host: tuple[list[list[int]], list[int]] | None = field(default=None, repr=False, compare=False)
 
     def rows(self) -> list[list[int]]:
-        """The emitted ids of every row as Python lists (one device sync)."""
+        """The emitted ids of every row as Python lists (no device sync: the kernels decide on the host)."""
+        if self._host is not None:
+            return [list(r) for r in self._host[0]]
         toks = self.tokens.tolist()
         return [r[:n] for r, n in zip(toks, self.n_emitted.tolist())]
+
+    def accepted(self) -> list[int]:
+        """``n_accepted`` as a Python list (no device sync)."""
+        if self._host is not None:
+            return list(self._host[1])
+        return [int(n) for n in self.n_accepted.tolist()]
 
 
 def compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -154,14 +164,16 @@ def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
     if check:
         _check_uniforms(u, "u")
         _check_law_rows(pr, None, "probs")
-    return _inverse_cdf(pr, u.to(pr.device))
+    return _inverse_cdf(pr, u if u.device == pr.device else u.to(pr.device))
 
 
-def _rows_at(x: Tensor, rows: Tensor, pos: Tensor) -> Tensor:
-    """``x[rows[i], pos[i]]`` for ``x [B, P, V]``: ``[len(rows), V]``, copying only those rows."""
+def _rows_at(x: Tensor, rows: list[int], pos: list[int]) -> Tensor:
+    """``x[rows[i], pos[i]]`` for ``x [B, P, V]``: ``[len(rows), V]``, a fresh buffer holding only those rows."""
+    p = x.shape[1]
+    idx = torch.tensor([r * p + j for r, j in zip(rows, pos)], dtype=torch.int64, device=x.device)
     if x.is_contiguous():
-        return x.reshape(-1, x.shape[-1]).index_select(0, rows * x.shape[1] + pos)
-    return x[rows, pos]
+        return x.reshape(-1, x.shape[-1]).index_select(0, idx)
+    return x.flatten(0, 1).index_select(0, idx)
 
 
 def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None:
@@ -173,27 +185,30 @@ def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None
         _fail_if((n < 0) | (n > k), f"{name} must lie in [0, {k}]")
 
 
-def _stop_rule(ok: Tensor, tokens: Tensor, eos_id: int | None, budget: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Shared by both verifiers: how many drafts are kept, and whether the row stops there.
+def _stop_rule(ok: list[list[bool]], tokens: list[list[int]], eos_id: int | None,
+               budget: list[int] | None) -> tuple[list[int], list[bool]]:
+    """Shared by both verifiers, on the host (``[B, K]`` is small; one pass per row beats a dozen
+    tensor ops at small batch): how many drafts are kept, and whether the row stops there.
 
-    ``ok [B, K]`` says which positions pass their test (False beyond ``n_drafts``); ``tokens`` are
-    the ids kept at those positions. The kept prefix is the run of passing positions, cut after
-    the first kept EOS and at ``budget``; a row cut that way stops without a final token.
+    ``ok[b][j]`` says whether position ``j`` passes its test (False beyond ``n_drafts``);
+    ``tokens[b][j]`` is the id kept there. The kept prefix is the run of passing positions, cut after
+    the first kept EOS and at ``budget[b]``; a row cut that way stops without a final token.
     """
-    batch, k = ok.shape
-    run = torch.cumprod(ok.to(torch.int64), dim=1)
-    n_acc = run.sum(dim=1)
-    stopped = torch.zeros(batch, dtype=torch.bool, device=ok.device)
-    if eos_id is not None and k > 0:
-        kept_eos = (tokens == eos_id) & run.bool()
-        has_eos = kept_eos.any(dim=1)
-        first_eos = torch.argmax(kept_eos.to(torch.uint8), dim=1)
-        n_acc = torch.where(has_eos, first_eos + 1, n_acc)
-        stopped |= has_eos
-    if budget is not None:
-        at_budget = n_acc >= budget
-        n_acc = torch.where(at_budget, torch.minimum(n_acc, budget), n_acc)
-        stopped |= at_budget
+    n_acc: list[int] = []
+    stopped: list[bool] = []
+    for b, row in enumerate(ok):
+        n, stop = 0, False
+        for good, t in zip(row, tokens[b]):
+            if not good:
+                break
+            n += 1
+            if t == eos_id:
+                stop = True
+                break
+        if budget is not None and n >= budget[b]:
+            n, stop = budget[b], True
+        n_acc.append(n)
+        stopped.append(stop)
     return n_acc, stopped
 
 
@@ -209,14 +224,24 @@ def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int, check: bo
     return budget
 
 
-def _assemble(kept: Tensor, n_acc: Tensor, final: Tensor, has_final: Tensor) -> Verified:
-    """``tokens [B, K+1]``: ``kept[:, :n_acc]``, then ``final`` where ``has_final``, then -1."""
-    batch, k = kept.shape
-    pos = torch.arange(k + 1, device=kept.device).unsqueeze(0)
-    padded = torch.cat([kept, torch.full((batch, 1), -1, dtype=torch.int64, device=kept.device)], dim=1)
-    tokens = torch.where(pos < n_acc.unsqueeze(1), padded, torch.full_like(padded, -1))
-    tokens = torch.where((pos == n_acc.unsqueeze(1)) & has_final.unsqueeze(1), final.unsqueeze(1), tokens)
-    return Verified(tokens, n_acc, n_acc + has_final.to(torch.int64))
+def _assemble(kept: list[list[int]], n_acc: list[int], final: list[int], has_final: list[bool],
+              device: torch.device) -> Verified:
+    """``tokens [B, K+1]``: ``kept[b][:n_acc[b]]``, then ``final[b]`` where ``has_final[b]``, then -1;
+    one host-to-device copy for the three outputs."""
+    k1 = (len(kept[0]) if kept else 0) + 1
+    flat: list[int] = []
+    n_emit = [n + int(h) for n, h in zip(n_acc, has_final)]
+    for row, n, f, h in zip(kept, n_acc, final, has_final):
+        flat.extend(row[:n])
+        if h:
+            flat.append(f)
+        flat.extend([-1] * (k1 - n - int(h)))
+    flat.extend(n_acc)
+    flat.extend(n_emit)
+    batch = len(kept)
+    out = torch.tensor(flat, dtype=torch.int64, device=device)
+    return Verified(out[:batch * k1].view(batch, k1), out[batch * k1:batch * (k1 + 1)], out[batch * (k1 + 1):],
+                    _host=([r[:n] + [f] * h for r, n, f, h in zip(kept, n_acc, final, has_final)], n_acc))
 
 
 def rejection_verify(
@@ -274,43 +299,50 @@ def rejection_verify(
             _check_uniforms(u_final, "u_final")
     cdt = compute_dtype(p, q)
     valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
-    safe = torch.where(valid, drafts, torch.zeros_like(drafts))
     if check:
         _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
-    if check:
         used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
         _check_law_rows(p, used, "p")
-    px = p[:, :k].gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
+    safe = drafts.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # padding past n_drafts may be any id
     if greedy:
         ok = valid & (torch.argmax(p[:, :k], dim=-1) == drafts)
     else:
         if check:
             _check_law_rows(q, valid, "q")
-        qx = q.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(cdt)
-        inf = torch.full_like(px, float("inf"))
-        ratio = torch.where(qx > 0, px / torch.where(qx > 0, qx, torch.ones_like(qx)),
-                            torch.where(px > 0, inf, torch.zeros_like(px)))
-        ok = valid & (u_accept.to(cdt) < torch.clamp(ratio, max=1.0))
-    n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
-    has_final = ~stopped
-    rows = torch.arange(batch, device=dev)
-    p_sel = _rows_at(p, rows, n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
+        px = p[:, :k].gather(-1, safe).squeeze(-1).to(cdt)
+        qx = q.gather(-1, safe).squeeze(-1).to(cdt)
+        # min(1, p/q): q = 0 gives +inf (p > 0, accepted) or NaN (p = 0; NaN < u is never true,
+        # as the 0 of the rule); clamp keeps NaN
+        ok = valid & (u_accept.to(cdt) < torch.clamp(px / qx, max=1.0))
+    drafts_l: list[list[int]] = drafts.tolist()
+    n_acc, stopped = _stop_rule(ok.tolist(), drafts_l, eos_id, None if budget is None else budget.tolist())
+    has_final = [not s for s in stopped]
+    p_sel = _rows_at(p, list(range(batch)), n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
     if greedy:
-        final = torch.argmax(p_sel, dim=-1)
+        final: list[int] = torch.argmax(p_sel, dim=-1).tolist()
     else:
         law = p_sel
-        if k > 0:
-            rejected = has_final & (n_acc < n_drafts)
-            if bool(rejected.any()):  # in place on fresh buffers: large allocations dominate on the CPU
-                rej = torch.nonzero(rejected).squeeze(-1)
-                scratch = _rows_at(q, rej, n_acc.index_select(0, rej)).to(cdt)
-                diff = p_sel.index_select(0, rej).sub_(scratch).clamp_(min=0)  # max(p - q, 0)
-                mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:].clone()  # left to right, as the reference sums
-                has_mass = (mass > 0).squeeze(-1)
-                # rows whose residual has no mass keep p itself
-                law = p_sel.index_copy_(0, rej[has_mass], diff[has_mass].div_(mass[has_mass]))
-        final = _inverse_cdf(law, u_final)
-    return _assemble(drafts, n_acc, final, has_final)
+        nd = n_drafts.tolist()
+        rej = [b for b in range(batch) if has_final[b] and n_acc[b] < nd[b]]
+        if rej:  # in place on fresh buffers: large allocations dominate on the CPU
+            scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
+            every = len(rej) == batch  # (usual at batch 1) p_sel is then changed in place
+            if every:
+                diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)
+            else:
+                diff = p_sel.index_select(0, torch.tensor(rej, dtype=torch.int64, device=dev)).sub_(scratch).clamp_(min=0)
+            mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:]  # left to right, as the reference sums
+            has_mass = (mass > 0).squeeze(-1).tolist()
+            if every and all(has_mass):
+                law = diff.div_(mass)
+            else:  # rows whose residual has no mass keep p itself
+                law = _rows_at(p, list(range(batch)), n_acc).to(cdt) if every else p_sel
+                if any(has_mass):
+                    keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                    dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                    law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
+        final = _inverse_cdf(law, u_final).tolist()
+    return _assemble(drafts_l, n_acc, final, has_final, dev)
 
 
 def exact_match_verify(
@@ -364,8 +396,10 @@ def exact_match_verify(
         y = torch.argmax(pf, dim=-1).reshape(batch, k1)
     else:  # rows past n_candidates hold whatever the caller padded with; their draws are never read
         y = _inverse_cdf(pf, u.reshape(-1)).reshape(batch, k1)
-    valid = torch.arange(k, device=dev).unsqueeze(0) < n_candidates.unsqueeze(1)
-    ok = valid & (y[:, :k] == candidates)
-    n_acc, stopped = _stop_rule(ok, y[:, :k], eos_id, budget)
-    final = y.gather(1, n_acc.unsqueeze(1)).squeeze(1)
-    return _assemble(y[:, :k], n_acc, final, ~stopped)
+    y_l: list[list[int]] = y.tolist()
+    cand_l: list[list[int]] = candidates.tolist()
+    nc = n_candidates.tolist()
+    ok = [[j < nc[b] and y_l[b][j] == cand_l[b][j] for j in range(k)] for b in range(batch)]
+    n_acc, stopped = _stop_rule(ok, y_l, eos_id, None if budget is None else budget.tolist())
+    final = [y_l[b][n_acc[b]] for b in range(batch)]
+    return _assemble([r[:k] for r in y_l], n_acc, final, [not s for s in stopped], dev)

@@ -974,7 +974,7 @@ def _first(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_
 
     with torch.inference_mode():
         blocks = [runner.sync(i, c) for i, c in enumerate(ctx)]
-        last = runner.feed(blocks, [len(b) - 1 for b in blocks], 1)[:, 0]
+        last = runner.feed(blocks, [len(b) - 1 for b in blocks], None)
         tree = TreeCache(runner, list(range(len(prompts))), ctx, lookahead)
         us = uniforms if uniforms is not None or greedy else [[0.5] * lookahead for _ in prompts]
         if m is None:

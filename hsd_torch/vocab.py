@@ -420,6 +420,8 @@ class _Core:
     shared: int
     same_tokenizer: bool
     build_seconds: float
+    to_target_list: tuple[int, ...]  # the two maps as host tuples, for per-token lookups without a tensor op
+    to_drafter_list: tuple[int, ...]
 
 
 def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | None,
@@ -479,7 +481,7 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     same = pad_t == pad_d and dict(tb.special) == dict(db.special) and te == de
     return _Core(tb, db, te, de, torch.from_numpy(to_t), torch.from_numpy(to_d),
                  torch.from_numpy(d_ids.astype(np.int64)), torch.from_numpy(t_ids.copy()),
-                 levels, shared, same, time.perf_counter() - t0)
+                 levels, shared, same, time.perf_counter() - t0, tuple(to_t.tolist()), tuple(to_d.tolist()))
 
 
 _CORE_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Any, _Core]] = OrderedDict()
@@ -624,6 +626,16 @@ class VocabBridge:
             out.index_add_(1, t_idx, q.index_select(1, d_idx))
         return out.reshape(*lead, self.target_vocab_size)
 
+    @property
+    def to_target_list(self) -> tuple[int, ...]:
+        """``to_target`` as a host tuple (drafter id -> target id or -1)."""
+        return self._core.to_target_list
+
+    @property
+    def to_drafter_list(self) -> tuple[int, ...]:
+        """``to_drafter`` as a host tuple (target id -> drafter id or -1)."""
+        return self._core.to_drafter_list
+
     def restrict(self, q: torch.Tensor) -> Restricted:
         """``q [..., Vd]`` zeroed outside the intersection (drafter ids with ``to_target >= 0``,
         EOS included) and renormalized, with the mass it had there.
@@ -633,11 +645,17 @@ class VocabBridge:
         and mass 0, never NaN.
         """
         self._check_law(q)
-        work = q if q.dtype in (torch.float32, torch.float64) else q.to(torch.float32)
-        kept = work.masked_fill(self._outside, 0.0)
-        mass = kept.sum(-1, keepdim=True)
-        empty = ~(mass > 0)  # no mass (or NaN): an all-zero law, never 0 / 0
-        law = kept.div_(mass.masked_fill(empty, 1.0)).masked_fill_(empty, 0.0)
+        law, mass, _ = self._restricted(q)
         mass = mass.squeeze(-1)
         return Restricted(law if law.dtype == q.dtype else law.to(q.dtype),
                           mass if mass.dtype == q.dtype else mass.to(q.dtype))
+
+    def _restricted(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`restrict` without the checks, in float32 or float64, for ``generate``'s drafting
+        loop: ``(law [..., Vd], mass [..., 1], has [..., 1])`` with ``has = mass > 0`` (False for NaN)."""
+        work = q if q.dtype in (torch.float32, torch.float64) else q.to(torch.float32)
+        kept = work.masked_fill(self._outside, 0.0)
+        mass = kept.sum(-1, keepdim=True)
+        has = mass > 0  # no mass (or NaN): an all-zero law, never 0 / 0
+        law = torch.where(has, kept.div_(torch.where(has, mass, 1.0)), 0.0)
+        return law, mass, has

@@ -153,6 +153,13 @@ def verify_batches(draw: st.DrawFn) -> dict[str, object]:
                 greedy=draw(st.booleans()), check=draw(st.booleans()))
 
 
+def assert_host_matches_tensors(out: Verified) -> None:
+    """The kernels decide on the host and return both forms: the lists must equal the tensors."""
+    plain = Verified(out.tokens, out.n_accepted, out.n_emitted)  # no host copy: reads the tensors
+    assert out.rows() == plain.rows() and out.accepted() == plain.accepted() == out.n_accepted.tolist()
+    assert out.tokens.shape[0] == out.n_accepted.shape[0] == out.n_emitted.shape[0]
+
+
 def t(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
@@ -173,6 +180,7 @@ def test_rejection_verify_mirrors_reference(case: dict[str, object]) -> None:
     out = rejection_verify(t(p), t(q), t(drafts), t(n), t(ua), t(uf), greedy=greedy, eos_id=v - 1,
                            budget=None if budget is None else t(np.asarray(budget)), check=bool(case["check"]))
     rows = out.rows()
+    assert_host_matches_tensors(out)
     for b in range(p.shape[0]):
         read = [] if greedy else read_rejection(out, b, ua, uf, int(n[b]))
         bud = NO_BUDGET if budget is None else int(np.asarray(budget)[b])
@@ -194,6 +202,7 @@ def test_exact_match_verify_mirrors_reference(case: dict[str, object]) -> None:
     out = exact_match_verify(t(p), t(cands), t(n), t(u), greedy=greedy, eos_id=v - 1,
                              budget=None if budget is None else t(np.asarray(budget)), check=bool(case["check"]))
     rows = out.rows()
+    assert_host_matches_tensors(out)
     for b in range(p.shape[0]):
         read = [] if greedy else [float(x) for x in u[b, : int(out.n_emitted[b])]]
         bud = NO_BUDGET if budget is None else int(np.asarray(budget)[b])
@@ -309,6 +318,27 @@ def test_zero_residual_falls_back_to_p() -> None:
     assert int(out.n_accepted[0]) == 0 and out.rows()[0] == [1]
     ref, used = ref_rejection(p, q, [0], 1, [u, 0.75], False, NO_BUDGET)
     assert list(ref.tokens) == [1] and used == 2
+
+
+def test_zero_residual_rows_mixed_with_others_in_one_batch() -> None:
+    """The residual is computed in place for the rejected rows only: a batch mixing a zero residual
+    (falls back to p), a positive residual and a fully accepted row gives each row the reference's
+    tokens, in float64 and float32 (rows alone and together agree)."""
+    p = np.array([[[0.5, 0.5, 0], [0.5, 0.5, 0]], [[0.9, 0.1, 0], [0.3, 0.7, 0]], [[0.4, 0.6, 0], [0.2, 0.8, 0]]])
+    q = np.array([[[0.5 + 2**-40, 0.5 + 2**-40, 0]], [[0.1, 0.9, 0]], [[0.4, 0.6, 0]]])  # id 2: the reference's EOS
+    drafts, n = np.array([[0], [1], [1]]), np.array([1, 1, 1])
+    ua = np.array([[float(np.nextafter(1.0, 0.0))], [0.5], [0.1]])
+    uf = np.array([0.75, 0.3, 0.9])
+    for dtype in (torch.float64, torch.float32):
+        rows = [rejection_verify(t(p[b:b + 1]).to(dtype), t(q[b:b + 1]).to(dtype), t(drafts[b:b + 1]), t(n[b:b + 1]),
+                                 t(ua[b:b + 1]), t(uf[b:b + 1])).rows()[0] for b in range(3)]
+        out = rejection_verify(t(p).to(dtype), t(q).to(dtype), t(drafts), t(n), t(ua), t(uf))
+        assert_host_matches_tensors(out)
+        assert out.rows() == rows
+        for b in range(3):
+            ref, _ = ref_rejection(p[b], q[b], drafts[b], 1, read_rejection(out, b, ua, uf, 1), False, NO_BUDGET)
+            assert rows[b] == list(ref.tokens), (dtype, b, rows[b], ref)
+    assert out.rows()[0] == [1] and out.accepted() == [0, 0, 1]
 
 
 def test_padded_vocabulary_never_emits_a_padding_id() -> None:
