@@ -98,7 +98,7 @@ def main() -> None:
           f"drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params, {len(dt)} ids; "
           f"torch {torch.__version__}, 1 thread")
     timers = {id(m): Timer(m) for m in (target, drafter, same)}
-    for name in ("sample", "rejection_verify", "exact_match_verify"):  # generate calls them through the module
+    for name in ("sample", "_sample_list", "rejection_verify", "exact_match_verify"):  # called through the module
         setattr(kernels, name, _timed(getattr(kernels, name)))
     fwd = one_token_forward(target, len(tt))
     print(f"one target forward pass (1 token, KV cache at 64): {fwd * 1e3:.2f} ms (min of 30)")

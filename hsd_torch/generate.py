@@ -439,7 +439,8 @@ class _EosLast:
 
     def draw_ids(self, x: Tensor, u: Tensor | None) -> list[int]:
         """:meth:`draw` as a host list (the positions read back once, mapped to ids on the host)."""
-        pos = self._positions(x, u).tolist()
+        sel = self.law(x)
+        pos: list[int] = torch.argmax(sel, dim=-1).tolist() if u is None else kernels._sample_list(sel, u)
         return pos if self.identity else [self.perm_list[c] for c in pos]
 
     def _positions(self, x: Tensor, u: Tensor | None) -> Tensor:

@@ -130,19 +130,45 @@ def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
         raise ValueError(f"{name}: row {where} is not a law (NaN, infinite or negative entry, or no mass)")
 
 
-def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
+def _searchsorted_draw(probs: Tensor, u: Tensor) -> Tensor:
+    """``[N]``: the first index ``i`` with ``u * cs[-1] < cs[i]`` (``cs = cumsum(probs)``), or ``V`` when
+    rounding pushed ``u * cs[-1]`` to the total or past it."""
     cs = torch.cumsum(probs, dim=-1)
     target = (u if u.dtype == cs.dtype else u.to(cs.dtype)).unsqueeze(-1) * cs[:, -1:]
-    idx = torch.searchsorted(cs, target, right=True).squeeze(-1)
-    v = probs.shape[-1]
-    past = idx >= v
+    return torch.searchsorted(cs, target, right=True).squeeze(-1)
+
+
+def _last_positive(probs: Tensor, rows: Tensor) -> Tensor:
+    """``[len(rows)]``: the last index of positive probability of those rows of ``probs [N, V]``."""
+    pos = probs.index_select(0, rows) > 0
+    return (probs.shape[-1] - 1) - torch.argmax(torch.flip(pos, dims=[-1]).to(torch.uint8), dim=-1)
+
+
+def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
+    idx = _searchsorted_draw(probs, u)
+    past = idx >= probs.shape[-1]
     if bool(past.any()):  # rounding pushed u * total to the total: the last index of positive probability
         rows = torch.nonzero(past).squeeze(-1)
-        pos = probs.index_select(0, rows) > 0
-        last = (v - 1) - torch.argmax(torch.flip(pos, dims=[-1]).to(torch.uint8), dim=-1)
-        idx = idx.index_put((rows,), last)
+        idx = idx.index_put((rows,), _last_positive(probs, rows))
     return idx
+
+
+def _inverse_cdf_list(probs: Tensor, u: Tensor) -> list[int]:
+    """:func:`_inverse_cdf` read back to the host (the rounding case is found there, no extra reduction)."""
+    out: list[int] = _searchsorted_draw(probs, u).tolist()
+    past = [i for i, x in enumerate(out) if x >= probs.shape[-1]]
+    if past:
+        fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
+        for i, f in zip(past, fixed):
+            out[i] = f
+    return out
+
+
+def _sample_list(probs: Tensor, u: Tensor) -> list[int]:
+    """:func:`sample` unchecked, as a host list (for ``generate``'s drafting loop, which reads the ids back)."""
+    pr = probs if probs.dtype in (torch.float32, torch.float64) else probs.to(compute_dtype(probs))
+    return _inverse_cdf_list(pr, u if u.device == pr.device else u.to(pr.device))
 
 
 def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
@@ -341,7 +367,7 @@ def rejection_verify(
                     keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
                     dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
                     law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
-        final = _inverse_cdf(law, u_final).tolist()
+        final = _inverse_cdf_list(law, u_final)
     return _assemble(drafts_l, n_acc, final, has_final, dev)
 
 
@@ -394,9 +420,10 @@ def exact_match_verify(
     pf = p.reshape(batch * k1, v).to(cdt)
     if greedy:
         y = torch.argmax(pf, dim=-1).reshape(batch, k1)
+        y_l: list[list[int]] = y.tolist()
     else:  # rows past n_candidates hold whatever the caller padded with; their draws are never read
-        y = _inverse_cdf(pf, u.reshape(-1)).reshape(batch, k1)
-    y_l: list[list[int]] = y.tolist()
+        flat = _inverse_cdf_list(pf, u.reshape(-1))
+        y_l = [flat[b * k1:(b + 1) * k1] for b in range(batch)]
     cand_l: list[list[int]] = candidates.tolist()
     nc = n_candidates.tolist()
     ok = [[j < nc[b] and y_l[b][j] == cand_l[b][j] for j in range(k)] for b in range(batch)]

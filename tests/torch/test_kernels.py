@@ -28,7 +28,7 @@ from hsd_core.methods.slem import SLEM  # noqa: E402
 from hsd_core.models import FunctionModel, Model  # noqa: E402
 from hsd_core.rand import Rand, UniformRand, inverse_cdf  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
-from hsd_torch.kernels import Verified, exact_match_verify, rejection_verify, sample  # noqa: E402
+from hsd_torch.kernels import Verified, _sample_list, exact_match_verify, rejection_verify, sample  # noqa: E402
 
 NO_BUDGET = 10**9
 
@@ -246,6 +246,19 @@ def test_sample_rounding_past_the_last_partial_sum() -> None:
     assert got == inverse_cdf(probs, u) == 3
     bf = torch.tensor([probs], dtype=torch.bfloat16)
     assert int(sample(bf, torch.tensor([u], dtype=torch.float64))[0]) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_host_list_draw_equals_sample(dtype: torch.dtype) -> None:
+    """generate's drafting loop draws with kernels._sample_list (the ids read back, the rounding
+    case found on the host): the same ids as ``sample``, rows past the last partial sum included."""
+    g = np.random.default_rng(5)
+    probs = g.dirichlet(np.full(30, 0.3), size=200)
+    probs[::7, 20:] = 0.0  # trailing zeros: the rounding case must not land on them
+    u = g.random(200)
+    u[::7] = 1.0 - 1e-9  # rounds to 1.0 in float32 / bfloat16
+    pt, ut = t(probs).to(dtype), t(u)
+    assert _sample_list(pt, ut) == sample(pt, ut).tolist()
 
 
 # ---------------------------------------------------------------------------------------------
