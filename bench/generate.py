@@ -22,6 +22,10 @@ Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, look
   sampling works over the vocabulary intersection). The assistants draft exactly ``--lookahead``
   tokens a round (``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``)
   so both implementations run the same lookahead. transformers takes batch 1 only.
+  ``hf:uagfix-sample@b1``: the same sampling across tokenizers with ``bench/transformers_uag_patch.py``
+  installed for that configuration alone (issue 12: the patch that makes it lossless), so that hsd's
+  TLI is also compared with a *correct* version of the sampler users would otherwise run
+  (``vs_transformers_patched``).
 
 Figures per configuration: tokens/s, ms per token, acceptance per drafted token (hsd: its stats'
 accepted / proposed; transformers: (new tokens - target calls) / drafter forward calls, i.e. accepted
@@ -64,6 +68,8 @@ HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs")
 MODES = ("greedy", "sample")
 VS = {"ar-greedy": "ar-greedy", "ar-sample": "ar-sample", "sd-greedy": "sd-greedy", "sd-sample": "sd-sample",
       "tli-sample": "uag-sample", "slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy"}
+# hsd TLI against transformers' universal speculative decoding made lossless by the issue-12 patch
+VS_PATCHED = {"tli-sample": "uagfix-sample"}
 
 
 class FwdTimer:
@@ -114,6 +120,7 @@ class Bench:
         # transformers' assistants: own copies (UAG sampling prunes its assistant's head in place, and
         # its translator cache is keyed by the tokenizers: one assistant per mode, kept for the run)
         self.hf_assist = {"uag-greedy": copy.deepcopy(pair["drafter"]), "uag-sample": copy.deepcopy(pair["drafter"]),
+                          "uagfix-sample": copy.deepcopy(pair["drafter"]),
                           "sd-greedy": copy.deepcopy(pair["sd_drafter"]), "sd-sample": copy.deepcopy(pair["sd_drafter"])}
         for m in self.hf_assist.values():
             gc = m.generation_config
@@ -169,8 +176,19 @@ class Bench:
             kw.update(temperature=1.0, top_k=0, top_p=1.0)
         if assistant is not None:
             kw["assistant_model"] = assistant
-        if kind == "uag":
+        if kind in ("uag", "uagfix"):
             kw.update(tokenizer=self.tt, assistant_tokenizer=self.dt)
+        if kind == "uagfix":  # bench/transformers_uag_patch.py, installed for this configuration only
+            import transformers_uag_patch as fix
+
+            fix.apply_patch()
+        try:
+            return self._run_hf(target, assistant, kw, seed, n)
+        finally:
+            if kind == "uagfix":
+                fix.remove_patch()
+
+    def _run_hf(self, target: Any, assistant: Any, kw: dict[str, Any], seed: int, n: int | None) -> dict[str, Any]:
         tm, dm = self._timer(target), (self._timer(assistant) if assistant is not None else None)
         tm.reset()
         if dm:
@@ -211,6 +229,7 @@ def configs(batches: list[int], hf: bool) -> list[tuple[str, str, str, int]]:
     out = [("hsd", m, mode, b) for b in batches for m in HSD_METHODS for mode in MODES]
     if hf:
         out += [("hf", k, mode, 1) for k in ("ar", "sd", "uag") for mode in MODES]
+        out.append(("hf", "uagfix", "sample", 1))
     return out
 
 
@@ -239,18 +258,22 @@ def summarize(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         methods[k] = row
     vs: dict[str, float] = {}
     vs_min: dict[str, float] = {}
-    for ours, theirs in VS.items():
-        a, b_ = f"hsd:{ours}@b1", f"hf:{theirs}@b1"
-        if a in runs[0] and b_ in runs[0]:
-            rs = [r[b_]["ms_per_token"] / r[a]["ms_per_token"] for r in runs]
-            vs[ours] = round(statistics.median(rs), 3)
-            vs_min[ours] = round(min(rs), 3)
+    vs_fix: dict[str, float] = {}
+    for table_, pairs in ((vs, VS), (vs_fix, VS_PATCHED)):
+        for ours, theirs in pairs.items():
+            a, b_ = f"hsd:{ours}@b1", f"hf:{theirs}@b1"
+            if a in runs[0] and b_ in runs[0]:
+                rs = [r[b_]["ms_per_token"] / r[a]["ms_per_token"] for r in runs]
+                table_[ours] = round(statistics.median(rs), 3)
+                if pairs is VS:
+                    vs_min[ours] = round(min(rs), 3)
     batch: dict[str, Any] = {}
     for k, row in methods.items():
         if k.startswith("hsd:"):
             name, b = k[4:].split("@b")
             batch.setdefault(name, {})[int(b)] = row["tokens_per_s"]
-    return {"methods": methods, "vs_transformers": vs, "vs_transformers_min": vs_min, "throughput_by_batch": batch}
+    return {"methods": methods, "vs_transformers": vs, "vs_transformers_min": vs_min,
+            "vs_transformers_patched": vs_fix, "throughput_by_batch": batch}
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -397,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     print("greedy outputs differing from hsd AR (prompts):", json.dumps(summary["greedy_mismatches"]))
     print("vs_transformers (median / min over repeats):", json.dumps(summary["vs_transformers"]),
           json.dumps(summary["vs_transformers_min"]))
+    print("vs transformers' UAG sampling with the issue-12 patch (lossless):", json.dumps(summary["vs_transformers_patched"]))
     if args.plots:
         summary["plots"] = plots(summary, Path(args.plots))
     if args.json:

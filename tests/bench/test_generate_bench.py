@@ -57,6 +57,11 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert set(res["vs_transformers"]) == {"ar-greedy", "ar-sample", "sd-greedy", "sd-sample", "tli-sample",
                                            "slem-greedy", "tli-greedy"}
     assert all(v > 0 for v in res["vs_transformers"].values())
+    # transformers' UAG sampling with the issue-12 patch, installed for that configuration only
+    assert m["hf:uagfix-sample@b1"]["new_tokens"] > 0 and set(res["vs_transformers_patched"]) == {"tli-sample"}
+    from transformers.generation import candidate_generator as cg
+
+    assert cg.AssistantToTargetTranslator.get_target_logits.__module__ == cg.__name__, "the patch was left installed"
     # greedy: every hsd method at batch 1 emits the target's own greedy tokens (the AR run's)
     assert all(v == 0 for k, v in res["greedy_mismatches"].items() if k.startswith("hsd:") and k.endswith("@b1"))
     assert {Path(p).name for p in res["plots"]} == {"generate_tokens_per_s.png", "generate_batch.png",
