@@ -66,3 +66,28 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert all(v == 0 for k, v in res["greedy_mismatches"].items() if k.startswith("hsd:") and k.endswith("@b1"))
     assert {Path(p).name for p in res["plots"]} == {"generate_tokens_per_s.png", "generate_batch.png",
                                                      "generate_bound.png"}
+
+
+def test_pair_rebuilds_the_tli_drafter_alone_and_diagnoses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/pair.py --drafters-only --keep-sd-drafter: the target and the SD drafter are kept (same
+    weights, their recorded times carried over), the TLI drafter is retrained; diagnose() reports
+    shares and per-character losses in range."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+
+    threads = torch.get_num_threads()
+    pairmod = _load("pair")
+    out = tmp_path / "pair"
+    try:
+        first = pairmod.build(out, fast=True, log=lambda *_: None)
+        sd_before = (out / "sd_drafter" / "model.safetensors").read_bytes()
+        again = pairmod.build(out, fast=True, log=lambda *_: None, reuse_target=True, reuse_sd=True)
+        assert (out / "sd_drafter" / "model.safetensors").read_bytes() == sd_before
+        assert again["sd_drafter_seconds"] == first["sd_drafter_seconds"]
+        assert again["target_seconds"] == first["target_seconds"]
+        assert again["build_seconds"] >= again["target_seconds"] + again["sd_drafter_seconds"]
+        d = pairmod.diagnose(pairmod.load_pair(out, extra_layers=0), chars=2000)
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 <= d["target_tokens_outside_intersection"] <= 1 and d["target_tokens"] > 0
+    assert all(v > 0 for v in d["nll_per_char"].values())
