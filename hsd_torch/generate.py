@@ -553,7 +553,8 @@ def _require_laws(x: Tensor, rows: Tensor | None, who: str) -> None:
     """Raise ``ValueError`` unless every row of ``x [B, P, V]`` (those where ``rows [B, P]`` is True,
     or all) has a finite positive total. ``x`` comes from softmax (and, for drafts, restriction
     and pushforward), so its entries are never negative: a NaN or infinite logit shows as a NaN
-    total, a row with every id removed as a zero one. One reduction and one host sync."""
+    total, a row with every id removed as a zero one. One reduction and its minimum and maximum
+    read back (the masked form, for ``rows``, one more reduction)."""
     total = x.sum(-1)
     if rows is None:  # the usual case, two host reads: min > 0 fails on NaN and 0, max < inf on inf
         lo, hi = torch.aminmax(total)
@@ -827,7 +828,7 @@ def generate(
         # one host-to-device copy: [n_drafts | budget | candidates in sampling order (0-padded)]
         packed = torch.tensor(n_d + [max(b, 1) for b in budget]
                               + [inv[t] for d in drafts_t for t in d + [0] * (kmax - len(d))],
-                              dtype=torch.long).to(dev)
+                              dtype=torch.long, device=dev)
         n_drafts, budget_t = packed[:batch], packed[batch:2 * batch]
         cand = packed[2 * batch:].view(batch, kmax)
         p = t_order.law(p)

@@ -14,8 +14,11 @@ kernel                     reference it mirrors
 Shapes: ``B`` rows (independent sequences), ``K`` draft positions (ragged: row ``b`` uses its
 first ``n_drafts[b]``), ``V`` the width of the probability vectors (a model's logits may be wider
 than its tokenizer; columns of probability 0 are never emitted). Tensors may live on any device;
-the outputs live on the device of ``p``. No Python loop runs over rows, positions or the
-vocabulary.
+the outputs live on the device of ``p``. No Python loop runs over the vocabulary: the laws are
+gathered, compared and sampled by tensor operations; the verifiers' small ``[B, K]`` decisions (the
+run of passing drafts, the cut at an EOS or a budget, the assembly of the output) are read back once
+and made on the host, where one pass over ``B x K`` booleans costs less than the two dozen tensor
+operations it replaces (``Verified`` keeps the host lists, so a caller reads them without a sync).
 
 Which uniforms a row reads, in the order the reference reads them (so that a
 ``hsd_core.rand.UniformRand`` fed that list reproduces the row):
