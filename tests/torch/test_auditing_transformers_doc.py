@@ -148,3 +148,22 @@ def test_doc_audit_commands() -> None:
                        "patched": "lossless-consistent"}, out
     assert re.search(r"^crash: second fresh assistant: 0 of 20 sampled calls ran", out, flags=re.M), out
     assert re.search(r"^patched-crash: second fresh assistant: 20 of 20 sampled calls ran", out, flags=re.M), out
+
+
+def test_equal_vocab_sizes_are_taken_for_one_tokenizer() -> None:
+    """The doc's first 'limit met while building the benchmark pair': transformers compares the two
+    models' vocab_size to decide whether the assistant has its own tokenizer, so a different
+    tokenizer of the same size is refused."""
+    _require_doc_version()
+    import torch
+
+    from hsd_torch import tiny
+
+    tt = tiny.tiny_tokenizer("byte_bpe", vocab_size=512, max_bytes=100_000)
+    dt = tiny.tiny_tokenizer("unigram", vocab_size=512, max_bytes=100_000)
+    assert len(tt) == len(dt) and tt.get_vocab() != dt.get_vocab()
+    target, drafter = tiny.tiny_gpt2(tt, seed=0), tiny.tiny_gpt2(dt, seed=1)
+    ids = tt("def f(x):", return_tensors="pt")["input_ids"]
+    with pytest.raises(ValueError, match="assistant_tokenizer. is not required"):
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, tokenizer=tt,
+                        assistant_tokenizer=dt, max_new_tokens=4, do_sample=True, pad_token_id=tt.eos_token_id)
