@@ -82,6 +82,17 @@ def one_token_forward(model: Any, vocab: int, ctx: int = 64, reps: int = 30) -> 
     return min(times)
 
 
+def setup() -> tuple[Any, Any, Any, Any, Any]:
+    """The benchmark's tokenizers and models: (target tokenizer, drafter tokenizer, target, drafter on
+    the drafter tokenizer, SD drafter on the target's); ``bench/overhead_ab.py`` uses the same."""
+    tt = tiny.tiny_tokenizer("byte_bpe", vocab_size=4096, max_bytes=400_000)
+    dt = tiny.tiny_tokenizer("unigram", vocab_size=2048, max_bytes=400_000)
+    target = tiny.tiny_gpt2(tt, seed=0, n_layer=6, n_embd=320, n_head=5, n_positions=1024)
+    drafter = tiny.tiny_gpt2(dt, seed=1, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
+    same = tiny.tiny_gpt2(tt, seed=2, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
+    return tt, dt, target, drafter, same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -90,11 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tt = tiny.tiny_tokenizer("byte_bpe", vocab_size=4096, max_bytes=400_000)
-    dt = tiny.tiny_tokenizer("unigram", vocab_size=2048, max_bytes=400_000)
-    target = tiny.tiny_gpt2(tt, seed=0, n_layer=6, n_embd=320, n_head=5, n_positions=1024)
-    drafter = tiny.tiny_gpt2(dt, seed=1, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
-    same = tiny.tiny_gpt2(tt, seed=2, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
+    tt, dt, target, drafter, same = setup()
     n_params = sum(p.numel() for p in target.parameters())
     print(f"setup {time.perf_counter() - t0:.1f} s; target {n_params / 1e6:.1f}M params, {len(tt)} ids; "
           f"drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params, {len(dt)} ids; "

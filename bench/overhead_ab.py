@@ -50,21 +50,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
-    from hsd_torch import tiny
+    sys.path.insert(0, str(ROOT / "bench"))
+    import overhead  # the same models and forward timer as bench/overhead.py
 
     new_g = importlib.import_module("hsd_torch.generate").generate
     with tempfile.TemporaryDirectory() as tmp:
         base_g = load_base(args.base, Path(tmp))
-        tt = tiny.tiny_tokenizer("byte_bpe", vocab_size=4096, max_bytes=400_000)
-        dt = tiny.tiny_tokenizer("unigram", vocab_size=2048, max_bytes=400_000)
-        target = tiny.tiny_gpt2(tt, seed=0, n_layer=6, n_embd=320, n_head=5, n_positions=1024)
-        drafter = tiny.tiny_gpt2(dt, seed=1, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
-        same = tiny.tiny_gpt2(tt, seed=2, n_layer=2, n_embd=128, n_head=2, n_positions=1024)
-        inside = [0.0]
-        t0 = [0.0]
-        for m in (target, drafter, same):
-            m.register_forward_pre_hook(lambda *_: t0.__setitem__(0, time.perf_counter()))
-            m.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] + time.perf_counter() - t0[0]))
+        tt, dt, target, drafter, same = overhead.setup()
+        timers = [overhead.Timer(m) for m in (target, drafter, same)]
         prompts = ["def parse(self, text):\n    "] * args.batch
         print(f"base {args.base} vs working tree; batch {args.batch}, {args.repeats} repeats, 1 thread")
         for method in args.methods.split(","):
@@ -78,11 +71,13 @@ def main() -> None:
             over: dict[str, list[float]] = {"base": [], "new": []}
             for r in range(args.repeats):
                 for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
-                    inside[0] = 0.0
+                    for t in timers:
+                        t.total = 0.0
                     start = time.perf_counter()
                     out = runs[name](target, d, prompts, seed=r + 1, **kw)
                     wall = time.perf_counter() - start
-                    over[name].append((wall - inside[0]) / out.stats[0].target_calls)
+                    inside = sum(t.total for t in timers)
+                    over[name].append((wall - inside) / out.stats[0].target_calls)
             b, n = statistics.median(over["base"]), statistics.median(over["new"])
             print(f"{method:5s} overhead per round: base {b * 1e3:.3f} ms, new {n * 1e3:.3f} ms, new/base {n / b:.3f}",
                   flush=True)
