@@ -226,6 +226,21 @@ def window_view(context: Sequence[int], n_prefix: int, max_pos: int) -> list[int
     return list(context[:n_prefix]) + list(context[n_prefix + s:])
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two id lists (a binary search over slice
+    comparisons, which run in C: contexts are long and usually differ only near their end)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class _Runner:
     """A model, its batch cache and, per row, the ids it holds and the cache columns they sit in.
 
@@ -337,10 +352,7 @@ class _Runner:
         nh = len(have)
         if nh < len(context) and list(context[:nh]) == have:
             return list(context[nh:])
-        m = 0
-        n = min(nh, len(context))
-        while m < n and have[m] == context[m]:
-            m += 1
+        m = _common_prefix(have, context)
         if m == len(context) and m > 0:
             m -= 1
         if m < nh:
@@ -399,17 +411,6 @@ def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Ten
     return t if t.device == dev else t.to(dev)
 
 
-def _fit_width(law: Tensor, v: int) -> Tensor:
-    """A law over drafter ids as one over ``v`` target ids of the same tokenizer (SD): columns past
-    the tokenizer carry no mass, so padding with zeros or cutting them changes nothing."""
-    n = law.shape[-1]
-    if n == v:
-        return law
-    if n > v:
-        return law[..., :v]
-    return torch.nn.functional.pad(law, (0, v - n))
-
-
 class _EosLast:
     """The column order in which laws are sampled: the ids in increasing order with EOS moved to
     the end, which is ``hsd_core``'s order (its EOS is the last id). Inverse-CDF draws and argmax
@@ -454,20 +455,122 @@ class _EosLast:
         return c if self.identity else self.perm[c]
 
 
-class FirstTargetMap:
-    """SLRS at lookahead 1: drafter id -> the first target id of its text, and psi.
+class _Space:
+    """The columns ``generate``'s laws live on for one model: ``ids``, the model's ids a law may
+    put mass on in ``hsd_core``'s order (ids with text increasing, then EOS: the mirror's core ids,
+    :class:`hsd_torch.mirror.CoreTokenizer`), or a subset of them in the same order (a TLI
+    drafter's: the ids it shares with the target). ``pos[id]``: an id's column (-1: none).
 
-    ``ids [Vd]`` (long): for a drafter id with text, the first id of the target's encoding of that
-    text alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0,
-    so the map does not depend on the context and is built once); the target's EOS for the
-    drafter's EOS; 0 for ids without text (they never carry mass). :meth:`psi` pushes a drafter
-    law through it with ``index_add`` (the masses of all drafter ids with the same first target
-    id add up). Built with one batched tokenizer call over the ids whose text is valid UTF-8 and
-    :meth:`TokenText.encode` for the rest (partial characters)."""
+    Laws over these columns need no permutation before a draw (the sampling order is the column
+    order) and carry no columns of probability 0 by construction; :meth:`select` takes the columns
+    out of a ``[..., V]`` tensor as slices when they form at most three runs (the usual case:
+    special ids at one end), else with one ``index_select``."""
+
+    _cache: IdentityCache[_Space] = IdentityCache(32)
+
+    def __init__(self, ids: Sequence[int], v: int, device: torch.device) -> None:
+        self.ids: list[int] = [int(i) for i in ids]
+        self.n = len(self.ids)
+        self.v = v
+        self.pos: list[int] = [-1] * v
+        for c, i in enumerate(self.ids):
+            self.pos[i] = c
+        self.cols = torch.tensor(self.ids, dtype=torch.long, device=device)
+        runs: list[list[int]] = []
+        for i in self.ids:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        self._runs: list[tuple[int, int]] | None = [(a, b) for a, b in runs] if len(runs) <= 3 else None
+
+    @classmethod
+    def text(cls, text: TokenText, device: torch.device) -> _Space:
+        """The text space of a model: every id with text, then EOS (built once per TokenText and device)."""
+        def build() -> _Space:
+            mask = text.text_mask.tolist()
+            return cls([i for i, m in enumerate(mask) if m and i != text.eos_id] + [text.eos_id], text.vocab_size,
+                       device)
+        return cls._cache.get((text,), (str(device),), build)
+
+    def select(self, x: Tensor) -> Tensor:
+        """``x [..., v]`` at the space's columns: ``[..., n]`` (a view when they form one run)."""
+        if self._runs is not None:
+            if len(self._runs) == 1:
+                a, b = self._runs[0]
+                return x[..., a:b]
+            return torch.cat([x[..., a:b] for a, b in self._runs], dim=-1)
+        lead = x.shape[:-1]
+        return x.reshape(-1, x.shape[-1]).index_select(1, self.cols).view(*lead, self.n)
+
+
+class _Push:
+    """The pushforward of laws along a map of columns ``dst[c]`` (many to one allowed) into
+    ``n_out`` columns: ``x [..., len(dst)]`` -> ``[..., n_out]``, the masses of the columns with
+    one destination added. One ``index_add_`` per multiplicity level (level ``r`` holds the
+    ``r``-th source column of every destination, ascending), so every level has distinct
+    destinations and the additions run in ascending source column, deterministically on CUDA too."""
+
+    def __init__(self, dst: Sequence[int], n_out: int, device: torch.device) -> None:
+        by_dst: dict[int, list[int]] = {}
+        for c, t in enumerate(dst):
+            if not 0 <= t < n_out:
+                raise ValueError(f"column {c} maps to {t}, outside [0, {n_out})")
+            by_dst.setdefault(t, []).append(c)
+        depth = max((len(v) for v in by_dst.values()), default=0)
+        self.n_in, self.n_out = len(dst), n_out
+        self.levels: list[tuple[Tensor | None, Tensor]] = []
+        for r in range(depth):
+            pairs = sorted((cs[r], t) for t, cs in by_dst.items() if len(cs) > r)
+            src = [c for c, _ in pairs]
+            whole = src == list(range(self.n_in))
+            self.levels.append((None if whole else torch.tensor(src, dtype=torch.long, device=device),
+                                torch.tensor([t for _, t in pairs], dtype=torch.long, device=device)))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.n_in)
+        out = x2.new_zeros((x2.shape[0], self.n_out))
+        for src, dst in self.levels:
+            out.index_add_(1, dst, x2 if src is None else x2.index_select(1, src))
+        return out.view(*lead, self.n_out)
+
+
+def _space_law(logits: Tensor, space: _Space, drop: Tensor, temperature: float, top_k: int | None,
+               top_p: float | None) -> Tensor:
+    """The processed law of :func:`process_logits` at the columns of a model's text space
+    (:meth:`_Space.text`, which holds every id the law may put mass on): ``[..., space.n]``, float64
+    for float64 logits, else float32. Temperature and top-k act on those columns alone (the same
+    law: the removed ids are ``-inf`` there); top-p, whose ties go to the lower id, runs on all
+    ``V`` columns in id order first (``drop [V]``: the removed ids)."""
+    if top_p is not None and top_p < 1.0:
+        return space.select(_process(logits, drop, temperature, top_k, top_p))
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = space.select(logits)
+    x = x if x.dtype == cdt else x.to(cdt)
+    if temperature != 1.0:
+        x = x / temperature
+    if top_k is not None and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+class FirstTargetMap:
+    """SLRS at lookahead 1: drafter id -> the first target id of its text.
+
+    ``first[d]``: for a drafter id with text, the first id of the target's encoding of that text
+    alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0, so the
+    map does not depend on the context and is built once); the target's EOS for the drafter's EOS;
+    -1 for ids without text (they never carry mass). psi, the law of the first target id of the
+    draft's text, is the pushforward of the drafter's law along it (:class:`_Push`: the masses of
+    all drafter ids with one first target id add up). Built with one batched tokenizer call over
+    the ids whose text is valid UTF-8 and :meth:`TokenText.encode` for the rest (partial
+    characters)."""
 
     _cache: IdentityCache[FirstTargetMap] = IdentityCache()
 
-    def __init__(self, tt: TokenText, dt: TokenText, device: torch.device) -> None:
+    def __init__(self, tt: TokenText, dt: TokenText) -> None:
         vd = dt.vocab_size
         first = [-1] * vd
         valid: list[int] = []
@@ -485,25 +588,45 @@ class FirstTargetMap:
             for d, ids in zip(valid, enc):
                 first[d] = int(ids[0])
         first[dt.eos_id] = tt.eos_id
-        has = torch.tensor([f >= 0 for f in first], dtype=torch.bool)
         if any(not 0 <= f < tt.vocab_size or (tt.bytes_of[f] is None and f != tt.eos_id) for f in first if f >= 0):
             raise ValueError("a drafter token's text encodes to a target id without text")
-        self.ids = torch.tensor([max(f, 0) for f in first], dtype=torch.long, device=device)
-        self.d_idx = torch.nonzero(has).flatten().to(device)
-        self.t_idx = self.ids.index_select(0, self.d_idx)
-        self.vt = tt.vocab_size
+        self.first: list[int] = first
 
     @classmethod
-    def get(cls, tt: TokenText, dt: TokenText, device: torch.device) -> FirstTargetMap:
-        """The map for this pair of tokenizers (built once per pair, widths and device)."""
-        return cls._cache.get((tt.tokenizer, dt.tokenizer), (tt.vocab_size, dt.vocab_size, str(device)),
-                              lambda: cls(tt, dt, device))
+    def get(cls, tt: TokenText, dt: TokenText) -> FirstTargetMap:
+        """The map for this pair of tokenizers (built once per pair and widths)."""
+        return cls._cache.get((tt.tokenizer, dt.tokenizer), (tt.vocab_size, dt.vocab_size), lambda: cls(tt, dt))
 
-    def psi(self, law: Tensor) -> Tensor:
-        """``law [R, Vd]`` -> psi ``[R, Vt]``: the law of the first target id of the draft's text."""
-        out = law.new_zeros((law.shape[0], self.vt))
-        out.index_add_(1, self.t_idx, law.index_select(1, self.d_idx))
-        return out
+
+_COLUMNS: IdentityCache[Any] = IdentityCache(16)
+
+
+def _tli_columns(bridge: VocabBridge, tt: TokenText, dt: TokenText, t_space: _Space, d_space: _Space,
+                 device: torch.device) -> tuple[Tensor, list[int], list[int], _Push]:
+    """TLI's drafting columns: the drafter-space columns in the intersection (``inside``, as a
+    tensor), their drafter ids and target columns, and the pushforward of a law over them onto the
+    target's columns (several drafter ids may share one string, hence one target id)."""
+    def build() -> tuple[Tensor, list[int], list[int], _Push]:
+        to_t = bridge.to_target_list
+        cols = [c for c, d in enumerate(d_space.ids) if to_t[d] >= 0]  # EOS (last) maps to EOS
+        ids = [d_space.ids[c] for c in cols]
+        dst = [t_space.pos[to_t[d]] for d in ids]
+        return torch.tensor(cols, dtype=torch.long, device=device), ids, dst, _Push(dst, t_space.n, device)
+    out: tuple[Tensor, list[int], list[int], _Push] = _COLUMNS.get((tt, dt, t_space, d_space), ("tli", str(device)),
+                                                                   build)
+    return out
+
+
+def _slrs_columns(tt: TokenText, dt: TokenText, t_space: _Space, d_space: _Space,
+                  device: torch.device) -> tuple[list[int], _Push]:
+    """One-token SLRS: the target column of each drafter-space column's first target id
+    (:class:`FirstTargetMap`) and psi, the pushforward of a drafter law along it."""
+    def build() -> tuple[list[int], _Push]:
+        first = FirstTargetMap.get(tt, dt).first
+        dst = [t_space.pos[first[d]] for d in d_space.ids]
+        return dst, _Push(dst, t_space.n, device)
+    out: tuple[list[int], _Push] = _COLUMNS.get((tt, dt, t_space, d_space), ("slrs", str(device)), build)
+    return out
 
 
 def _bounded_slrs_round(bounded: BoundedSLRS, drun: _Runner, last: Tensor, active: Sequence[bool],
@@ -547,26 +670,6 @@ def _bounded_slrs_round(bounded: BoundedSLRS, drun: _Runner, last: Tensor, activ
         if not greedy:
             record(i, d_uniforms[i][:res.used[r]])
     return [0] * len(active)
-
-
-def _require_laws(x: Tensor, rows: Tensor | None, who: str) -> None:
-    """Raise ``ValueError`` unless every row of ``x [B, P, V]`` (those where ``rows [B, P]`` is True,
-    or all) has a finite positive total. ``x`` comes from softmax (and, for drafts, restriction
-    and pushforward), so its entries are never negative: a NaN or infinite logit shows as a NaN
-    total, a row with every id removed as a zero one. One reduction and its minimum and maximum
-    read back (the masked form, for ``rows``, one more reduction)."""
-    total = x.sum(-1)
-    if rows is None:  # the usual case, two host reads: min > 0 fails on NaN and 0, max < inf on inf
-        lo, hi = torch.aminmax(total)
-        if float(lo) > 0 and float(hi) < float("inf"):
-            return
-    bad = ~(total > 0) | torch.isinf(total)
-    if rows is not None:
-        bad &= rows
-    if bool(bad.any()):
-        b, j = (int(i) for i in torch.nonzero(bad)[0])
-        raise ValueError(f"the {who}'s law at row {b}, position {j} has NaN, infinite or no mass "
-                         "(NaN or infinite logits?): generation cannot go on")
 
 
 def _seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
@@ -678,11 +781,11 @@ def generate(
     t_ctx = [t_first[i] + tt.encode(prompt_bytes[i]) for i in range(batch)]
     max_pos_t = _max_positions(target.config)
     if max_pos_t is not None:
-        for i, c in enumerate(t_ctx):
-            if len(c) + max_new_tokens > max_pos_t:
+        for i, ctx_i in enumerate(t_ctx):
+            if len(ctx_i) + max_new_tokens > max_pos_t:
                 raise ValueError(
-                    f"prompt {i} has {len(c)} target tokens; with max_new_tokens={max_new_tokens} the target's "
-                    f"context could reach {len(c) + max_new_tokens} tokens, beyond its {max_pos_t} positions "
+                    f"prompt {i} has {len(ctx_i)} target tokens; with max_new_tokens={max_new_tokens} the target's "
+                    f"context could reach {len(ctx_i) + max_new_tokens} tokens, beyond its {max_pos_t} positions "
                     "(the target's law is defined only within them: lower max_new_tokens or shorten the prompt)")
     emitted: list[list[int]] = [[] for _ in range(batch)]
     finished = [False] * batch
@@ -693,14 +796,20 @@ def generate(
     t_pad = tt.eos_id
     trun = _Runner(target, batch, t_pad, "target")
 
+    t_space = _Space.text(tt, dev)
+    t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
     dt: TokenText | None = None
     drun: _Runner | None = None
     bridge: VocabBridge | None = None
     d_ctx: list[list[int]] = []
     d_start: list[list[int]] = []
-    first_t: FirstTargetMap | None = None
     bounded: BoundedSLRS | None = None
     d_drop: Tensor | None = None
+    d_space: _Space | None = None  # the drafter's text space: its laws' columns
+    draft_ids: list[int] = []  # drafting column -> drafter id
+    draft_cols: list[int] = []  # drafting column -> the target column it proposes (sd, tli, slrs)
+    inside: Tensor | None = None  # TLI: the drafter-space columns in the intersection
+    push: _Push | None = None  # TLI, SLRS: drafting columns -> target columns (q, psi)
     if needs_drafter:
         vd = _logit_width(drafter)
         dt = TokenText.get(drafter_tokenizer, vd)
@@ -713,22 +822,24 @@ def generate(
         d_start = [dt.start(p) for p in prompts]
         d_ctx = [d_start[i] + dt.encode(prompt_bytes[i]) for i in range(batch)]
         drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
-        d_order = _EosLast(dt.eos_id, vd, dev)
-        to_target = bridge.to_target_list
-        if method == "slrs":
-            first_t = FirstTargetMap.get(tt, dt, dev)
-            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev,
-                                  max_tokens=max_tokens) if slrs_bounded else None
-    t_order = _EosLast(tt.eos_id, vt, dev)
+        d_space = _Space.text(dt, dev)
+        draft_ids = d_space.ids
+        if method == "sd":
+            if d_space.ids != t_space.ids:  # pragma: no cover - same tokenizer, same ids with text
+                raise AssertionError("the SD drafter's ids with text differ from the target's")
+            draft_cols = list(range(d_space.n))
+        elif method == "tli":
+            inside, draft_ids, draft_cols, push = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
+        elif method == "slrs" and not slrs_bounded:
+            draft_cols, push = _slrs_columns(tt, dt, t_space, d_space, dev)
+        if method == "slrs" and slrs_bounded:
+            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=max_tokens)
 
     def record(i: int, values: Sequence[float]) -> None:
         if used is not None:
             used[i].extend(float(v) for v in values)
 
-    def target_probs(logits: Tensor) -> Tensor:
-        return _process(logits, t_drop, **process)  # type: ignore[arg-type]
-
-    def drafter_probs(logits: Tensor) -> Tensor:
+    def drafter_probs(logits: Tensor) -> Tensor:  # bounded SLRS: the processed law over all drafter ids
         assert d_drop is not None
         return _process(logits, d_drop, **d_process)  # type: ignore[arg-type]
 
@@ -737,12 +848,13 @@ def generate(
         budget = [max_new_tokens - len(e) for e in emitted]
         # ---- drafting ------------------------------------------------------------------------
         n_d = [0] * batch
-        drafts_t: list[list[int]] = [[] for _ in range(batch)]
-        q_steps: list[Tensor] = []  # [B, Vt] per draft position: the law each draft was drawn from
-        d_laws: list[Tensor] = []  # TLI: [B, Vd] per draft position, the restricted drafter law
+        drafts_t: list[list[int]] = [[] for _ in range(batch)]  # target ids (bounded SLRS) or columns
+        q_steps: list[Tensor] = []  # bounded SLRS: [B, Vt] per position, over target ids
+        d_laws: list[Tensor] = []  # [B, N] per draft position: the drafter law each draft was drawn from
+        d_mass: list[list[float]] = [[] for _ in range(batch)]  # TLI: the (unnormalized) law's mass per draft
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
         if method in ("sd", "tli", "slem", "slrs"):
-            assert drun is not None and dt is not None and bridge is not None
+            assert drun is not None and dt is not None and d_space is not None
             if method in ("slem", "slrs"):
                 d_ctx = [d_start[i] + dt.encode(prompt_bytes[i] + tt.decode(emitted[i])) if active[i] else d_ctx[i]
                          for i in range(batch)]
@@ -760,48 +872,41 @@ def generate(
                 k = _bounded_slrs_round(bounded, drun, last, active, d_ctx, d_uniforms, drafter_probs, drafts_t,
                                         n_d, q_steps, record, greedy, vt, budget)
             for j in range(max(k)):
-                probs = drafter_probs(last)  # [B, Vd]
-                if method == "tli":
-                    law, _, has = bridge._restricted(probs)
-                    still = [s and h[0] for s, h in zip(still, has.tolist())]
-                else:
-                    law = probs
-                if not greedy and u_round.dtype != law.dtype:
-                    u_round = u_round.to(law.dtype)  # once a round, the conversion sample would make at every draw
                 rows = [i for i in range(batch) if still[i]]
                 if not rows:
                     break
+                # the drafter's processed law over its text space (TLI: at the intersection's
+                # columns, not renormalized: a draw needs no normalization, verification divides
+                # by the mass read back here)
+                law = _space_law(last, d_space, d_drop, **d_process)  # type: ignore[arg-type]
+                if inside is not None:
+                    law = law.index_select(1, inside)
+                if not greedy and u_round.dtype != law.dtype:
+                    u_round = u_round.to(law.dtype)  # once a round
                 ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
-                picked_l = d_order.draw_ids(law if ridx is None else law.index_select(0, ridx),
-                                            None if greedy else (u_round[:, j] if ridx is None else u_round[ridx, j]))
-                if method == "tli":
-                    d_laws.append(law)  # pushed onto target ids once per round, at verification
-                    mapped = [to_target[d] for d in picked_l]
-                elif method == "sd":
-                    q_steps.append(_fit_width(law, vt))
-                    mapped = picked_l
-                elif method == "slrs":
-                    assert first_t is not None
-                    mapped_t = first_t.ids[torch.tensor(picked_l, dtype=torch.long, device=dev)]
-                    if greedy:
-                        psi = law.new_zeros(len(rows), vt)
-                        psi.scatter_(1, mapped_t.unsqueeze(1), 1.0)
-                    else:
-                        psi = first_t.psi(law if ridx is None else law.index_select(0, ridx))
-                    if ridx is None:
-                        q_steps.append(psi)
-                    else:
-                        q_full = law.new_zeros(batch, vt)
-                        q_full[ridx] = psi
-                        q_steps.append(q_full)
-                    mapped = mapped_t.tolist()
+                sub = law if ridx is None else law.index_select(0, ridx)
+                if greedy:
+                    top, arg = torch.max(sub, dim=-1)  # ties to the first column, as argmax
+                    picked: list[int] = arg.tolist()
+                    mass: list[float] = top.tolist()
                 else:
-                    mapped = picked_l
-                for r, d, t in zip(rows, picked_l, mapped):
-                    drafts_d[r].append(int(d))
-                    drafts_t[r].append(int(t))
+                    picked, mass = kernels._draw_host(sub, u_round[:, j] if ridx is None else u_round[ridx, j])
+                d_laws.append(law)
+                for r, c, m in zip(rows, picked, mass):
+                    if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
+                        if method in ("sd", "slrs"):
+                            raise ValueError(f"the drafter's law at row {r}, position {j} has NaN, infinite or no "
+                                             "mass (NaN or infinite logits?): generation cannot go on")
+                        still[r] = False  # TLI: no mass on the intersection; SLEM: no candidates; the target decodes
+                        continue
+                    d = draft_ids[c]
+                    drafts_d[r].append(d)
+                    if method != "slem":
+                        drafts_t[r].append(draft_cols[c])
+                    d_mass[r].append(m)
                     n_d[r] += 1
-                    record(r, d_uniforms[r][j:j + 1] if not greedy else [])
+                    if not greedy:
+                        record(r, d_uniforms[r][j:j + 1])
                     if d == dt.eos_id or n_d[r] >= k[r]:
                         still[r] = False
                 if not any(still):
@@ -817,71 +922,59 @@ def generate(
                     cands = retokenize(tt, t_ctx[i][len(t_first[i]):], text, lookbehind)
                     if ended:
                         cands = cands + [tt.eos_id]
-                    drafts_t[i] = cands[:budget[i]]
+                    drafts_t[i] = [t_space.pos[t] for t in cands[:budget[i]]]
                     n_d[i] = len(drafts_t[i])
+            elif bounded is not None:
+                drafts_t = [[t_space.pos[t] for t in row] for row in drafts_t]
         # ---- target pass --------------------------------------------------------------------
         pend = [trun.sync(i, t_ctx[i]) if active[i] else [] for i in range(batch)]
-        blocks = [pend[i] + drafts_t[i] if active[i] else [] for i in range(batch)]
         kmax = max(n_d)
-        p = target_probs(trun.feed(blocks, [len(pend[i]) - 1 for i in range(batch)], kmax + 1))
-        inv = t_order.inverse_list
-        # one host-to-device copy: [n_drafts | budget | candidates in sampling order (0-padded)]
-        packed = torch.tensor(n_d + [max(b, 1) for b in budget]
-                              + [inv[t] for d in drafts_t for t in d + [0] * (kmax - len(d))],
-                              dtype=torch.long, device=dev)
-        n_drafts, budget_t = packed[:batch], packed[batch:2 * batch]
-        cand = packed[2 * batch:].view(batch, kmax)
-        p = t_order.law(p)
-        _require_laws(p, None, "target")
-        # The kernels run unchecked (check=False): their other inputs are valid by construction
-        # (uniforms from numpy in [0, 1), drafts and counts built here), and the laws that decide
-        # what is emitted, p and (below) q, are checked here, once per round.
+        p = _space_law(trun.feed([pend[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else []
+                                  for i in range(batch)],
+                                 [len(pend[i]) - 1 for i in range(batch)], kmax + 1),
+                       t_space, t_drop, **process)  # type: ignore[arg-type]
+        cand = [row + [0] * (kmax - len(row)) for row in drafts_t]  # target columns, padded
+        bud = [max(b, 1) for b in budget]
+        # The kernels run unchecked: their inputs are valid by construction (uniforms from numpy in
+        # [0, 1), drafts and counts built here); each draft's law was checked where it was drawn
+        # (its mass read back), and the kernels report a target law that is not one (`bad`: a NaN
+        # softmax row shows in the draw from it, which every output read from such a row makes).
         if method in ("ar", "slem"):
-            if greedy:
-                uv = torch.zeros(batch, kmax + 1, dtype=torch.float64, device=dev)
-            else:
-                uv_rows = [list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)]
-                uv = _pad2(uv_rows, kmax + 1, dev)
-            ver = kernels.exact_match_verify(p, cand, n_drafts, uv, greedy=greedy,
-                                             eos_id=vt - 1, budget=budget_t, check=False)
-            rows_pos, n_acc_l = ver.rows(), ver.accepted()
-            n_emit_l = [len(r) for r in rows_pos]
-            read_u = [] if greedy else [uv_rows[i][:n] for i, n in enumerate(n_emit_l)]
+            uv_rows = None if greedy else [list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)]
+            rows_pos, n_acc_l, bad = kernels._exact_match_host(
+                p, cand, n_d, None if uv_rows is None else [r + [0.0] * (kmax + 1 - len(r)) for r in uv_rows],
+                eos_id=t_eos_col, budget=bud)
+            read_u = [] if uv_rows is None else [uv_rows[i][:len(r)] for i, r in enumerate(rows_pos)]
         else:
-            if d_laws:
-                assert bridge is not None
-                q = bridge.push(torch.stack(d_laws, dim=1))
-            else:
-                q = torch.stack(q_steps, dim=1) if q_steps else p.new_zeros(batch, 0, p.shape[-1])
-            q = q if q.dtype == p.dtype else q.to(p.dtype)
-            if q.shape[1] < kmax:  # pragma: no cover - every draft position has its law
-                raise AssertionError("missing draft laws")
-            q = t_order.law(q if q.shape[1] == kmax else q[:, :kmax])
-            if method != "tli":  # TLI drafts only where restrict found a positive (so finite) mass
-                _require_laws(q, torch.arange(kmax, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1), "drafter")
-            if greedy:
-                ua = torch.zeros(batch, kmax, dtype=torch.float64, device=dev)
-                uf = torch.zeros(batch, dtype=torch.float64, device=dev)
-            else:
-                ua_rows = [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
-                uf_rows = [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
-                u_all = _pad2([r + [0.0] * (kmax - len(r)) + [f] for r, f in zip(ua_rows, uf_rows)], kmax + 1, dev)
-                ua, uf = u_all[:, :kmax], u_all[:, kmax]  # one host-to-device copy for both
-            ver = kernels.rejection_verify(p, q, cand, n_drafts, ua, uf, greedy=greedy,
-                                           eos_id=vt - 1, budget=budget_t, check=False)
-            rows_pos, n_acc_l = ver.rows(), ver.accepted()
-            n_emit_l = [len(r) for r in rows_pos]
+            q: Tensor | None = None
+            if not greedy and kmax:
+                if bounded is not None:
+                    q = t_space.select(torch.stack(q_steps[:kmax], dim=1))
+                else:
+                    laws = torch.stack(d_laws[:kmax], dim=1)  # [B, kmax, N]
+                    if method == "tli":  # normalized by the mass each draw read (left to right, as hsd_core sums)
+                        laws = laws / _pad2([m + [1.0] * (kmax - len(m)) for m in d_mass], kmax, dev).to(
+                            laws.dtype).unsqueeze(-1)
+                    q = laws if push is None else push(laws)
+            ua_rows = None if greedy else [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
+            uf_rows = None if greedy else [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
+            rows_pos, n_acc_l, bad = kernels._rejection_host(
+                p, q, cand, n_d, None if ua_rows is None else [r + [0.0] * (kmax - len(r)) for r in ua_rows],
+                uf_rows, eos_id=t_eos_col, budget=bud)
             read_u = []
-            if not greedy:
-                for i, (na, ne) in enumerate(zip(n_acc_l, n_emit_l)):
+            if ua_rows is not None and uf_rows is not None:
+                for i, (na, row) in enumerate(zip(n_acc_l, rows_pos)):
+                    ne = len(row)
                     tested = na + 1 if (ne > na and na < n_d[i]) else na
                     read_u.append(ua_rows[i][:tested] + ([uf_rows[i]] if ne > na else []))
-        perm = t_order.perm_list
-        rows_out = rows_pos if t_order.identity else [[perm[c] for c in r] for r in rows_pos]
+        if bad is not None:  # rows not fed this round read zero logits: a uniform law, never bad
+            raise ValueError(f"the target's law at row {bad[0]}, position {bad[1]} has NaN, infinite or no mass "
+                             "(NaN or infinite logits?): generation cannot go on")
+        t_ids = t_space.ids
         for i in range(batch):
             if not active[i]:
                 continue
-            out = rows_out[i]
+            out = [t_ids[c] for c in rows_pos[i]]
             if not greedy:
                 record(i, read_u[i])
             emitted[i].extend(out)

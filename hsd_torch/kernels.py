@@ -64,10 +64,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = ["Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,12 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
 def _inverse_cdf_list(probs: Tensor, u: Tensor) -> list[int]:
     """:func:`_inverse_cdf` read back to the host (the rounding case is found there, no extra reduction)."""
     out: list[int] = _searchsorted_draw(probs, u).tolist()
+    return _fix_past(probs, out)
+
+
+def _fix_past(probs: Tensor, out: list[int]) -> list[int]:
+    """Indices past the last column (rounding pushed ``u * total`` to the total) replaced by the
+    row's last index of positive probability."""
     past = [i for i, x in enumerate(out) if x >= probs.shape[-1]]
     if past:
         fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
@@ -168,10 +177,24 @@ def _inverse_cdf_list(probs: Tensor, u: Tensor) -> list[int]:
     return out
 
 
-def _sample_list(probs: Tensor, u: Tensor) -> list[int]:
-    """:func:`sample` unchecked, as a host list (for ``generate``'s drafting loop, which reads the ids back)."""
-    pr = probs if probs.dtype in (torch.float32, torch.float64) else probs.to(compute_dtype(probs))
-    return _inverse_cdf_list(pr, u if u.device == pr.device else u.to(pr.device))
+def _inverse_cdf_host(probs: Tensor, u: list[float]) -> list[int]:
+    """:func:`_inverse_cdf_list` with the uniforms given as a host list (converted to the compute
+    dtype as ``u.to(dtype)`` would: round to nearest)."""
+    return _inverse_cdf_list(probs, torch.tensor(u, dtype=probs.dtype, device=probs.device))
+
+
+def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
+    """Inverse-CDF draws from the rows of ``probs [R, N]`` (non-negative, need not be normalized;
+    float32 or float64) with ``u`` (``[R]``, a host list or a tensor), and each row's total mass
+    (the last partial sum, left to right), both read back: a total that is not finite and positive
+    says the row was not a law (its draw is meaningless). Same draws as :func:`sample`."""
+    ut = u if isinstance(u, Tensor) else torch.tensor(u, dtype=probs.dtype, device=probs.device)
+    cs = torch.cumsum(probs, dim=-1)
+    tot = cs[:, -1:]
+    idx: list[int] = torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)).unsqueeze(-1) * tot,
+                                        right=True).squeeze(-1).tolist()
+    totals: list[float] = tot.squeeze(-1).tolist()
+    return _fix_past(probs, idx), totals
 
 
 def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
@@ -253,24 +276,20 @@ def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int, check: bo
     return budget
 
 
-def _assemble(kept: list[list[int]], n_acc: list[int], final: list[int], has_final: list[bool],
-              device: torch.device) -> Verified:
-    """``tokens [B, K+1]``: ``kept[b][:n_acc[b]]``, then ``final[b]`` where ``has_final[b]``, then -1;
-    one host-to-device copy for the three outputs."""
-    k1 = (len(kept[0]) if kept else 0) + 1
+def _assemble(rows: list[list[int]], n_acc: list[int], k1: int, device: torch.device) -> Verified:
+    """:class:`Verified` of the host decisions: ``rows[b]`` the emitted ids (the kept prefix and
+    the final token, if any), ``tokens [B, K+1]`` padded with -1; one host-to-device copy for the
+    three tensors."""
     flat: list[int] = []
-    n_emit = [n + int(h) for n, h in zip(n_acc, has_final)]
-    for row, n, f, h in zip(kept, n_acc, final, has_final):
-        flat.extend(row[:n])
-        if h:
-            flat.append(f)
-        flat.extend([-1] * (k1 - n - int(h)))
+    for row in rows:
+        flat.extend(row)
+        flat.extend([-1] * (k1 - len(row)))
     flat.extend(n_acc)
-    flat.extend(n_emit)
-    batch = len(kept)
+    flat.extend(len(r) for r in rows)
+    batch = len(rows)
     out = torch.tensor(flat, dtype=torch.int64, device=device)
     return Verified(out[:batch * k1].view(batch, k1), out[batch * k1:batch * (k1 + 1)], out[batch * (k1 + 1):],
-                    _host=([r[:n] + [f] * h for r, n, f, h in zip(kept, n_acc, final, has_final)], n_acc))
+                    _host=([list(r) for r in rows], list(n_acc)))
 
 
 def rejection_verify(
@@ -326,52 +345,139 @@ def rejection_verify(
         if check:
             _check_uniforms(u_accept, "u_accept")
             _check_uniforms(u_final, "u_final")
-    cdt = compute_dtype(p, q)
-    valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
     if check:
+        valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
         _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
-        used = torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1)
-        _check_law_rows(p, used, "p")
-    safe = drafts.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # padding past n_drafts may be any id
-    if greedy:
-        ok = valid & (torch.argmax(p[:, :k], dim=-1) == drafts)
-    else:
-        if check:
+        _check_law_rows(p, torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1), "p")
+        if not greedy:
             _check_law_rows(q, valid, "q")
-        px = p[:, :k].gather(-1, safe).squeeze(-1).to(cdt)
-        qx = q.gather(-1, safe).squeeze(-1).to(cdt)
-        # min(1, p/q): q = 0 gives +inf (p > 0, accepted) or NaN (p = 0; NaN < u is never true,
-        # as the 0 of the rule); clamp keeps NaN
-        ok = valid & (u_accept.to(cdt) < torch.clamp(px / qx, max=1.0))
     drafts_l: list[list[int]] = drafts.tolist()
-    n_acc, stopped = _stop_rule(ok.tolist(), drafts_l, eos_id, None if budget is None else budget.tolist())
-    has_final = [not s for s in stopped]
-    p_sel = _rows_at(p, list(range(batch)), n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
-    if greedy:
-        final: list[int] = torch.argmax(p_sel, dim=-1).tolist()
+    rows, n_acc, _ = _rejection_host(p, q, drafts_l, n_drafts.tolist(), None if greedy else u_accept.tolist(),
+                                  None if greedy else u_final.tolist(), eos_id=eos_id,
+                                  budget=None if budget is None else budget.tolist())
+    return _assemble(rows, n_acc, k1, dev)
+
+
+def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
+    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, as the
+    tensor expression ``u.to(cdt) < clamp(px / qx, max=1)`` computes it: IEEE division (NumPy's,
+    correctly rounded like torch's), so ``q = 0`` gives ``+inf`` (accept) for ``p > 0`` and NaN
+    (reject) for ``p = 0``, and a NaN ratio rejects."""
+    nd = np.float64 if cdt == torch.float64 else np.float32
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.asarray(px, dtype=nd) / np.asarray(qx, dtype=nd)
+        ok: list[bool] = (np.asarray(u, dtype=nd) < np.minimum(ratio, nd(1.0))).tolist()
+    return ok
+
+
+def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
+                    u_accept: list[list[float]] | None, u_final: list[float] | None, *, eos_id: int | None,
+                    budget: list[int] | None) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
+    """:func:`rejection_verify`'s decisions, unchecked, from host lists (``drafts[b]`` holds ``K``
+    ids, any id past ``n_drafts[b]``; ``u_accept`` None: greedy): ``(emitted ids per row,
+    n_accepted per row, bad)``. What ``generate`` calls: its drafts, counts and uniforms are on the
+    host already, so only the laws are read, at the tested drafts (one gather each for ``p`` and
+    ``q``) and at the one row each final token is drawn from. ``q`` may be None where no row has a
+    draft or when greedy (greedy never reads it).
+
+    ``bad``: ``(row, position)`` of the first final token drawn from a ``p`` row that is not a law
+    (its total mass, or greedy its maximum, read back with the draw, is not finite and positive),
+    else None. A NaN or infinite logit makes the whole softmax row NaN, so its draft (if any) fails
+    the ratio test (a NaN ratio rejects) and the final token is drawn from that row: every such
+    row that a row's output depends on shows here, at no extra reduction."""
+    batch, k1, v = p.shape
+    k = k1 - 1
+    cdt = compute_dtype(p) if q is None else compute_dtype(p, q)
+    dev = p.device
+    if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
+        am: list[list[int]] = torch.argmax(p[:, :k], dim=-1).tolist() if k and batch else [[] for _ in range(batch)]
+        ok = [[j < n_drafts[b] and am[b][j] == drafts[b][j] for j in range(k)] for b in range(batch)]
     else:
-        law = p_sel
-        nd = n_drafts.tolist()
-        rej = [b for b in range(batch) if has_final[b] and n_acc[b] < nd[b]]
-        if rej:  # in place on fresh buffers: large allocations dominate on the CPU
-            scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
-            every = len(rej) == batch  # (usual at batch 1) p_sel is then changed in place
-            if every:
-                diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)
-            else:
-                diff = p_sel.index_select(0, torch.tensor(rej, dtype=torch.int64, device=dev)).sub_(scratch).clamp_(min=0)
-            mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:]  # left to right, as the reference sums
-            has_mass = (mass > 0).squeeze(-1).tolist()
-            if every and all(has_mass):
+        ip: list[int] = []
+        iq: list[int] = []
+        for b in range(batch):
+            row = drafts[b]
+            for j in range(n_drafts[b]):
+                ip.append((b * k1 + j) * v + row[j])
+                iq.append((b * k + j) * v + row[j])
+        flat_ok: list[bool] = []
+        if ip:
+            assert q is not None, "drafts to test need their laws"
+            idx = torch.tensor(ip + iq, dtype=torch.int64, device=dev)
+            n = len(ip)
+            px: list[float] = torch.take(p, idx[:n]).tolist()
+            qx: list[float] = torch.take(q, idx[n:]).tolist()
+            flat_ok = _ratio_test([u_accept[b][j] for b in range(batch) for j in range(n_drafts[b])], px, qx, cdt)
+        ok = []
+        at = 0
+        for b in range(batch):
+            nb = n_drafts[b]
+            ok.append(flat_ok[at:at + nb] + [False] * (k - nb))
+            at += nb
+    n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
+    has_final = [not s for s in stopped]
+    final, totals = _final_tokens(p, q, n_acc, n_drafts, has_final, u_final, cdt)
+    bad = next(((b, n_acc[b]) for b in range(batch) if has_final[b] and not 0 < totals[b] < _INF), None)
+    return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
+
+
+def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
+                  u_final: list[float] | None, cdt: torch.dtype) -> tuple[list[int], list[float]]:
+    """The correction or bonus token of every row (any value where ``has_final`` is False): drawn
+    with ``u_final`` (greedy, None: the argmax) from ``p[b, n_acc[b]]``, or after a rejection
+    (``n_acc < n_drafts``, sampling) from ``norm(max(p - q, 0))`` at that position, ``p`` itself
+    when that residual's mass (summed left to right, as the reference sums) is not positive; and
+    the total mass (greedy: the maximum) of the law each was drawn from."""
+    batch = p.shape[0]
+    dev = p.device
+    if not any(has_final):
+        return [0] * batch, [1.0] * batch
+    if batch == 1:  # the usual case: views of the one row, no index tensors
+        n = n_acc[0]
+        p_sel = p[0, n:n + 1]
+        if u_final is None:
+            return _argmax_host(p_sel)
+        law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
+        if n < n_drafts[0]:
+            assert q is not None
+            q_sel = q[0, n:n + 1]
+            diff = torch.sub(law, q_sel if q_sel.dtype == cdt else q_sel.to(cdt)).clamp_(min=0)  # max(p - q, 0)
+            mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
+            if float(mass) > 0:
                 law = diff.div_(mass)
-            else:  # rows whose residual has no mass keep p itself
-                law = _rows_at(p, list(range(batch)), n_acc).to(cdt) if every else p_sel
-                if any(has_mass):
-                    keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
-                    dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
-                    law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
-        final = _inverse_cdf_list(law, u_final)
-    return _assemble(drafts_l, n_acc, final, has_final, dev)
+        return _draw_host(law, u_final)
+    p_sel = _rows_at(p, list(range(batch)), n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
+    if u_final is None:
+        return _argmax_host(p_sel)
+    law = p_sel
+    rej = [b for b in range(batch) if has_final[b] and n_acc[b] < n_drafts[b]]
+    if rej:  # in place on fresh buffers: large allocations dominate on the CPU
+        assert q is not None
+        scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
+        every = len(rej) == batch  # p_sel is then changed in place
+        if every:
+            diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)
+        else:
+            diff = p_sel.index_select(0, torch.tensor(rej, dtype=torch.int64, device=dev)).sub_(scratch).clamp_(min=0)
+        mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:]  # left to right, as the reference sums
+        has_mass = (mass > 0).squeeze(-1).tolist()
+        if every and all(has_mass):
+            law = diff.div_(mass)
+        else:  # rows whose residual has no mass keep p itself
+            law = _rows_at(p, list(range(batch)), n_acc).to(cdt) if every else p_sel
+            if any(has_mass):
+                keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
+    return _draw_host(law, u_final)
+
+
+def _argmax_host(probs: Tensor) -> tuple[list[int], list[float]]:
+    """The argmax of every row of ``probs [R, N]`` (ties to the first column) and its value, read back."""
+    top, arg = torch.max(probs, dim=-1)
+    ids: list[int] = arg.tolist()
+    vals: list[float] = top.tolist()
+    return ids, vals
 
 
 def exact_match_verify(
@@ -420,16 +526,30 @@ def exact_match_verify(
     if check:
         used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
         _check_law_rows(p, used, "p")
-    pf = p.reshape(batch * k1, v).to(cdt)
-    if greedy:
-        y = torch.argmax(pf, dim=-1).reshape(batch, k1)
-        y_l: list[list[int]] = y.tolist()
-    else:  # rows past n_candidates hold whatever the caller padded with; their draws are never read
-        flat = _inverse_cdf_list(pf, u.reshape(-1))
-        y_l = [flat[b * k1:(b + 1) * k1] for b in range(batch)]
     cand_l: list[list[int]] = candidates.tolist()
-    nc = n_candidates.tolist()
-    ok = [[j < nc[b] and y_l[b][j] == cand_l[b][j] for j in range(k)] for b in range(batch)]
-    n_acc, stopped = _stop_rule(ok, y_l, eos_id, None if budget is None else budget.tolist())
-    final = [y_l[b][n_acc[b]] for b in range(batch)]
-    return _assemble([r[:k] for r in y_l], n_acc, final, [not s for s in stopped], dev)
+    rows, n_acc, _ = _exact_match_host(p, cand_l, n_candidates.tolist(), None if greedy else u.tolist(), eos_id=eos_id,
+                                    budget=None if budget is None else budget.tolist())
+    return _assemble(rows, n_acc, k1, dev)
+
+
+def _exact_match_host(p: Tensor, candidates: list[list[int]], n_candidates: list[int], u: list[list[float]] | None,
+                      *, eos_id: int | None, budget: list[int] | None
+                      ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
+    """:func:`exact_match_verify`'s decisions, unchecked, from host lists (``candidates[b]`` holds
+    ``K`` ids; ``u[b]`` ``K + 1`` uniforms, None: greedy): ``(emitted ids per row, n_accepted per
+    row, bad)``. The target draws at every position of every row (one cumulative sum over ``p``);
+    ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row that is not a
+    law (total mass, or greedy maximum, not finite and positive), else None."""
+    batch, k1, v = p.shape
+    k = k1 - 1
+    cdt = compute_dtype(p)
+    pf = p.reshape(batch * k1, v)
+    pf = pf if pf.dtype == cdt else pf.to(cdt)
+    # positions past n_candidates draw with whatever the caller padded with; those draws are never read
+    flat, totals = _argmax_host(pf) if u is None else _draw_host(pf, [x for row in u for x in row])
+    y_l = [flat[b * k1:(b + 1) * k1] for b in range(batch)]
+    ok = [[j < n_candidates[b] and y_l[b][j] == candidates[b][j] for j in range(k)] for b in range(batch)]
+    n_acc, stopped = _stop_rule(ok, y_l, eos_id, budget)
+    rows = [y_l[b][:n_acc[b]] + ([y_l[b][n_acc[b]]] if not stopped[b] else []) for b in range(batch)]
+    bad = next(((b, j) for b in range(batch) for j in range(len(rows[b])) if not 0 < totals[b * k1 + j] < _INF), None)
+    return rows, n_acc, bad

@@ -40,7 +40,7 @@ import torch
 
 from hsd_core.vocab import Vocabulary
 
-from .generate import _device, _logit_width, _max_positions, process_logits, window_view
+from .generate import _device, _logit_width, _max_positions, _Space, _space_law, process_logits, window_view
 from .text import TokenText
 
 __all__ = ["CoreModel", "CoreTokenizer", "target_greedy", "target_two_token_law"]
@@ -107,7 +107,8 @@ class CoreModel:
         self._tokenizer = CoreTokenizer(self.text)
         self._process: dict[str, Any] = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
         self._cache: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
-        self._cols = torch.tensor(self._tokenizer.hf_ids, dtype=torch.long)
+        if _Space.text(self.text, torch.device("cpu")).ids != self._tokenizer.hf_ids:  # pragma: no cover
+            raise AssertionError("the core ids differ from generate's text space")
         self.evaluations = 0
 
     @property
@@ -132,8 +133,9 @@ class CoreModel:
         dev = _device(self.model)
         with torch.inference_mode():
             logits = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev)).logits[0, -1]
-            probs = process_logits(logits, self.text.text_mask.to(dev), **self._process)
-            law = probs.to(torch.float64).cpu().index_select(0, self._cols).numpy().copy()
+            space = _Space.text(self.text, dev)
+            probs = _space_law(logits, space, ~self.text.text_mask.to(dev), **self._process)
+            law = probs.to(torch.float64).cpu().numpy().copy()
         if probs.dtype != torch.float64:
             law = law / law.sum()  # a float32 law, summed in float64, is 1 only to about 1e-7
         self._cache[ctx] = law

@@ -187,13 +187,15 @@ def test_the_sampled_test_is_sized() -> None:
 
 @pytest.fixture()
 def lossy_accept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A deliberately lossy backend: the ratio test reads ``u / 4`` (accepts drafts too often)."""
-    real = kernels.rejection_verify
+    """A deliberately lossy backend: the ratio test reads ``u / 4`` (accepts drafts too often), in
+    the verification ``generate`` runs (``kernels._rejection_host``, the host-list form of
+    ``rejection_verify``)."""
+    real = kernels._rejection_host
 
     def lossy(p: Any, q: Any, drafts: Any, n: Any, ua: Any, uf: Any, **kw: Any) -> Any:
-        return real(p, q, drafts, n, ua * 0.25, uf, **kw)
+        return real(p, q, drafts, n, None if ua is None else [[x * 0.25 for x in row] for row in ua], uf, **kw)
 
-    monkeypatch.setattr(kernels, "rejection_verify", lossy)
+    monkeypatch.setattr(kernels, "_rejection_host", lossy)
     yield
 
 

@@ -28,7 +28,8 @@ from hsd_core.methods.slem import SLEM  # noqa: E402
 from hsd_core.models import FunctionModel, Model  # noqa: E402
 from hsd_core.rand import Rand, UniformRand, inverse_cdf  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
-from hsd_torch.kernels import Verified, _sample_list, exact_match_verify, rejection_verify, sample  # noqa: E402
+from hsd_torch.kernels import (Verified, _draw_host, _ratio_test, exact_match_verify, rejection_verify,  # noqa: E402
+                               sample)
 
 NO_BUDGET = 10**9
 
@@ -248,17 +249,47 @@ def test_sample_rounding_past_the_last_partial_sum() -> None:
     assert int(sample(bf, torch.tensor([u], dtype=torch.float64))[0]) == 3
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_host_list_draw_equals_sample(dtype: torch.dtype) -> None:
-    """generate's drafting loop draws with kernels._sample_list (the ids read back, the rounding
-    case found on the host): the same ids as ``sample``, rows past the last partial sum included."""
+    """generate draws with kernels._draw_host (the ids and each row's total read back, the rounding
+    case found on the host, rows not normalized): the same ids as ``sample``, rows past the last
+    partial sum included, and the totals are the rows' left-to-right sums."""
     g = np.random.default_rng(5)
-    probs = g.dirichlet(np.full(30, 0.3), size=200)
+    probs = g.dirichlet(np.full(30, 0.3), size=200) * g.uniform(0.1, 3.0, size=(200, 1))  # unnormalized rows
     probs[::7, 20:] = 0.0  # trailing zeros: the rounding case must not land on them
     u = g.random(200)
-    u[::7] = 1.0 - 1e-9  # rounds to 1.0 in float32 / bfloat16
+    u[::7] = 1.0 - 1e-9  # rounds to 1.0 in float32
     pt, ut = t(probs).to(dtype), t(u)
-    assert _sample_list(pt, ut) == sample(pt, ut).tolist()
+    for uu in (ut, u.tolist()):
+        ids, totals = _draw_host(pt, uu)
+        assert ids == sample(pt, ut).tolist()
+        assert totals == torch.cumsum(pt, dim=-1)[:, -1].tolist()
+    bad = pt.clone()
+    bad[3] = float("nan")
+    bad[4] = 0.0
+    _, totals = _draw_host(bad, ut)
+    assert not totals[3] == totals[3] and totals[4] == 0.0  # NaN and empty rows show in their totals
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_host_ratio_test_equals_the_tensor_expression(dtype: torch.dtype) -> None:
+    """The verifiers' accept test runs on the host (kernels._ratio_test): it must decide exactly as
+    ``u.to(dtype) < clamp(p / q, max=1)`` over tensors, including q = 0 (p > 0: accept; p = 0:
+    NaN, reject), NaN entries, ratios at and next to 1, and uniforms equal to the ratio."""
+    g = np.random.default_rng(11)
+    n = 20_000
+    px = g.dirichlet(np.full(50, 0.2), size=n)[:, 0]
+    qx = px * g.choice([0.5, 0.999999, 1.0, 1.000001, 2.0, 1e-30], size=n) + g.choice([0.0, 1e-9], size=n)
+    qx[::97] = 0.0
+    px[::89] = 0.0
+    px[::193] = float("nan")
+    u = g.random(n)
+    pt, qt = torch.tensor(px).to(dtype), torch.tensor(qx).to(dtype)
+    ratio = torch.clamp(pt / qt, max=1.0)
+    u[::5] = ratio[::5].double().clamp(max=0.999).numpy()  # uniforms on (or at the rounding of) the ratio
+    expected = (torch.tensor(u).to(dtype) < ratio).tolist()
+    assert _ratio_test(u.tolist(), pt.tolist(), qt.tolist(), dtype) == expected
+    assert any(expected) and not all(expected)
 
 
 # ---------------------------------------------------------------------------------------------

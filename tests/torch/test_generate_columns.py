@@ -1,0 +1,90 @@
+"""The column spaces ``hsd_torch.generate`` computes its laws on, against the definitions they
+replace: the processed law of ``process_logits`` (every id a law may put mass on, in hsd_core's
+order), the pushforward of a law along a many-to-one map, and the cache's prefix search."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hsd_torch.generate import process_logits  # noqa: E402
+from hsd_torch.text import TokenText  # noqa: E402
+
+gen = importlib.import_module("hsd_torch.generate")  # the module (hsd_torch.generate is also the function)
+CPU = torch.device("cpu")
+
+
+@given(st.lists(st.integers(0, 2), max_size=40), st.integers(0, 40), st.lists(st.integers(0, 2), max_size=6))
+@settings(max_examples=400, deadline=None)
+def test_common_prefix(a: list[int], cut: int, tail: list[int]) -> None:
+    b = a[:cut] + tail
+    m = 0
+    while m < min(len(a), len(b)) and a[m] == b[m]:
+        m += 1
+    assert gen._common_prefix(a, b) == m
+
+
+@pytest.mark.parametrize("ids", [[4, 5, 6, 7, 2], list(range(8)), [1, 3, 5, 7, 0], [0, 1, 5, 6, 3, 7, 2]])
+def test_space_select_is_the_columns(ids: list[int]) -> None:
+    """Slices (up to three runs) or one index_select: either way the columns ``ids``, in order."""
+    space = gen._Space(ids, 8, CPU)
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(space.select(x), x[..., ids])
+    assert torch.equal(space.select(x[:, 1]), x[:, 1][..., ids])
+    assert all(space.pos[i] == c for c, i in enumerate(ids))
+    assert sum(p >= 0 for p in space.pos) == len(ids)
+
+
+@pytest.mark.parametrize("kind", ["byte_bpe", "unigram", "bpe_fallback"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("proc", [dict(temperature=1.0, top_k=None, top_p=None),
+                                  dict(temperature=0.7, top_k=5, top_p=None),
+                                  dict(temperature=1.3, top_k=None, top_p=0.6),
+                                  dict(temperature=1.0, top_k=10**6, top_p=None)])
+def test_space_law_is_the_processed_law(kind: str, dtype: torch.dtype, proc: dict[str, Any],
+                                        toks: dict[str, Any]) -> None:
+    """The law over the text space (ids with text increasing, EOS last; padded ids beyond the
+    tokenizer dropped) is process_logits' law at those columns, and process_logits has no mass
+    anywhere else: the same law, up to float rounding."""
+    tok = toks[kind]
+    width = len(tok) + 7  # a padded embedding
+    text = TokenText(tok, width)
+    space = gen._Space.text(text, CPU)
+    assert space.ids[-1] == text.eos_id and space.ids[:-1] == sorted(space.ids[:-1])
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 2, width, generator=g) * 4).to(dtype)
+    logits[0, 0, :] = logits[0, 0, 5]  # ties everywhere
+    full = process_logits(logits, text.text_mask, **proc)
+    got = gen._space_law(logits, space, ~text.text_mask, **proc)
+    assert got.dtype == full.dtype and got.shape == (3, 2, space.n)
+    rest = torch.ones(width, dtype=torch.bool)
+    rest[space.cols] = False
+    assert float(full[..., rest].abs().max()) == 0.0
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(got, full[..., space.cols], rtol=tol, atol=tol)
+
+
+def test_push_adds_the_masses_of_each_destination() -> None:
+    """_Push is the pushforward: out[t] = sum of x[c] over the columns with dst[c] = t, added in
+    ascending c; destinations nothing maps to get 0."""
+    g = np.random.default_rng(2)
+    for trial in range(50):
+        n_in, n_out = int(g.integers(1, 12)), int(g.integers(1, 9))
+        dst = g.integers(0, n_out, size=n_in).tolist()
+        push = gen._Push(dst, n_out, CPU)
+        x = torch.tensor(g.random((2, 3, n_in)))
+        want = torch.zeros(2, 3, n_out, dtype=torch.float64)
+        for c, t in enumerate(dst):
+            want[..., t] += x[..., c]
+        assert torch.equal(push(x), want), (trial, dst)
+    assert gen._Push([0, 1, 2], 3, CPU).levels[0][0] is None  # one-to-one in order: no index_select
+    with pytest.raises(ValueError, match="outside"):
+        gen._Push([0, 3], 3, CPU)
