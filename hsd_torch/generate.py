@@ -248,7 +248,13 @@ class _Runner:
     cache order (:meth:`drop` removes finished rows from the cache with
     ``DynamicCache.batch_select_indices``). With ``window`` set (the drafter), contexts longer
     than the model's positions are seen through :func:`window_view`; without it (the target),
-    such a context raises ``ValueError``."""
+    such a context raises ``ValueError``.
+
+    A batch of one row never holds holes: where :meth:`sync` drops ids it crops the cache at once
+    (the dropped ids are the row's last columns), so its columns are exactly its ids, in order, and
+    the model runs without an attention mask (plain causal attention over the cache; the mask of
+    ones it replaces would change nothing but the cost). Batches of several rows keep the mask
+    (:attr:`mask`), holes and padding included."""
 
     def __init__(self, model: Any, batch: int, pad_id: int, name: str, window: bool = False,
                  n_prefix: Sequence[int] = ()) -> None:
@@ -258,7 +264,9 @@ class _Runner:
         self.name = name
         self.device = _device(model)
         self.cache = DynamicCache(config=model.config)
-        self.mask = torch.zeros(batch, 0, dtype=torch.long, device=self.device)  # the attention mask, 1 = kept
+        self.use_mask = batch > 1
+        self._mask = torch.zeros(batch, 0, dtype=torch.long, device=self.device)  # the attention mask, 1 = kept
+        self.width = 0  # the cache's columns
         self.batch = batch
         self.live: list[int] = list(range(batch))
         self._slot: dict[int, int] = {i: i for i in range(batch)}
@@ -284,7 +292,7 @@ class _Runner:
         width = 1 if width is None else width
         live = self.live
         width_in = max(1, max(len(blocks[r]) for r in live))
-        start = self.mask.shape[1]
+        start = self.width
         n_live = len(live)
         # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
         toks: list[int] = []
@@ -316,12 +324,17 @@ class _Runner:
             if blocks[i] and self.slot(i) < 0:
                 raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
         dev = self.device
-        ids_in, pos_in, new_mask = torch.tensor(toks + pos + valid, dtype=torch.long, device=dev).view(
-            3, n_live, width_in).unbind(0)
-        mask = torch.cat([self.mask, new_mask], dim=1)
-        out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
-                         use_cache=True, **{self._cache_kw: self.cache})
-        self.mask = mask
+        if self.use_mask:
+            ids_in, pos_in, new_mask = torch.tensor(toks + pos + valid, dtype=torch.long, device=dev).view(
+                3, n_live, width_in).unbind(0)
+            mask = torch.cat([self._mask, new_mask], dim=1)
+            out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
+                             use_cache=True, **{self._cache_kw: self.cache})
+            self._mask = mask
+        else:  # one row, no holes, no padding: no mask
+            ids_in, pos_in = torch.tensor(toks + pos, dtype=torch.long, device=dev).view(2, 1, width_in).unbind(0)
+            out = self.model(input_ids=ids_in, position_ids=pos_in, use_cache=True, **{self._cache_kw: self.cache})
+        self.width = start + width_in
         logits: Tensor = out.logits
         hi = width_in - 1
         first = {min(max(starts[i], 0), hi) for i in live}
@@ -337,6 +350,14 @@ class _Runner:
         full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
         full[torch.tensor(live, dtype=torch.long, device=dev)] = got
         return full
+
+    @property
+    def mask(self) -> Tensor:
+        """The attention mask over the cache's columns ``[rows in the cache, width]`` (1 = kept): the
+        one kept for several rows, ones for a batch of one."""
+        if self.use_mask:
+            return self._mask
+        return torch.ones(len(self.live), self.width, dtype=torch.long, device=self.device)
 
     def slot(self, i: int) -> int:
         """Row ``i``'s index in the cache's batch, -1 once dropped."""
@@ -357,11 +378,15 @@ class _Runner:
             m -= 1
         if m < nh:
             drop = self.cols[i][m:]
-            s = self.slot(i)
-            if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice
-                self.mask[s, drop[0]:drop[-1] + 1] = 0
+            if not self.use_mask:  # one row: its dropped ids are the cache's last columns
+                self.cache.crop(drop[0] - self.width)
+                self.width = drop[0]
             else:
-                self.mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = 0
+                s = self.slot(i)
+                if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice
+                    self._mask[s, drop[0]:drop[-1] + 1] = 0
+                else:
+                    self._mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = 0
             del have[m:]
             del self.cols[i][m:]
         return list(context[m:])
@@ -373,17 +398,18 @@ class _Runner:
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
-        self.mask = self.mask.index_select(0, idx)
+        self._mask = self._mask.index_select(0, idx)
         self.live = [self.live[s] for s in keep]
         self._slot = {i: s for s, i in enumerate(self.live)}
 
     def trim(self) -> None:
         """Crop the trailing cache columns that no row in the cache keeps."""
         last = max((self.cols[i][-1] + 1 for i in self.live if self.cols[i]), default=0)
-        n = self.mask.shape[1] - last
+        n = self.width - last
         if n > 0 and last > 0:
             self.cache.crop(-n)
-            self.mask = self.mask[:, :last]
+            self._mask = self._mask[:, :last]
+            self.width = last
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,15 +440,14 @@ def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Ten
 class _EosLast:
     """The column order in which laws are sampled: the ids in increasing order with EOS moved to
     the end, which is ``hsd_core``'s order (its EOS is the last id). Inverse-CDF draws and argmax
-    ties depend on the order, so the backend samples in this one (the mirror needs it)."""
+    ties depend on the order, so the backend samples in this one (the mirror needs it). Bounded
+    SLRS (:mod:`hsd_torch.slrs`) draws with it over full-width drafter laws; ``generate`` itself
+    keeps its laws over :class:`_Space` columns, already in this order."""
 
     def __init__(self, eos: int, v: int, device: torch.device) -> None:
         self.eos, self.v = eos, v
         self.identity = eos == v - 1
         self.perm = torch.cat([torch.arange(eos), torch.arange(eos + 1, v), torch.tensor([eos])]).to(device)
-        self.inverse = torch.argsort(self.perm)
-        self.perm_list: list[int] = self.perm.tolist()  # the same maps on the host, for lists of ids
-        self.inverse_list: list[int] = self.inverse.tolist()
 
     def law(self, x: Tensor) -> Tensor:
         """``x [..., V]`` with its columns in sampling order (``x`` itself when EOS is the last id)."""
@@ -438,17 +463,8 @@ class _EosLast:
         (ties to the first in that order) when ``u`` is None, else the inverse-CDF draw with
         ``u [R]`` (:func:`hsd_torch.kernels.sample`, unchecked: a drafter's law only chooses
         proposals; the laws that decide what is emitted are checked where they are verified)."""
-        return self.to_id(self._positions(x, u))
-
-    def draw_ids(self, x: Tensor, u: Tensor | None) -> list[int]:
-        """:meth:`draw` as a host list (the positions read back once, mapped to ids on the host)."""
         sel = self.law(x)
-        pos: list[int] = torch.argmax(sel, dim=-1).tolist() if u is None else kernels._sample_list(sel, u)
-        return pos if self.identity else [self.perm_list[c] for c in pos]
-
-    def _positions(self, x: Tensor, u: Tensor | None) -> Tensor:
-        sel = self.law(x)
-        return torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False)
+        return self.to_id(torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False))
 
     def to_id(self, c: Tensor) -> Tensor:
         """Sampling-order positions back to ids."""
@@ -601,19 +617,22 @@ class FirstTargetMap:
 _COLUMNS: IdentityCache[Any] = IdentityCache(16)
 
 
+_TLIColumns = tuple[Tensor, list[int], list[int], _Push, dict[int, list[int]]]
+
+
 def _tli_columns(bridge: VocabBridge, tt: TokenText, dt: TokenText, t_space: _Space, d_space: _Space,
-                 device: torch.device) -> tuple[Tensor, list[int], list[int], _Push]:
+                 device: torch.device) -> _TLIColumns:
     """TLI's drafting columns: the drafter-space columns in the intersection (``inside``, as a
-    tensor), their drafter ids and target columns, and the pushforward of a law over them onto the
-    target's columns (several drafter ids may share one string, hence one target id)."""
-    def build() -> tuple[Tensor, list[int], list[int], _Push]:
+    tensor), their drafter ids and target columns, the pushforward of a law over them onto the
+    target's columns (several drafter ids may share one string, hence one target id), and the memo
+    of the re-sync's encodings of target tokens the drafter lacks (filled as they occur)."""
+    def build() -> _TLIColumns:
         to_t = bridge.to_target_list
         cols = [c for c, d in enumerate(d_space.ids) if to_t[d] >= 0]  # EOS (last) maps to EOS
         ids = [d_space.ids[c] for c in cols]
         dst = [t_space.pos[to_t[d]] for d in ids]
-        return torch.tensor(cols, dtype=torch.long, device=device), ids, dst, _Push(dst, t_space.n, device)
-    out: tuple[Tensor, list[int], list[int], _Push] = _COLUMNS.get((tt, dt, t_space, d_space), ("tli", str(device)),
-                                                                   build)
+        return torch.tensor(cols, dtype=torch.long, device=device), ids, dst, _Push(dst, t_space.n, device), {}
+    out: _TLIColumns = _COLUMNS.get((tt, dt, t_space, d_space), ("tli", str(device)), build)
     return out
 
 
@@ -810,6 +829,7 @@ def generate(
     draft_cols: list[int] = []  # drafting column -> the target column it proposes (sd, tli, slrs)
     inside: Tensor | None = None  # TLI: the drafter-space columns in the intersection
     push: _Push | None = None  # TLI, SLRS: drafting columns -> target columns (q, psi)
+    resync: dict[int, list[int]] = {}  # TLI: target id the drafter lacks -> the drafter's encoding of its text
     if needs_drafter:
         vd = _logit_width(drafter)
         dt = TokenText.get(drafter_tokenizer, vd)
@@ -829,7 +849,7 @@ def generate(
                 raise AssertionError("the SD drafter's ids with text differ from the target's")
             draft_cols = list(range(d_space.n))
         elif method == "tli":
-            inside, draft_ids, draft_cols, push = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
+            inside, draft_ids, draft_cols, push, resync = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
         elif method == "slrs" and not slrs_bounded:
             draft_cols, push = _slrs_columns(tt, dt, t_space, d_space, dev)
         if method == "slrs" and slrs_bounded:
@@ -953,8 +973,8 @@ def generate(
                 else:
                     laws = torch.stack(d_laws[:kmax], dim=1)  # [B, kmax, N]
                     if method == "tli":  # normalized by the mass each draw read (left to right, as hsd_core sums)
-                        laws = laws / _pad2([m + [1.0] * (kmax - len(m)) for m in d_mass], kmax, dev).to(
-                            laws.dtype).unsqueeze(-1)
+                        laws = laws / torch.tensor([m + [1.0] * (kmax - len(m)) for m in d_mass], dtype=laws.dtype,
+                                                   device=dev).unsqueeze(-1)
                     q = laws if push is None else push(laws)
             ua_rows = None if greedy else [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
             uf_rows = None if greedy else [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
@@ -996,10 +1016,13 @@ def generate(
                         d = to_d[t]
                         if d >= 0:
                             d_ctx[i].append(d)
-                        else:
-                            b = tt.bytes_of[t]
-                            assert b is not None
-                            d_ctx[i].extend(dt.encode(b))
+                        else:  # the drafter's encoding of the token's text (context-free: memoized per id)
+                            ids = resync.get(t)
+                            if ids is None:
+                                b = tt.bytes_of[t]
+                                assert b is not None
+                                ids = resync[t] = dt.encode(b)
+                            d_ctx[i].extend(ids)
         # the target keeps exactly the verified context; the drafter what is still valid
         for i in range(batch):
             if active[i]:

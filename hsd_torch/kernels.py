@@ -62,15 +62,17 @@ Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = ["Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
 
 _INF = float("inf")
+_NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -358,16 +360,38 @@ def rejection_verify(
     return _assemble(rows, n_acc, k1, dev)
 
 
+_F32 = struct.Struct("f")
+
+
+def _round32(x: float) -> float:
+    """A Python float rounded to the nearest float32 (ties to even, as ``tensor.to(float32)``);
+    beyond float32's range, infinity (only ratios clamped to 1 get there)."""
+    try:
+        r: float = _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(_INF, x)
+    return r
+
+
 def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
-    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, as the
-    tensor expression ``u.to(cdt) < clamp(px / qx, max=1)`` computes it: IEEE division (NumPy's,
-    correctly rounded like torch's), so ``q = 0`` gives ``+inf`` (accept) for ``p > 0`` and NaN
-    (reject) for ``p = 0``, and a NaN ratio rejects."""
-    nd = np.float64 if cdt == torch.float64 else np.float32
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = np.asarray(px, dtype=nd) / np.asarray(qx, dtype=nd)
-        ok: list[bool] = (np.asarray(u, dtype=nd) < np.minimum(ratio, nd(1.0))).tolist()
-    return ok
+    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, exactly as
+    the tensor expression ``u.to(cdt) < clamp(px / qx, max=1)``: ``q = 0`` gives ``+inf`` (accept)
+    for ``p > 0`` and NaN (reject) for ``p = 0``, and a NaN ratio rejects. In float32 the quotient of
+    two float32 values is taken in double and rounded once to float32, which is the correctly
+    rounded float32 quotient (double has more than 2 x 24 + 2 bits); a few Python float operations
+    per draft cost less than any array call at these sizes."""
+    f32 = cdt != torch.float64
+    out: list[bool] = []
+    for uu, a, b in zip(u, px, qx):
+        if b == 0.0:
+            r = _INF if a > 0 else _NAN
+        else:
+            r = a / b
+            if f32:
+                r = _round32(r)
+        c = 1.0 if r >= 1.0 else r  # clamp(r, max=1); NaN stays NaN
+        out.append((_round32(uu) if f32 else uu) < c)
+    return out
 
 
 def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
