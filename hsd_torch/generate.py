@@ -479,8 +479,8 @@ class _Space:
 
     Laws over these columns need no permutation before a draw (the sampling order is the column
     order) and carry no columns of probability 0 by construction; :meth:`select` takes the columns
-    out of a ``[..., V]`` tensor as slices when they form at most three runs (the usual case:
-    special ids at one end), else with one ``index_select``."""
+    out of a ``[..., V]`` tensor with one ``index_select`` (a slice when they are one run of ids:
+    EOS last and every other id with text, e.g. GPT-2's)."""
 
     _cache: IdentityCache[_Space] = IdentityCache(32)
 
@@ -492,13 +492,8 @@ class _Space:
         for c, i in enumerate(self.ids):
             self.pos[i] = c
         self.cols = torch.tensor(self.ids, dtype=torch.long, device=device)
-        runs: list[list[int]] = []
-        for i in self.ids:
-            if runs and runs[-1][1] == i:
-                runs[-1][1] = i + 1
-            else:
-                runs.append([i, i + 1])
-        self._runs: list[tuple[int, int]] | None = [(a, b) for a, b in runs] if len(runs) <= 3 else None
+        one_run = self.ids == list(range(self.ids[0], self.ids[0] + self.n)) if self.ids else False
+        self._run: tuple[int, int] | None = (self.ids[0], self.ids[0] + self.n) if one_run else None
 
     @classmethod
     def text(cls, text: TokenText, device: torch.device) -> _Space:
@@ -511,11 +506,10 @@ class _Space:
 
     def select(self, x: Tensor) -> Tensor:
         """``x [..., v]`` at the space's columns: ``[..., n]`` (a view when they form one run)."""
-        if self._runs is not None:
-            if len(self._runs) == 1:
-                a, b = self._runs[0]
-                return x[..., a:b]
-            return torch.cat([x[..., a:b] for a, b in self._runs], dim=-1)
+        if self._run is not None:
+            return x[..., self._run[0]:self._run[1]]
+        if x.dim() == 2:
+            return x.index_select(1, self.cols)
         lead = x.shape[:-1]
         return x.reshape(-1, x.shape[-1]).index_select(1, self.cols).view(*lead, self.n)
 
@@ -523,11 +517,14 @@ class _Space:
 class _Push:
     """The pushforward of laws along a map of columns ``dst[c]`` (many to one allowed) into
     ``n_out`` columns: ``x [..., len(dst)]`` -> ``[..., n_out]``, the masses of the columns with
-    one destination added. One ``index_add_`` per multiplicity level (level ``r`` holds the
-    ``r``-th source column of every destination, ascending), so every level has distinct
-    destinations and the additions run in ascending source column, deterministically on CUDA too."""
+    one destination added in ascending source column. On the CPU one ``index_add_`` does that (it
+    adds the source columns one after another, in index order); on other devices, whose
+    ``index_add_`` adds duplicates atomically in any order, one ``index_add_`` per multiplicity
+    level (level ``r`` holds the ``r``-th source column of every destination), so that every level
+    has distinct destinations and the result is the same, deterministically (``split``: force one
+    way or the other; None: by the device)."""
 
-    def __init__(self, dst: Sequence[int], n_out: int, device: torch.device) -> None:
+    def __init__(self, dst: Sequence[int], n_out: int, device: torch.device, split: bool | None = None) -> None:
         by_dst: dict[int, list[int]] = {}
         for c, t in enumerate(dst):
             if not 0 <= t < n_out:
@@ -536,11 +533,12 @@ class _Push:
         depth = max((len(v) for v in by_dst.values()), default=0)
         self.n_in, self.n_out = len(dst), n_out
         self.levels: list[tuple[Tensor | None, Tensor]] = []
+        if not (device.type != "cpu" if split is None else split) or depth <= 1:
+            self.levels.append((None, torch.tensor(list(dst), dtype=torch.long, device=device)))
+            return
         for r in range(depth):
             pairs = sorted((cs[r], t) for t, cs in by_dst.items() if len(cs) > r)
-            src = [c for c, _ in pairs]
-            whole = src == list(range(self.n_in))
-            self.levels.append((None if whole else torch.tensor(src, dtype=torch.long, device=device),
+            self.levels.append((torch.tensor([c for c, _ in pairs], dtype=torch.long, device=device),
                                 torch.tensor([t for _, t in pairs], dtype=torch.long, device=device)))
 
     def __call__(self, x: Tensor) -> Tensor:

@@ -179,24 +179,21 @@ def _fix_past(probs: Tensor, out: list[int]) -> list[int]:
     return out
 
 
-def _inverse_cdf_host(probs: Tensor, u: list[float]) -> list[int]:
-    """:func:`_inverse_cdf_list` with the uniforms given as a host list (converted to the compute
-    dtype as ``u.to(dtype)`` would: round to nearest)."""
-    return _inverse_cdf_list(probs, torch.tensor(u, dtype=probs.dtype, device=probs.device))
-
-
 def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
     """Inverse-CDF draws from the rows of ``probs [R, N]`` (non-negative, need not be normalized;
-    float32 or float64) with ``u`` (``[R]``, a host list or a tensor), and each row's total mass
-    (the last partial sum, left to right), both read back: a total that is not finite and positive
-    says the row was not a law (its draw is meaningless). Same draws as :func:`sample`."""
-    ut = u if isinstance(u, Tensor) else torch.tensor(u, dtype=probs.dtype, device=probs.device)
+    float32 or float64) with ``u`` (a host list of ``R`` uniforms, or a tensor ``[R]`` or
+    ``[R, 1]``), and each row's total mass (the last partial sum, left to right), both read back:
+    a total that is not finite and positive says the row was not a law (its draw is meaningless).
+    Same draws as :func:`sample`."""
+    if isinstance(u, Tensor):
+        ut = u if u.dim() == 2 else u.unsqueeze(-1)
+    else:
+        ut = torch.tensor([[x] for x in u], dtype=probs.dtype, device=probs.device)
     cs = torch.cumsum(probs, dim=-1)
     tot = cs[:, -1:]
-    idx: list[int] = torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)).unsqueeze(-1) * tot,
-                                        right=True).squeeze(-1).tolist()
-    totals: list[float] = tot.squeeze(-1).tolist()
-    return _fix_past(probs, idx), totals
+    idx = [r[0] for r in torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot,
+                                            right=True).tolist()]
+    return _fix_past(probs, idx), [r[0] for r in tot.tolist()]
 
 
 def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
@@ -458,13 +455,13 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
         return [0] * batch, [1.0] * batch
     if batch == 1:  # the usual case: views of the one row, no index tensors
         n = n_acc[0]
-        p_sel = p[0, n:n + 1]
+        p_sel = p[:, n]
         if u_final is None:
             return _argmax_host(p_sel)
         law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
         if n < n_drafts[0]:
             assert q is not None
-            q_sel = q[0, n:n + 1]
+            q_sel = q[:, n]
             diff = torch.sub(law, q_sel if q_sel.dtype == cdt else q_sel.to(cdt)).clamp_(min=0)  # max(p - q, 0)
             mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
             if float(mass) > 0:

@@ -32,9 +32,9 @@ def test_common_prefix(a: list[int], cut: int, tail: list[int]) -> None:
     assert gen._common_prefix(a, b) == m
 
 
-@pytest.mark.parametrize("ids", [[4, 5, 6, 7, 2], list(range(8)), [1, 3, 5, 7, 0], [0, 1, 5, 6, 3, 7, 2]])
+@pytest.mark.parametrize("ids", [[4, 5, 6, 7, 2], list(range(8)), [2, 3, 4], [1, 3, 5, 7, 0], [0, 1, 5, 6, 3, 7, 2]])
 def test_space_select_is_the_columns(ids: list[int]) -> None:
-    """Slices (up to three runs) or one index_select: either way the columns ``ids``, in order."""
+    """A slice (one run of ids) or one index_select: either way the columns ``ids``, in order."""
     space = gen._Space(ids, 8, CPU)
     x = torch.randn(2, 3, 8)
     assert torch.equal(space.select(x), x[..., ids])
@@ -72,19 +72,22 @@ def test_space_law_is_the_processed_law(kind: str, dtype: torch.dtype, proc: dic
     torch.testing.assert_close(got, full[..., space.cols], rtol=tol, atol=tol)
 
 
-def test_push_adds_the_masses_of_each_destination() -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_push_adds_the_masses_of_each_destination(split: bool) -> None:
     """_Push is the pushforward: out[t] = sum of x[c] over the columns with dst[c] = t, added in
-    ascending c; destinations nothing maps to get 0."""
+    ascending c (bit for bit: float32, sums of many terms); destinations nothing maps to get 0.
+    The same with one index_add_ (the CPU's) and with the multiplicity levels used elsewhere."""
     g = np.random.default_rng(2)
     for trial in range(50):
-        n_in, n_out = int(g.integers(1, 12)), int(g.integers(1, 9))
+        n_in, n_out = int(g.integers(1, 40)), int(g.integers(1, 9))
         dst = g.integers(0, n_out, size=n_in).tolist()
-        push = gen._Push(dst, n_out, CPU)
-        x = torch.tensor(g.random((2, 3, n_in)))
-        want = torch.zeros(2, 3, n_out, dtype=torch.float64)
+        push = gen._Push(dst, n_out, CPU, split=split)
+        x = torch.tensor(g.random((2, 3, n_in)), dtype=torch.float32)
+        want = torch.zeros(2, 3, n_out, dtype=torch.float32)
         for c, t in enumerate(dst):
             want[..., t] += x[..., c]
         assert torch.equal(push(x), want), (trial, dst)
-    assert gen._Push([0, 1, 2], 3, CPU).levels[0][0] is None  # one-to-one in order: no index_select
+        assert len(push.levels) == (max(dst.count(t) for t in set(dst)) if split else 1)
+    assert gen._Push([0, 1, 2], 3, CPU, split=True).levels[0][0] is None  # one-to-one: no index_select
     with pytest.raises(ValueError, match="outside"):
         gen._Push([0, 3], 3, CPU)
