@@ -252,9 +252,10 @@ class _Runner:
 
     A batch of one row never holds holes: where :meth:`sync` drops ids it crops the cache at once
     (the dropped ids are the row's last columns), so its columns are exactly its ids, in order, and
-    the model runs without an attention mask (plain causal attention over the cache; the mask of
-    ones it replaces would change nothing but the cost). Batches of several rows keep the mask
-    (:attr:`mask`), holes and padding included."""
+    the model runs without an attention mask and without position ids (plain causal attention over
+    the cache, positions counted from the cache's length: what the mask of ones and the positions
+    they replace would give). Batches of several rows pass both (:attr:`mask`), holes and padding
+    included."""
 
     def __init__(self, model: Any, batch: int, pad_id: int, name: str, window: bool = False,
                  n_prefix: Sequence[int] = ()) -> None:
@@ -294,7 +295,7 @@ class _Runner:
         width_in = max(1, max(len(blocks[r]) for r in live))
         start = self.width
         n_live = len(live)
-        # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
+        # one host-to-device copy for the ids (several rows: and positions and new mask columns, [3, rows, width_in])
         toks: list[int] = []
         pos: list[int] = []
         valid: list[int] = []
@@ -307,8 +308,10 @@ class _Runner:
                 raise ValueError(
                     f"the {self.name}'s context would grow to {n0 + lb} tokens, beyond its {self.max_pos} "
                     "positions; shorten the prompt or max_new_tokens")
-            top = n0 + width_in
-            pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
+            if self.use_mask:
+                top = n0 + width_in
+                pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
+                valid.extend([1] * lb + [0] * (width_in - lb))
             if lb:
                 row = [int(t) for t in b]
                 toks.extend(row)
@@ -319,7 +322,6 @@ class _Runner:
                 self.cols[i].extend(range(start, start + lb))
                 self.high[i] = max(self.high[i], len(self.ids[i]))
             toks.extend([self.pad_id] * (width_in - lb))
-            valid.extend([1] * lb + [0] * (width_in - lb))
         for i in range(self.batch):
             if blocks[i] and self.slot(i) < 0:
                 raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
@@ -331,9 +333,9 @@ class _Runner:
             out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
                              use_cache=True, **{self._cache_kw: self.cache})
             self._mask = mask
-        else:  # one row, no holes, no padding: no mask
-            ids_in, pos_in = torch.tensor(toks + pos, dtype=torch.long, device=dev).view(2, 1, width_in).unbind(0)
-            out = self.model(input_ids=ids_in, position_ids=pos_in, use_cache=True, **{self._cache_kw: self.cache})
+        else:  # one row, no holes, no padding: no mask, and the positions are the cache's columns (the model's default)
+            out = self.model(input_ids=torch.tensor([toks], dtype=torch.long, device=dev), use_cache=True,
+                             **{self._cache_kw: self.cache})
         self.width = start + width_in
         logits: Tensor = out.logits
         hi = width_in - 1
