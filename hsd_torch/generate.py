@@ -431,14 +431,6 @@ def retokenize(text_of: TokenText, ctx: Sequence[int], text: bytes, lookbehind: 
     raise AssertionError("unreachable: the empty look-behind always matches")
 
 
-def _pad2(rows: Sequence[Sequence[float]], width: int, dev: torch.device) -> Tensor:
-    out = np.zeros((len(rows), max(width, 0)), dtype=np.float64)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r[:width]
-    t = torch.from_numpy(out)
-    return t if t.device == dev else t.to(dev)
-
-
 class _EosLast:
     """The column order in which laws are sampled: the ids in increasing order with EOS moved to
     the end, which is ``hsd_core``'s order (its EOS is the last id). Inverse-CDF draws and argmax
@@ -871,7 +863,7 @@ def generate(
         drafts_t: list[list[int]] = [[] for _ in range(batch)]  # target ids (bounded SLRS) or columns
         q_steps: list[Tensor] = []  # bounded SLRS: [B, Vt] per position, over target ids
         d_laws: list[Tensor] = []  # [B, N] per draft position: the drafter law each draft was drawn from
-        d_mass: list[list[float]] = [[] for _ in range(batch)]  # TLI: the (unnormalized) law's mass per draft
+        d_mass: list[list[float]] = [[] for _ in range(batch)]  # the mass each draw read (TLI: its law's normalizer)
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
         if method in ("sd", "tli", "slem", "slrs"):
             assert drun is not None and dt is not None and d_space is not None
@@ -882,8 +874,8 @@ def generate(
             else:
                 k = [min(lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
             if not greedy:
-                d_uniforms = [list(rngs[i].random(k[i])) if k[i] else [] for i in range(batch)]
-                u_round = _pad2(d_uniforms, max(k), dev)
+                d_uniforms = [rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(batch)]
+                u_round: Tensor | None = None  # [B, max(k), 1] in the laws' dtype, made at the first draw
             blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
@@ -901,8 +893,9 @@ def generate(
                 law = _space_law(last, d_space, d_drop, **d_process)  # type: ignore[arg-type]
                 if inside is not None:
                     law = law.index_select(1, inside)
-                if not greedy and u_round.dtype != law.dtype:
-                    u_round = u_round.to(law.dtype)  # once a round
+                if not greedy and u_round is None:  # one host-to-device copy a round
+                    u_round = torch.tensor([[[x] for x in r] + [[0.0]] * (max(k) - len(r)) for r in d_uniforms],
+                                           dtype=law.dtype, device=dev)
                 ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
                 sub = law if ridx is None else law.index_select(0, ridx)
                 if greedy:
@@ -910,6 +903,7 @@ def generate(
                     picked: list[int] = arg.tolist()
                     mass: list[float] = top.tolist()
                 else:
+                    assert u_round is not None
                     picked, mass = kernels._draw_host(sub, u_round[:, j] if ridx is None else u_round[ridx, j])
                 d_laws.append(law)
                 for r, c, m in zip(rows, picked, mass):
@@ -960,7 +954,7 @@ def generate(
         # (its mass read back), and the kernels report a target law that is not one (`bad`: a NaN
         # softmax row shows in the draw from it, which every output read from such a row makes).
         if method in ("ar", "slem"):
-            uv_rows = None if greedy else [list(rngs[i].random(n_d[i] + 1)) if active[i] else [] for i in range(batch)]
+            uv_rows = None if greedy else [rngs[i].random(n_d[i] + 1).tolist() if active[i] else [] for i in range(batch)]
             rows_pos, n_acc_l, bad = kernels._exact_match_host(
                 p, cand, n_d, None if uv_rows is None else [r + [0.0] * (kmax + 1 - len(r)) for r in uv_rows],
                 eos_id=t_eos_col, budget=bud)
@@ -972,15 +966,16 @@ def generate(
                     q = t_space.select(torch.stack(q_steps[:kmax], dim=1))
                 else:
                     laws = torch.stack(d_laws[:kmax], dim=1)  # [B, kmax, N]
-                    if method == "tli":  # normalized by the mass each draw read (left to right, as hsd_core sums)
-                        laws = laws / torch.tensor([m + [1.0] * (kmax - len(m)) for m in d_mass], dtype=laws.dtype,
-                                                   device=dev).unsqueeze(-1)
                     q = laws if push is None else push(laws)
-            ua_rows = None if greedy else [list(rngs[i].random(n_d[i])) if active[i] else [] for i in range(batch)]
-            uf_rows = None if greedy else [float(rngs[i].random()) if active[i] else 0.0 for i in range(batch)]
+            # one draw of n_d + 1 uniforms: the same stream as n_d for the drafts, then one for the final token
+            u_ver = None if greedy else [rngs[i].random(n_d[i] + 1).tolist() if active[i] else [0.0] for i in range(batch)]
+            ua_rows = None if u_ver is None else [r[:-1] for r in u_ver]
+            uf_rows = None if u_ver is None else [r[-1] for r in u_ver]
+            # TLI's laws are pushed unnormalized: each is divided by the mass its draw read (summed
+            # left to right, as hsd_core normalizes), inside the kernel
             rows_pos, n_acc_l, bad = kernels._rejection_host(
                 p, q, cand, n_d, None if ua_rows is None else [r + [0.0] * (kmax - len(r)) for r in ua_rows],
-                uf_rows, eos_id=t_eos_col, budget=bud)
+                uf_rows, eos_id=t_eos_col, budget=bud, q_scale=d_mass if method == "tli" else None)
             read_u = []
             if ua_rows is not None and uf_rows is not None:
                 for i, (na, row) in enumerate(zip(n_acc_l, rows_pos)):

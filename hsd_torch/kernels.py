@@ -393,13 +393,17 @@ def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dty
 
 def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
                     u_accept: list[list[float]] | None, u_final: list[float] | None, *, eos_id: int | None,
-                    budget: list[int] | None) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
+                    budget: list[int] | None, q_scale: list[list[float]] | None = None
+                    ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
     """:func:`rejection_verify`'s decisions, unchecked, from host lists (``drafts[b]`` holds ``K``
     ids, any id past ``n_drafts[b]``; ``u_accept`` None: greedy): ``(emitted ids per row,
     n_accepted per row, bad)``. What ``generate`` calls: its drafts, counts and uniforms are on the
     host already, so only the laws are read, at the tested drafts (one gather each for ``p`` and
     ``q``) and at the one row each final token is drawn from. ``q`` may be None where no row has a
-    draft or when greedy (greedy never reads it).
+    draft or when greedy (greedy never reads it). ``q_scale[b][j]`` (optional): ``q[b, j]`` is the
+    law times that positive factor (a TLI drafter's unnormalized restriction, pushed); the law's
+    entries are then ``q[b, j, x] / q_scale[b][j]``, each division rounded in the compute dtype
+    (the same value on the host, for the ratio test, and on the device, for a residual).
 
     ``bad``: ``(row, position)`` of the first final token drawn from a ``p`` row that is not a law
     (its total mass, or greedy its maximum, read back with the draw, is not finite and positive),
@@ -428,6 +432,9 @@ def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_draf
             n = len(ip)
             px: list[float] = torch.take(p, idx[:n]).tolist()
             qx: list[float] = torch.take(q, idx[n:]).tolist()
+            if q_scale is not None:
+                sc = [q_scale[b][j] for b in range(batch) for j in range(n_drafts[b])]
+                qx = [_round32(a / c) for a, c in zip(qx, sc)] if cdt != torch.float64 else [a / c for a, c in zip(qx, sc)]
             flat_ok = _ratio_test([u_accept[b][j] for b in range(batch) for j in range(n_drafts[b])], px, qx, cdt)
         ok = []
         at = 0
@@ -437,18 +444,20 @@ def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_draf
             at += nb
     n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
     has_final = [not s for s in stopped]
-    final, totals = _final_tokens(p, q, n_acc, n_drafts, has_final, u_final, cdt)
+    final, totals = _final_tokens(p, q, n_acc, n_drafts, has_final, u_final, cdt, q_scale)
     bad = next(((b, n_acc[b]) for b in range(batch) if has_final[b] and not 0 < totals[b] < _INF), None)
     return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
 
 
 def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
-                  u_final: list[float] | None, cdt: torch.dtype) -> tuple[list[int], list[float]]:
+                  u_final: list[float] | None, cdt: torch.dtype, q_scale: list[list[float]] | None = None
+                  ) -> tuple[list[int], list[float]]:
     """The correction or bonus token of every row (any value where ``has_final`` is False): drawn
     with ``u_final`` (greedy, None: the argmax) from ``p[b, n_acc[b]]``, or after a rejection
     (``n_acc < n_drafts``, sampling) from ``norm(max(p - q, 0))`` at that position, ``p`` itself
     when that residual's mass (summed left to right, as the reference sums) is not positive; and
-    the total mass (greedy: the maximum) of the law each was drawn from."""
+    the total mass (greedy: the maximum) of the law each was drawn from. ``q_scale``: as in
+    :func:`_rejection_host`."""
     batch = p.shape[0]
     dev = p.device
     if not any(has_final):
@@ -462,10 +471,15 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
         if n < n_drafts[0]:
             assert q is not None
             q_sel = q[:, n]
-            diff = torch.sub(law, q_sel if q_sel.dtype == cdt else q_sel.to(cdt)).clamp_(min=0)  # max(p - q, 0)
+            q_sel = q_sel if q_sel.dtype == cdt else q_sel.to(cdt)
+            if q_scale is not None:
+                q_sel = q_sel / q_scale[0][n]
+            diff = torch.sub(law, q_sel).clamp_(min=0)  # max(p - q, 0)
             mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
-            if float(mass) > 0:
-                law = diff.div_(mass)
+            drawn = _draw_host(diff.div_(mass), u_final)
+            if 0 < drawn[1][0] < _INF:
+                return drawn
+            # the residual's mass rounded to 0 (0 / 0: no total): the correction is drawn from p
         return _draw_host(law, u_final)
     p_sel = _rows_at(p, list(range(batch)), n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
     if u_final is None:
@@ -475,6 +489,8 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
     if rej:  # in place on fresh buffers: large allocations dominate on the CPU
         assert q is not None
         scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
+        if q_scale is not None:
+            scratch.div_(torch.tensor([[q_scale[b][n_acc[b]]] for b in rej], dtype=cdt, device=dev))
         every = len(rej) == batch  # p_sel is then changed in place
         if every:
             diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)

@@ -28,8 +28,8 @@ from hsd_core.methods.slem import SLEM  # noqa: E402
 from hsd_core.models import FunctionModel, Model  # noqa: E402
 from hsd_core.rand import Rand, UniformRand, inverse_cdf  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
-from hsd_torch.kernels import (Verified, _draw_host, _ratio_test, exact_match_verify, rejection_verify,  # noqa: E402
-                               sample)
+from hsd_torch.kernels import (Verified, _draw_host, _ratio_test, _rejection_host, exact_match_verify,  # noqa: E402
+                               rejection_verify, sample)
 
 NO_BUDGET = 10**9
 
@@ -383,6 +383,31 @@ def test_zero_residual_rows_mixed_with_others_in_one_batch() -> None:
             ref, _ = ref_rejection(p[b], q[b], drafts[b], 1, read_rejection(out, b, ua, uf, 1), False, NO_BUDGET)
             assert rows[b] == list(ref.tokens), (dtype, b, rows[b], ref)
     assert out.rows()[0] == [1] and out.accepted() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_scaled_q_decides_as_the_normalized_one(dtype: torch.dtype, batch: int) -> None:
+    """generate hands TLI's q over unnormalized (the pushed restriction, with the mass each draw
+    read as ``q_scale``). With power-of-two scales the division is exact, so every decision (ratio
+    tests, residuals, zero residuals falling back to p, bonus tokens) must equal the normalized q's,
+    bit for bit, at batch 1 (the view path) and in a batch."""
+    g = np.random.default_rng(7)
+    for trial in range(40):
+        c = random_batch(g, batch, 3, 12)
+        c["n"] = g.integers(0, 4, size=batch)
+        c["p"][0, 0] = c["q"][0, 0]  # a zero residual where the first draft is rejected
+        scale = 2.0 ** g.integers(-3, 4, size=(batch, 3))
+        drafts = c["drafts"].tolist()
+        n = c["n"].tolist()
+        ua = (c["ua"] if trial % 2 else np.maximum(c["ua"], 0.999)).tolist()  # rejections
+        uf = c["uf"].tolist()
+        pt, qt = t(c["p"]).to(dtype), t(c["q"]).to(dtype)
+        plain = _rejection_host(pt, qt, drafts, n, ua, uf, eos_id=11, budget=None)
+        scaled = _rejection_host(pt, qt * t(scale).to(dtype).unsqueeze(-1), drafts, n, ua, uf, eos_id=11,
+                                 budget=None, q_scale=scale.tolist())
+        assert scaled == plain, trial
+        assert plain[2] is None
 
 
 def test_padded_vocabulary_never_emits_a_padding_id() -> None:
