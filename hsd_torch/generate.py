@@ -327,14 +327,14 @@ class _Runner:
                 raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
         dev = self.device
         if self.use_mask:
-            ids_in, pos_in, new_mask = torch.tensor(toks + pos + valid, dtype=torch.long, device=dev).view(
+            ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, dev).view(
                 3, n_live, width_in).unbind(0)
             mask = torch.cat([self._mask, new_mask], dim=1)
             out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
                              use_cache=True, **{self._cache_kw: self.cache})
             self._mask = mask
         else:  # one row, no holes, no padding: no mask, and the positions are the cache's columns (the model's default)
-            out = self.model(input_ids=torch.tensor([toks], dtype=torch.long, device=dev), use_cache=True,
+            out = self.model(input_ids=kernels._host_tensor([toks], torch.long, dev), use_cache=True,
                              **{self._cache_kw: self.cache})
         self.width = start + width_in
         logits: Tensor = out.logits
@@ -894,8 +894,8 @@ def generate(
                 if inside is not None:
                     law = law.index_select(1, inside)
                 if not greedy and u_round is None:  # one host-to-device copy a round
-                    u_round = torch.tensor([[[x] for x in r] + [[0.0]] * (max(k) - len(r)) for r in d_uniforms],
-                                           dtype=law.dtype, device=dev)
+                    u_round = kernels._host_tensor([[[x] for x in r] + [[0.0]] * (max(k) - len(r)) for r in d_uniforms],
+                                                   law.dtype, dev)
                 ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
                 sub = law if ridx is None else law.index_select(0, ridx)
                 if greedy:

@@ -65,7 +65,9 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,6 +75,21 @@ __all__ = ["Verified", "compute_dtype", "exact_match_verify", "rejection_verify"
 
 _INF = float("inf")
 _NAN = float("nan")
+
+
+_NP = {torch.int64: np.int64, torch.float64: np.float64, torch.float32: np.float32}
+
+
+def _host_tensor(data: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.tensor(data, dtype=dtype, device=device)`` for small nested lists of Python numbers,
+    through NumPy (about twice as fast at a few elements, where the per-call cost is everything;
+    floats are rounded to ``dtype`` as ``torch.tensor`` rounds them: to nearest). Tensors of other
+    dtypes go through ``torch.tensor``."""
+    nd = _NP.get(dtype)
+    if nd is None:
+        return torch.tensor(data, dtype=dtype, device=device)
+    t = torch.from_numpy(np.array(data, dtype=nd))
+    return t if device.type == "cpu" else t.to(device)
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,7 @@ def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[
     if isinstance(u, Tensor):
         ut = u if u.dim() == 2 else u.unsqueeze(-1)
     else:
-        ut = torch.tensor([[x] for x in u], dtype=probs.dtype, device=probs.device)
+        ut = _host_tensor([[x] for x in u], probs.dtype, probs.device)
     cs = torch.cumsum(probs, dim=-1)
     tot = cs[:, -1:]
     idx = [r[0] for r in torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot,
@@ -428,7 +445,7 @@ def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_draf
         flat_ok: list[bool] = []
         if ip:
             assert q is not None, "drafts to test need their laws"
-            idx = torch.tensor(ip + iq, dtype=torch.int64, device=dev)
+            idx = _host_tensor(ip + iq, torch.int64, dev)
             n = len(ip)
             px: list[float] = torch.take(p, idx[:n]).tolist()
             qx: list[float] = torch.take(q, idx[n:]).tolist()
