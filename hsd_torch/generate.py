@@ -292,50 +292,37 @@ class _Runner:
         one = width is None
         width = 1 if width is None else width
         live = self.live
-        width_in = max(1, max(len(blocks[r]) for r in live))
         start = self.width
-        n_live = len(live)
-        # one host-to-device copy for the ids (several rows: and positions and new mask columns, [3, rows, width_in])
-        toks: list[int] = []
-        pos: list[int] = []
-        valid: list[int] = []
-        cap = (self.max_pos - 1) if self.max_pos is not None else None
-        for i in live:
-            b = blocks[i]
-            n0 = len(self.ids[i])
-            lb = len(b)
-            if lb and self.max_pos is not None and n0 + lb > self.max_pos:
-                raise ValueError(
-                    f"the {self.name}'s context would grow to {n0 + lb} tokens, beyond its {self.max_pos} "
-                    "positions; shorten the prompt or max_new_tokens")
-            if self.use_mask:
+        dev = self.device
+        if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
+            row = self._record(0, blocks[0], start)
+            width_in = len(row)
+            out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True,
+                             **{self._cache_kw: self.cache})
+        else:
+            width_in = max(1, max(len(blocks[r]) for r in live))
+            # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
+            toks: list[int] = []
+            pos: list[int] = []
+            valid: list[int] = []
+            cap = (self.max_pos - 1) if self.max_pos is not None else None
+            for i in live:
+                n0 = len(self.ids[i])
+                lb = len(blocks[i])
                 top = n0 + width_in
                 pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
                 valid.extend([1] * lb + [0] * (width_in - lb))
-            if lb:
-                row = [int(t) for t in b]
-                toks.extend(row)
-                self.calls[i] += 1
-                self.positions[i] += lb
-                self.recomputed[i] += max(0, min(self.high[i], n0 + lb) - n0)
-                self.ids[i].extend(row)
-                self.cols[i].extend(range(start, start + lb))
-                self.high[i] = max(self.high[i], len(self.ids[i]))
-            toks.extend([self.pad_id] * (width_in - lb))
-        for i in range(self.batch):
-            if blocks[i] and self.slot(i) < 0:
-                raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
-        dev = self.device
-        if self.use_mask:
+                toks.extend(self._record(i, blocks[i], start) if lb else [])
+                toks.extend([self.pad_id] * (width_in - lb))
+            for i in range(self.batch):
+                if blocks[i] and self.slot(i) < 0:
+                    raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
             ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, dev).view(
-                3, n_live, width_in).unbind(0)
-            mask = torch.cat([self._mask, new_mask], dim=1)
+                3, len(live), width_in).unbind(0)
+            mask = torch.cat([self.mask, new_mask], dim=1)
             out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
                              use_cache=True, **{self._cache_kw: self.cache})
             self._mask = mask
-        else:  # one row, no holes, no padding: no mask, and the positions are the cache's columns (the model's default)
-            out = self.model(input_ids=kernels._host_tensor([toks], torch.long, dev), use_cache=True,
-                             **{self._cache_kw: self.cache})
         self.width = start + width_in
         logits: Tensor = out.logits
         hi = width_in - 1
@@ -347,11 +334,29 @@ class _Runner:
                                dtype=torch.long, device=dev)
             got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
             got = got[:, 0] if one else got
-        if n_live == self.batch:
+        if len(live) == self.batch:
             return got
         full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
         full[torch.tensor(live, dtype=torch.long, device=dev)] = got
         return full
+
+    def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
+        """Row ``i`` is fed ``block`` (non-empty) at cache columns from ``start``: check that it fits
+        the model's positions, and record ids, columns and counts; returns the ids as ints."""
+        n0 = len(self.ids[i])
+        lb = len(block)
+        if self.max_pos is not None and n0 + lb > self.max_pos:
+            raise ValueError(
+                f"the {self.name}'s context would grow to {n0 + lb} tokens, beyond its {self.max_pos} "
+                "positions; shorten the prompt or max_new_tokens")
+        row = [int(t) for t in block]
+        self.calls[i] += 1
+        self.positions[i] += lb
+        self.recomputed[i] += max(0, min(self.high[i], n0 + lb) - n0)
+        self.ids[i].extend(row)
+        self.cols[i].extend(range(start, start + lb))
+        self.high[i] = max(self.high[i], n0 + lb)
+        return row
 
     @property
     def mask(self) -> Tensor:
@@ -468,11 +473,11 @@ class _EosLast:
 class _Space:
     """The columns ``generate``'s laws live on for one model: ``ids``, the model's ids a law may
     put mass on in ``hsd_core``'s order (ids with text increasing, then EOS: the mirror's core ids,
-    :class:`hsd_torch.mirror.CoreTokenizer`), or a subset of them in the same order (a TLI
-    drafter's: the ids it shares with the target). ``pos[id]``: an id's column (-1: none).
+    :class:`hsd_torch.mirror.CoreTokenizer`; a TLI drafter's: the same ids, those it shares with
+    the target first, :func:`_tli_columns`). ``pos[id]``: an id's column (-1: none).
 
     Laws over these columns need no permutation before a draw (the sampling order is the column
-    order) and carry no columns of probability 0 by construction; :meth:`select` takes the columns
+    order of the columns drawn from) and carry no columns of probability 0 by construction; :meth:`select` takes the columns
     out of a ``[..., V]`` tensor with one ``index_select`` (a slice when they are one run of ids:
     EOS last and every other id with text, e.g. GPT-2's)."""
 
@@ -609,21 +614,23 @@ class FirstTargetMap:
 _COLUMNS: IdentityCache[Any] = IdentityCache(16)
 
 
-_TLIColumns = tuple[Tensor, list[int], list[int], _Push, dict[int, list[int]]]
+_TLIColumns = tuple[_Space, int, list[int], _Push, dict[int, list[int]]]
 
 
 def _tli_columns(bridge: VocabBridge, tt: TokenText, dt: TokenText, t_space: _Space, d_space: _Space,
                  device: torch.device) -> _TLIColumns:
-    """TLI's drafting columns: the drafter-space columns in the intersection (``inside``, as a
-    tensor), their drafter ids and target columns, the pushforward of a law over them onto the
+    """TLI's drafter space: the drafter's text space reordered so that its ``n`` ids in the
+    intersection come first, in sampling order (increasing, EOS last: the columns TLI draws from,
+    a slice of the law), then the others (they only normalize the processed law, which TLI
+    restricts); the target columns of those ``n``, the pushforward of a law over them onto the
     target's columns (several drafter ids may share one string, hence one target id), and the memo
     of the re-sync's encodings of target tokens the drafter lacks (filled as they occur)."""
     def build() -> _TLIColumns:
         to_t = bridge.to_target_list
-        cols = [c for c, d in enumerate(d_space.ids) if to_t[d] >= 0]  # EOS (last) maps to EOS
-        ids = [d_space.ids[c] for c in cols]
+        ids = [d for d in d_space.ids if to_t[d] >= 0]  # EOS (last) maps to EOS
+        space = _Space(ids + [d for d in d_space.ids if to_t[d] < 0], d_space.v, device)
         dst = [t_space.pos[to_t[d]] for d in ids]
-        return torch.tensor(cols, dtype=torch.long, device=device), ids, dst, _Push(dst, t_space.n, device), {}
+        return space, len(ids), dst, _Push(dst, t_space.n, device), {}
     out: _TLIColumns = _COLUMNS.get((tt, dt, t_space, d_space), ("tli", str(device)), build)
     return out
 
@@ -819,7 +826,7 @@ def generate(
     d_space: _Space | None = None  # the drafter's text space: its laws' columns
     draft_ids: list[int] = []  # drafting column -> drafter id
     draft_cols: list[int] = []  # drafting column -> the target column it proposes (sd, tli, slrs)
-    inside: Tensor | None = None  # TLI: the drafter-space columns in the intersection
+    n_draw = 0  # drafts come from the first n_draw columns of the drafter's space (TLI: the intersection)
     push: _Push | None = None  # TLI, SLRS: drafting columns -> target columns (q, psi)
     resync: dict[int, list[int]] = {}  # TLI: target id the drafter lacks -> the drafter's encoding of its text
     if needs_drafter:
@@ -836,12 +843,14 @@ def generate(
         drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
         d_space = _Space.text(dt, dev)
         draft_ids = d_space.ids
+        n_draw = d_space.n
         if method == "sd":
             if d_space.ids != t_space.ids:  # pragma: no cover - same tokenizer, same ids with text
                 raise AssertionError("the SD drafter's ids with text differ from the target's")
             draft_cols = list(range(d_space.n))
         elif method == "tli":
-            inside, draft_ids, draft_cols, push, resync = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
+            d_space, n_draw, draft_cols, push, resync = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
+            draft_ids = d_space.ids[:n_draw]
         elif method == "slrs" and not slrs_bounded:
             draft_cols, push = _slrs_columns(tt, dt, t_space, d_space, dev)
         if method == "slrs" and slrs_bounded:
@@ -887,12 +896,12 @@ def generate(
                 rows = [i for i in range(batch) if still[i]]
                 if not rows:
                     break
-                # the drafter's processed law over its text space (TLI: at the intersection's
-                # columns, not renormalized: a draw needs no normalization, verification divides
-                # by the mass read back here)
+                # the drafter's processed law over its text space (TLI: its first n_draw columns,
+                # the intersection's, a view, not renormalized: a draw needs no normalization, and
+                # verification divides by the mass read back here)
                 law = _space_law(last, d_space, d_drop, **d_process)  # type: ignore[arg-type]
-                if inside is not None:
-                    law = law.index_select(1, inside)
+                if n_draw < d_space.n:
+                    law = law[:, :n_draw]
                 if not greedy and u_round is None:  # one host-to-device copy a round
                     u_round = kernels._host_tensor([[[x] for x in r] + [[0.0]] * (max(k) - len(r)) for r in d_uniforms],
                                                    law.dtype, dev)
