@@ -4,25 +4,25 @@ Methods (names as in :mod:`hsd_core.methods`; each round is one target forward p
 
 - ``"ar"``: one token from the target's processed law per round.
 - ``"sd"``: same-tokenizer speculative decoding: ``min(lookahead, budget)`` drafts from the
-  drafter's processed law, verified by :func:`hsd_torch.kernels.rejection_verify`.
+  drafter's processed law, verified by :func:`hsd_torch.kernels.rejection_verify`'s decisions.
 - ``"tli"``: token-level intersection: drafts from the drafter's processed law restricted to the
-  intersection (:meth:`VocabBridge.restrict`), mapped by ``to_target``; each draft is verified
-  against the pushforward (:meth:`VocabBridge.push`) of exactly the law it was drawn from.
-  Drafting stops early where that law has no mass (a round with no draft is plain target
-  decoding). The drafter's context is re-synced as ``hsd_core``'s TLI does: each emitted target
+  intersection (``hsd_core``'s ``Intersection.restrict``: the law's columns there, renormalized
+  by their mass), mapped by ``to_target``; each draft is verified against the pushforward onto
+  target ids of exactly the law it was drawn from. Drafting stops early where that law has no mass
+  (a round with no draft is plain target decoding). The drafter's context is re-synced as ``hsd_core``'s TLI does: each emitted target
   id becomes ``to_drafter`` of it when the drafter has its text, else the drafter's encoding of
   its text (:meth:`TokenText.encode`).
 - ``"slem"``: ``lookahead`` drafter tokens from its processed law; their text is re-tokenized for
   the target after its context (look-behind 4, :func:`retokenize`), the target's EOS appended if
-  the drafter ended; :func:`hsd_torch.kernels.exact_match_verify`. The drafter's context is its
+  the drafter ended; :func:`hsd_torch.kernels.exact_match_verify`'s decisions. The drafter's context is its
   encoding of (prompt + emitted text), recomputed every round.
 - ``"slrs"`` at ``lookahead=1`` (default ``proposal_map``): the paper's one-token SLRS: one drafter token from its
   processed law (drafter context as SLEM's); the proposal is the first target id of the target's
   encoding of its text alone (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0)``: with no
   look-behind the map from drafter ids to first target ids is context-free, built once,
   :class:`FirstTargetMap`), the target's EOS for the drafter's EOS; verified by
-  :func:`hsd_torch.kernels.rejection_verify` against psi(t) = the drafter's mass on the ids
-  whose first target id is t (``index_add``: masses add).
+  :func:`hsd_torch.kernels.rejection_verify`'s decisions against psi(t) = the drafter's mass on
+  the ids whose first target id is t (a pushforward, :class:`_Push`: masses add).
   With ``proposal_map="longest_prefix"`` and ``min_path_prob=tau`` (any lookahead): the bounded
   SLRS of issue 11, ``hsd_core``'s ``SLRS(lookahead, min_path_prob=tau,
   proposal_map="longest_prefix")``, psi computed level by level with one batched drafter pass
@@ -34,8 +34,22 @@ The law every method is lossless for is the target's **processed** law (:func:`p
 ids without text other than EOS removed (special tokens, a padded embedding's extra ids),
 then temperature, top-k, top-p. The drafter's laws are processed the same way.
 
+Where the work happens. Every law lives on its model's *text space* (:class:`_Space`): the ids a
+law may put mass on, in ``hsd_core``'s order (ids with text increasing, EOS last), taken out of the
+logits with one ``index_select`` and processed there (:func:`_space_law`), so no draw needs a
+permutation and no column is masked. The tensor work (softmax, cumulative sums, draws, gathers,
+pushforwards, residuals) runs on the models' device; the small decisions (which draft passes,
+where a row stops, what it emits) are made on the host from a few values read back
+(:func:`hsd_torch.kernels._rejection_host`, :func:`hsd_torch.kernels._exact_match_host`, the same
+code the public kernels run). Validity is read off those values too: each draft's law is checked
+by the mass its draw reads (SD and SLRS raise ``ValueError`` on a NaN or empty one; TLI and SLEM
+stop drafting that row), and the target's by the total of the law each emitted token is drawn
+from (a NaN or infinite logit makes its whole softmax row NaN, which shows there: ``ValueError``).
+
 How a batch runs. All rows advance together, one round per target forward pass. Each model has a
-:class:`_Runner`: one ``DynamicCache`` for the batch and an attention mask (0/1) over its columns. A row's
+:class:`_Runner`: one ``DynamicCache`` for the batch and an attention mask (0/1) over its columns
+(a batch of one row needs neither mask nor position ids: a re-sync crops its cache at once, so it
+never holds a hole). A row's
 tokens sit in the columns it was fed; a column a row must forget (a rejected draft, a drafter
 token that the re-sync replaced, padding of a ragged block) is masked out of attention from then on
 (a hole), and position ids count only a row's kept tokens, so every row computes what it would
@@ -66,8 +80,8 @@ uniforms it actually *consumes*, in the order ``hsd_core``'s method consumes the
 what the kernel read: see :mod:`hsd_torch.kernels`), can be recorded (``record_uniforms=True``)
 and replayed into ``hsd_core`` through :class:`hsd_core.rand.UniformRand` (the mirror test).
 Every draw (inverse CDF, and argmax ties) reads a law's columns in ``hsd_core``'s order: ids
-increasing with EOS moved last (:class:`_EosLast`); with the tokenizer's order (EOS at id 2, say)
-the same uniform would pick another token than the reference.
+increasing with EOS moved last (the text space's order); with the tokenizer's order (EOS at id 2,
+say) the same uniform would pick another token than the reference.
 
 Multi-token SLRS (``max_tokens`` > 1 or None) runs only with the bounded procedure: the proposal is
 the first ``min(max_tokens, budget)`` target ids read off the drafted text, position ``j`` verified

@@ -262,12 +262,15 @@ def test_models_are_not_modified(toks: dict[str, Any], models: dict[str, Any]) -
     assert {k: fingerprint(m) for k, m in models.items()} == before
 
 
-def test_a_rows_output_depends_only_on_seed_and_row(toks: dict[str, Any], models: dict[str, Any]) -> None:
+@pytest.mark.parametrize("method", ["tli", "slem", "slrs"])
+def test_a_rows_output_depends_only_on_seed_and_row(method: str, toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """Also ties the two ways a cache is kept: a batch of one row (no mask: a re-sync crops) and a
+    batch of several (mask, holes, padding) give the same row."""
     target, tt, drafter, dt, _ = unpack("bpe<-unigram", toks, models)
 
     def run(prompts: list[str]) -> list[list[int]]:
-        return generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="tli",
-                        max_new_tokens=8, seed=5).sequences
+        return generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
+                        lookahead=1 if method == "slrs" else 3, max_new_tokens=8, seed=5).sequences
 
     alone = run(["Hello"])
     with_others = run(["Hello", "def foo(x):\n", "x"])
