@@ -62,8 +62,6 @@ Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -374,38 +372,25 @@ def rejection_verify(
     return _assemble(rows, n_acc, k1, dev)
 
 
-_F32 = struct.Struct("f")
-
-
-def _round32(x: float) -> float:
-    """A Python float rounded to the nearest float32 (ties to even, as ``tensor.to(float32)``);
-    beyond float32's range, infinity (only ratios clamped to 1 get there)."""
-    try:
-        r: float = _F32.unpack(_F32.pack(x))[0]
-    except OverflowError:
-        return math.copysign(_INF, x)
-    return r
-
-
 def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
     """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, exactly as
     the tensor expression ``u.to(cdt) < clamp(px / qx, max=1)``: ``q = 0`` gives ``+inf`` (accept)
     for ``p > 0`` and NaN (reject) for ``p = 0``, and a NaN ratio rejects. In float32 the quotient of
-    two float32 values is taken in double and rounded once to float32, which is the correctly
-    rounded float32 quotient (double has more than 2 x 24 + 2 bits); a few Python float operations
-    per draft cost less than any array call at these sizes."""
-    f32 = cdt != torch.float64
-    out: list[bool] = []
-    for uu, a, b in zip(u, px, qx):
+    two float32 values is taken in double and rounded once to float32 (one NumPy cast for the
+    list), which is the correctly rounded float32 quotient (double has more than 2 x 24 + 2 bits);
+    quotients above 2 are taken as 2 first (the clamp to 1 makes them equal, and the cast cannot
+    overflow)."""
+    ratios: list[float] = []
+    for a, b in zip(px, qx):
         if b == 0.0:
             r = _INF if a > 0 else _NAN
         else:
             r = a / b
-            if f32:
-                r = _round32(r)
-        c = 1.0 if r >= 1.0 else r  # clamp(r, max=1); NaN stays NaN
-        out.append((_round32(uu) if f32 else uu) < c)
-    return out
+        ratios.append(2.0 if r > 2.0 else r)  # NaN stays NaN
+    if cdt != torch.float64:
+        ratios = np.array(ratios, dtype=np.float32).tolist()
+        u = np.array(u, dtype=np.float32).tolist()
+    return [uu < (1.0 if r >= 1.0 else r) for uu, r in zip(u, ratios)]  # clamp(r, max=1); NaN stays NaN
 
 
 def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
@@ -449,9 +434,10 @@ def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_draf
             n = len(ip)
             px: list[float] = torch.take(p, idx[:n]).tolist()
             qx: list[float] = torch.take(q, idx[n:]).tolist()
-            if q_scale is not None:
-                sc = [q_scale[b][j] for b in range(batch) for j in range(n_drafts[b])]
-                qx = [_round32(a / c) for a, c in zip(qx, sc)] if cdt != torch.float64 else [a / c for a, c in zip(qx, sc)]
+            if q_scale is not None:  # each quotient rounded once in the compute dtype, as the device divides
+                qx = [a / c for a, c in zip(qx, (q_scale[b][j] for b in range(batch) for j in range(n_drafts[b])))]
+                if cdt != torch.float64:
+                    qx = np.array(qx, dtype=np.float32).tolist()
             flat_ok = _ratio_test([u_accept[b][j] for b in range(batch) for j in range(n_drafts[b])], px, qx, cdt)
         ok = []
         at = 0
