@@ -898,7 +898,8 @@ def generate(
                 k = [min(lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
             if not greedy:
                 d_uniforms = [rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(batch)]
-                u_round: Tensor | None = None  # [B, max(k), 1] in the laws' dtype, made at the first draw
+                u_round: Tensor | None = None  # [max(k), B, 1] in the laws' dtype, made at the first draw
+                u_steps: tuple[Tensor, ...] = ()  # its [B, 1] slices, one per draft position
             blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
             still = [k[i] > 0 for i in range(batch)]
             drafts_d: list[list[int]] = [[] for _ in range(batch)]
@@ -917,8 +918,9 @@ def generate(
                 if n_draw < d_space.n:
                     law = law[:, :n_draw]
                 if not greedy and u_round is None:  # one host-to-device copy a round
-                    u_round = kernels._host_tensor([[[x] for x in r] + [[0.0]] * (max(k) - len(r)) for r in d_uniforms],
-                                                   law.dtype, dev)
+                    u_round = kernels._host_tensor(
+                        [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)
+                    u_steps = u_round.unbind(0)
                 ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
                 sub = law if ridx is None else law.index_select(0, ridx)
                 if greedy:
@@ -927,7 +929,7 @@ def generate(
                     mass: list[float] = top.tolist()
                 else:
                     assert u_round is not None
-                    picked, mass = kernels._draw_host(sub, u_round[:, j] if ridx is None else u_round[ridx, j])
+                    picked, mass = kernels._draw_host(sub, u_steps[j] if ridx is None else u_round[j, ridx])
                 d_laws.append(law)
                 for r, c, m in zip(rows, picked, mass):
                     if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
