@@ -153,12 +153,14 @@ def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
         raise ValueError(f"{name}: row {where} is not a law (NaN, infinite or negative entry, or no mass)")
 
 
-def _searchsorted_draw(probs: Tensor, u: Tensor) -> Tensor:
-    """``[N]``: the first index ``i`` with ``u * cs[-1] < cs[i]`` (``cs = cumsum(probs)``), or ``V`` when
-    rounding pushed ``u * cs[-1]`` to the total or past it."""
+def _searchsorted_draw(probs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """``(idx [N, 1], total [N, 1])``: the first index ``i`` with ``u * cs[-1] < cs[i]`` (``cs =
+    cumsum(probs)``, left to right), or ``V`` when rounding pushed ``u * cs[-1]`` to the total or
+    past it; and ``cs[-1]``. ``u``: ``[N]`` or ``[N, 1]``."""
     cs = torch.cumsum(probs, dim=-1)
-    target = (u if u.dtype == cs.dtype else u.to(cs.dtype)).unsqueeze(-1) * cs[:, -1:]
-    return torch.searchsorted(cs, target, right=True).squeeze(-1)
+    tot = cs[:, -1:]
+    ut = u if u.dim() == 2 else u.unsqueeze(-1)
+    return torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot, right=True), tot
 
 
 def _last_positive(probs: Tensor, rows: Tensor) -> Tensor:
@@ -169,7 +171,7 @@ def _last_positive(probs: Tensor, rows: Tensor) -> Tensor:
 
 def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
-    idx = _searchsorted_draw(probs, u)
+    idx = _searchsorted_draw(probs, u)[0].squeeze(-1)
     past = idx >= probs.shape[-1]
     if bool(past.any()):  # rounding pushed u * total to the total: the last index of positive probability
         rows = torch.nonzero(past).squeeze(-1)
@@ -177,38 +179,22 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return idx
 
 
-def _inverse_cdf_list(probs: Tensor, u: Tensor) -> list[int]:
-    """:func:`_inverse_cdf` read back to the host (the rounding case is found there, no extra reduction)."""
-    out: list[int] = _searchsorted_draw(probs, u).tolist()
-    return _fix_past(probs, out)
-
-
-def _fix_past(probs: Tensor, out: list[int]) -> list[int]:
-    """Indices past the last column (rounding pushed ``u * total`` to the total) replaced by the
-    row's last index of positive probability."""
-    past = [i for i, x in enumerate(out) if x >= probs.shape[-1]]
+def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
+    """:func:`_inverse_cdf` read back to the host, with each row's total mass: draws from the rows
+    of ``probs [R, N]`` (non-negative, need not be normalized; float32 or float64) with ``u`` (a
+    host list of ``R`` uniforms, or a tensor ``[R]`` or ``[R, 1]``). A total that is not finite and
+    positive says the row was not a law (its draw is meaningless). The rounding case (an index past
+    the last column) is found on the host and replaced by the row's last index of positive
+    probability, as :func:`sample` does."""
+    ut = u if isinstance(u, Tensor) else _host_tensor([[x] for x in u], probs.dtype, probs.device)
+    idx_t, tot = _searchsorted_draw(probs, ut)
+    idx = [r[0] for r in idx_t.tolist()]
+    past = [i for i, x in enumerate(idx) if x >= probs.shape[-1]]
     if past:
         fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
         for i, f in zip(past, fixed):
-            out[i] = f
-    return out
-
-
-def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
-    """Inverse-CDF draws from the rows of ``probs [R, N]`` (non-negative, need not be normalized;
-    float32 or float64) with ``u`` (a host list of ``R`` uniforms, or a tensor ``[R]`` or
-    ``[R, 1]``), and each row's total mass (the last partial sum, left to right), both read back:
-    a total that is not finite and positive says the row was not a law (its draw is meaningless).
-    Same draws as :func:`sample`."""
-    if isinstance(u, Tensor):
-        ut = u if u.dim() == 2 else u.unsqueeze(-1)
-    else:
-        ut = _host_tensor([[x] for x in u], probs.dtype, probs.device)
-    cs = torch.cumsum(probs, dim=-1)
-    tot = cs[:, -1:]
-    idx = [r[0] for r in torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot,
-                                            right=True).tolist()]
-    return _fix_past(probs, idx), [r[0] for r in tot.tolist()]
+            idx[i] = f
+    return idx, [r[0] for r in tot.tolist()]
 
 
 def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
