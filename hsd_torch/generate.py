@@ -172,19 +172,23 @@ def process_logits(logits: Tensor, text_mask: Tensor, temperature: float = 1.0, 
     return _process(logits, ~text_mask.to(logits.device), temperature, top_k, top_p)
 
 
+def _tempered_softmax(x: Tensor, temperature: float, top_k: int | None) -> Tensor:
+    """``softmax`` of ``x [..., V]`` (compute dtype; removed ids already ``-inf`` or absent) divided
+    by ``temperature``, keeping the ids whose logit is at least the k-th largest (ties kept)."""
+    if temperature != 1.0:
+        x = x / temperature
+    if top_k is not None and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
 def _process(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
     """:func:`process_logits` with the mask of removed ids given (``drop [V]`` on ``logits``'
     device): what ``generate`` calls at every step, without re-deriving the mask."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    x = logits if logits.dtype == cdt else logits.to(cdt)
-    v = x.shape[-1]
-    x = x.masked_fill(drop, float("-inf"))
-    if temperature != 1.0:
-        x = x / temperature
-    if top_k is not None and top_k < v:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
+    probs = _tempered_softmax((logits if logits.dtype == cdt else logits.to(cdt)).masked_fill(drop, float("-inf")),
+                              temperature, top_k)
     if top_p is not None and top_p < 1.0:
         sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sp, dim=-1) - sp
@@ -574,13 +578,7 @@ def _space_law(logits: Tensor, space: _Space, drop: Tensor, temperature: float, 
         return space.select(_process(logits, drop, temperature, top_k, top_p))
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = space.select(logits)
-    x = x if x.dtype == cdt else x.to(cdt)
-    if temperature != 1.0:
-        x = x / temperature
-    if top_k is not None and top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    return torch.softmax(x, dim=-1)
+    return _tempered_softmax(x if x.dtype == cdt else x.to(cdt), temperature, top_k)
 
 
 class FirstTargetMap:
@@ -923,10 +921,8 @@ def generate(
                     u_steps = u_round.unbind(0)
                 ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
                 sub = law if ridx is None else law.index_select(0, ridx)
-                if greedy:
-                    top, arg = torch.max(sub, dim=-1)  # ties to the first column, as argmax
-                    picked: list[int] = arg.tolist()
-                    mass: list[float] = top.tolist()
+                if greedy:  # the argmax (ties to the first column) and its value, as the mass check
+                    picked, mass = kernels._argmax_host(sub)
                 else:
                     assert u_round is not None
                     picked, mass = kernels._draw_host(sub, u_steps[j] if ridx is None else u_round[j, ridx])
