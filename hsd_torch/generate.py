@@ -106,7 +106,7 @@ from . import kernels
 from ._cache import IdentityCache
 from .slrs import BoundedSLRS, slrs_options
 from .text import TokenText
-from .vocab import VocabBridge
+from .vocab import VocabBridge, _Push
 
 __all__ = ["GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
 
@@ -529,42 +529,6 @@ class _Space:
             return x.index_select(1, self.cols)
         lead = x.shape[:-1]
         return x.reshape(-1, x.shape[-1]).index_select(1, self.cols).view(*lead, self.n)
-
-
-class _Push:
-    """The pushforward of laws along a map of columns ``dst[c]`` (many to one allowed) into
-    ``n_out`` columns: ``x [..., len(dst)]`` -> ``[..., n_out]``, the masses of the columns with
-    one destination added in ascending source column. On the CPU one ``index_add_`` does that (it
-    adds the source columns one after another, in index order); on other devices, whose
-    ``index_add_`` adds duplicates atomically in any order, one ``index_add_`` per multiplicity
-    level (level ``r`` holds the ``r``-th source column of every destination), so that every level
-    has distinct destinations and the result is the same, deterministically (``split``: force one
-    way or the other; None: by the device)."""
-
-    def __init__(self, dst: Sequence[int], n_out: int, device: torch.device, split: bool | None = None) -> None:
-        by_dst: dict[int, list[int]] = {}
-        for c, t in enumerate(dst):
-            if not 0 <= t < n_out:
-                raise ValueError(f"column {c} maps to {t}, outside [0, {n_out})")
-            by_dst.setdefault(t, []).append(c)
-        depth = max((len(v) for v in by_dst.values()), default=0)
-        self.n_in, self.n_out = len(dst), n_out
-        self.levels: list[tuple[Tensor | None, Tensor]] = []
-        if not (device.type != "cpu" if split is None else split) or depth <= 1:
-            self.levels.append((None, torch.tensor(list(dst), dtype=torch.long, device=device)))
-            return
-        for r in range(depth):
-            pairs = sorted((cs[r], t) for t, cs in by_dst.items() if len(cs) > r)
-            self.levels.append((torch.tensor([c for c, _ in pairs], dtype=torch.long, device=device),
-                                torch.tensor([t for _, t in pairs], dtype=torch.long, device=device)))
-
-    def __call__(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.n_in)
-        out = x2.new_zeros((x2.shape[0], self.n_out))
-        for src, dst in self.levels:
-            out.index_add_(1, dst, x2 if src is None else x2.index_select(1, src))
-        return out.view(*lead, self.n_out)
 
 
 def _space_law(logits: Tensor, space: _Space, drop: Tensor, temperature: float, top_k: int | None,

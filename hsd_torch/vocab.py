@@ -404,6 +404,56 @@ def _resolve_eos(tokenizer: Any, given: int | None, size: int, who: str) -> int:
     return eos
 
 
+class _Push:
+    """The pushforward of laws along a map of columns ``dst[c]`` (many to one allowed; ``-1``:
+    column ``c`` is dropped) into ``n_out`` columns: ``x [..., len(dst)]`` -> ``[..., n_out]``, same
+    dtype and device, the masses of the columns with one destination added in ascending source
+    column (``hsd_core``'s order), destinations nothing maps to 0.
+
+    On the CPU one ``index_add_`` does that (it adds the source columns one after another, in index
+    order). On other devices ``index_add_`` adds duplicate destinations atomically, in any order,
+    so there it runs once per multiplicity level (level ``r`` holds the ``r``-th source column of
+    every destination: distinct destinations in each level), and the result is the same,
+    deterministically. ``split``: force one way (False) or the other (True); None: by the device.
+    """
+
+    def __init__(self, dst: Sequence[int] | npt.NDArray[np.int64], n_out: int, device: torch.device,
+                 split: bool | None = None) -> None:
+        d = np.asarray(dst, dtype=np.int64).reshape(-1)
+        bad = np.flatnonzero((d < -1) | (d >= n_out))
+        if len(bad):
+            c = int(bad[0])
+            raise ValueError(f"column {c} maps to {int(d[c])}, outside [0, {n_out}) (and not -1, dropped)")
+        self.n_in, self.n_out = len(d), n_out
+        src = np.flatnonzero(d >= 0)
+        tgt = d[src]
+        order = np.argsort(tgt, kind="stable")  # by destination, ascending source column within one
+        ts, cs = tgt[order], src[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(ts)) + 1] if len(ts) else np.zeros(0, dtype=np.int64)
+        rank = np.arange(len(ts)) - np.repeat(starts, np.diff(np.r_[starts, len(ts)]))
+        depth = int(rank.max()) + 1 if len(rank) else 0
+
+        def put(a: npt.NDArray[np.int64]) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+        self.levels: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        if not (device.type != "cpu" if split is None else split) or depth <= 1:
+            self.levels.append((None if len(src) == len(d) else put(src), put(tgt)))
+            return
+        for r in range(depth):
+            at = rank == r
+            by_src = np.argsort(cs[at], kind="stable")
+            self.levels.append((put(cs[at][by_src]), put(ts[at][by_src])))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(lead.numel(), self.n_in)
+        out = x2.new_zeros((x2.shape[0], self.n_out))
+        for src, dst in self.levels:
+            out.index_add_(1, dst, x2 if src is None else x2.index_select(1, src))
+        return out.view(*lead, self.n_out)
+
+
 @dataclass(frozen=True)
 class _Core:
     """Everything a bridge holds, on the CPU, built once per tokenizer pair."""
@@ -416,12 +466,12 @@ class _Core:
     to_drafter: torch.Tensor
     drafter_ids: torch.Tensor
     target_ids: torch.Tensor
-    levels: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     shared: int
     same_tokenizer: bool
     build_seconds: float
     to_target_list: tuple[int, ...]  # the two maps as host tuples, for per-token lookups without a tensor op
     to_drafter_list: tuple[int, ...]
+    pushes: dict[str, _Push] = field(default_factory=dict, compare=False)  # per device, built on first use
 
 
 def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | None,
@@ -465,23 +515,13 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     _check(len(d_ids) == sum(map(first_t.__contains__, filter(None, dbl))) + 1,
            "drafter-to-target map misses or invents shared strings")
 
-    # Pushforward plan: pairs sorted by (target, drafter); level r holds each target's r-th
-    # drafter id, so every level has distinct targets and index_add_ adds in ascending drafter id.
-    order = np.argsort(t_ids, kind="stable")  # d_ids ascending within equal targets
-    ts, ds = t_ids[order], d_ids[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(ts)) + 1] if len(ts) else np.zeros(0, dtype=np.int64)
-    rank = np.arange(len(ts)) - np.repeat(starts, np.diff(np.r_[starts, len(ts)]))
-    levels = tuple(
-        (torch.from_numpy(ds[rank == r].copy()), torch.from_numpy(ts[rank == r].copy()))
-        for r in range(int(rank.max()) + 1 if len(rank) else 0))
-
     n = max(vt, vd)
     pad_t = tb.by_id + (None,) * (n - vt)
     pad_d = db.by_id + (None,) * (n - vd)
     same = pad_t == pad_d and dict(tb.special) == dict(db.special) and te == de
     return _Core(tb, db, te, de, torch.from_numpy(to_t), torch.from_numpy(to_d),
                  torch.from_numpy(d_ids.astype(np.int64)), torch.from_numpy(t_ids.copy()),
-                 levels, shared, same, time.perf_counter() - t0, tuple(to_t.tolist()), tuple(to_d.tolist()))
+                 shared, same, time.perf_counter() - t0, tuple(to_t.tolist()), tuple(to_d.tolist()))
 
 
 _CORE_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Any, _Core]] = OrderedDict()
@@ -544,7 +584,6 @@ class VocabBridge:
         self.to_drafter: torch.Tensor = c.to_drafter.to(device)
         self.drafter_ids: torch.Tensor = c.drafter_ids.to(device)
         self.target_ids: torch.Tensor = c.target_ids.to(device)
-        self._levels = tuple((d.to(device), t.to(device)) for d, t in c.levels)
         self._mask: torch.Tensor = self.to_target >= 0
         self._outside: torch.Tensor = ~self._mask
 
@@ -615,16 +654,15 @@ class VocabBridge:
         """The law over target ids of ``to_target[d]`` for ``d ~ q_drafter``.
 
         ``q_drafter [..., Vd]`` -> ``[..., Vt]``, same dtype and device. The masses of drafter ids
-        sharing one byte string are added (``index_add_``, one pass per multiplicity level, so in
-        ascending drafter id, deterministically also on CUDA); mass on unmapped ids is dropped.
+        sharing one byte string are added in ascending drafter id (:class:`_Push`: deterministic on
+        every device); mass on unmapped ids is dropped.
         """
         self._check_law(q_drafter)
-        lead = q_drafter.shape[:-1]
-        q = q_drafter.reshape(-1, self.drafter_vocab_size)
-        out = q.new_zeros((q.shape[0], self.target_vocab_size))
-        for d_idx, t_idx in self._levels:
-            out.index_add_(1, t_idx, q.index_select(1, d_idx))
-        return out.reshape(*lead, self.target_vocab_size)
+        key = str(self.device)
+        push = self._core.pushes.get(key)
+        if push is None:
+            push = self._core.pushes[key] = _Push(self._core.to_target.numpy(), self.target_vocab_size, self.device)
+        return push(q_drafter)
 
     @property
     def to_target_list(self) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from hsd_torch.generate import process_logits  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.vocab import _Push  # noqa: E402
 
 gen = importlib.import_module("hsd_torch.generate")  # the module (hsd_torch.generate is also the function)
 CPU = torch.device("cpu")
@@ -74,20 +75,28 @@ def test_space_law_is_the_processed_law(kind: str, dtype: torch.dtype, proc: dic
 
 @pytest.mark.parametrize("split", [False, True])
 def test_push_adds_the_masses_of_each_destination(split: bool) -> None:
-    """_Push is the pushforward: out[t] = sum of x[c] over the columns with dst[c] = t, added in
-    ascending c (bit for bit: float32, sums of many terms); destinations nothing maps to get 0.
-    The same with one index_add_ (the CPU's) and with the multiplicity levels used elsewhere."""
+    """_Push (hsd_torch.vocab, used by generate and by VocabBridge.push) is the pushforward: out[t] =
+    sum of x[c] over the columns with dst[c] = t, added in ascending c (bit for bit: float32, sums of
+    many terms); columns mapped to -1 are dropped; destinations nothing maps to get 0. The same
+    with one index_add_ (the CPU's) and with the multiplicity levels used elsewhere."""
     g = np.random.default_rng(2)
-    for trial in range(50):
+    for trial in range(60):
         n_in, n_out = int(g.integers(1, 40)), int(g.integers(1, 9))
-        dst = g.integers(0, n_out, size=n_in).tolist()
-        push = gen._Push(dst, n_out, CPU, split=split)
+        dst = g.integers(-1 if trial % 2 else 0, n_out, size=n_in).tolist()
+        push = _Push(dst, n_out, CPU, split=split)
         x = torch.tensor(g.random((2, 3, n_in)), dtype=torch.float32)
         want = torch.zeros(2, 3, n_out, dtype=torch.float32)
         for c, t in enumerate(dst):
-            want[..., t] += x[..., c]
+            if t >= 0:
+                want[..., t] += x[..., c]
         assert torch.equal(push(x), want), (trial, dst)
-        assert len(push.levels) == (max(dst.count(t) for t in set(dst)) if split else 1)
-    assert gen._Push([0, 1, 2], 3, CPU, split=True).levels[0][0] is None  # one-to-one: no index_select
+        kept = [t for t in dst if t >= 0]
+        depth = max((kept.count(t) for t in set(kept)), default=0)
+        assert len(push.levels) == (max(depth, 1) if split else 1)
+    assert _Push([0, 1, 2], 3, CPU, split=True).levels[0][0] is None  # one-to-one: no index_select
+    assert _Push([1, 0, 1], 2, CPU).levels[0][0] is None  # the CPU's one index_add_ reads x itself
+    assert _Push([], 2, CPU)(torch.ones(4, 0)).tolist() == [[0.0, 0.0]] * 4
     with pytest.raises(ValueError, match="outside"):
-        gen._Push([0, 3], 3, CPU)
+        _Push([0, 3], 3, CPU)
+    with pytest.raises(ValueError, match="outside"):
+        _Push([0, -2], 3, CPU)
