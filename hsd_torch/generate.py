@@ -46,7 +46,9 @@ by the mass its draw reads (SD and SLRS raise ``ValueError`` on a NaN or empty o
 stop drafting that row), and the target's by the total of the law each emitted token is drawn
 from (a NaN or infinite logit makes its whole softmax row NaN, which shows there: ``ValueError``).
 
-How a batch runs. All rows advance together, one round per target forward pass. Each model has a
+How a batch runs. All rows advance together, one round per target forward pass
+(:class:`_Generation`: its phases :meth:`~_Generation.draft`, :meth:`~_Generation.verify`,
+:meth:`~_Generation.advance` and :meth:`~_Generation.settle_caches`, in that order). Each model has a
 :class:`_Runner`: one ``DynamicCache`` for the batch and an attention mask (0/1) over its columns
 (a batch of one row needs neither mask nor position ids: a re-sync crops its cache at once, so it
 never holds a hole). A row's
@@ -761,197 +763,263 @@ def generate(
     if needs_drafter and _device(drafter) != dev:
         raise ValueError(f"the target is on {dev} and the drafter on {_device(drafter)}: put both models on "
                          "one device")
-
-    vt = _logit_width(target)
-    tt = TokenText.get(target_tokenizer, vt)
-    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
     if drafter_temperature is not None and not drafter_temperature > 0:
         raise ValueError(f"drafter_temperature must be > 0, got {drafter_temperature!r}")
+    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
     d_process = dict(process, temperature=float(temperature if drafter_temperature is None else drafter_temperature))
-    t_drop = ~tt.text_mask.to(dev)
-    batch = len(prompts)
-    prompt_bytes = [p.encode("utf-8") for p in prompts]
-    t_first = [tt.start(p) for p in prompts]
-    t_ctx = [t_first[i] + tt.encode(prompt_bytes[i]) for i in range(batch)]
-    max_pos_t = _max_positions(target.config)
-    if max_pos_t is not None:
-        for i, ctx_i in enumerate(t_ctx):
-            if len(ctx_i) + max_new_tokens > max_pos_t:
-                raise ValueError(
-                    f"prompt {i} has {len(ctx_i)} target tokens; with max_new_tokens={max_new_tokens} the target's "
-                    f"context could reach {len(ctx_i) + max_new_tokens} tokens, beyond its {max_pos_t} positions "
-                    "(the target's law is defined only within them: lower max_new_tokens or shorten the prompt)")
-    emitted: list[list[int]] = [[] for _ in range(batch)]
-    finished = [False] * batch
-    stats = [RowStats() for _ in range(batch)]
-    ss = _seed_sequence(seed)
-    rngs = [np.random.default_rng(s) for s in ss.spawn(batch)]
-    used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
-    t_pad = tt.eos_id
-    trun = _Runner(target, batch, t_pad, "target")
+    run = _Generation(target, drafter if needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
+                      method=method, lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=greedy,
+                      process=process, d_process=d_process, seed=seed, record_uniforms=record_uniforms,
+                      lookbehind=lookbehind, bounded=slrs_bounded, min_path_prob=min_path_prob, max_tokens=max_tokens)
+    while not all(run.finished):
+        run.round(progress)
+    return run.output(time.perf_counter() - t_start)
 
-    t_space = _Space.text(tt, dev)
-    t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
-    dt: TokenText | None = None
-    drun: _Runner | None = None
-    bridge: VocabBridge | None = None
-    d_ctx: list[list[int]] = []
-    d_start: list[list[int]] = []
-    bounded: BoundedSLRS | None = None
-    d_drop: Tensor | None = None
-    d_space: _Space | None = None  # the drafter's text space: its laws' columns
-    draft_ids: list[int] = []  # drafting column -> drafter id
-    draft_cols: list[int] = []  # drafting column -> the target column it proposes (sd, tli, slrs)
-    n_draw = 0  # drafts come from the first n_draw columns of the drafter's space (TLI: the intersection)
-    push: _Push | None = None  # TLI, SLRS: drafting columns -> target columns (q, psi)
-    resync: dict[int, list[int]] = {}  # TLI: target id the drafter lacks -> the drafter's encoding of its text
-    if needs_drafter:
+
+@dataclass
+class _Drafts:
+    """One round's proposals (:meth:`_Generation.draft`), per row ``i``: ``n[i]`` proposals,
+    ``cols[i]`` their target columns (``t_space``); for SD, TLI and one-token SLRS ``laws[j]`` is
+    the drafter law ``[B, N]`` the ``j``-th drafts were drawn from (TLI: over the intersection's
+    columns, unnormalized) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for
+    bounded SLRS ``q_steps[j]`` is psi ``[B, Vt]`` over target ids at position ``j``."""
+
+    n: list[int]
+    cols: list[list[int]]
+    laws: list[Tensor] = field(default_factory=list)
+    mass: list[list[float]] = field(default_factory=list)
+    q_steps: list[Tensor] = field(default_factory=list)
+
+
+class _Generation:
+    """One call of :func:`generate` (its arguments checked): the models' runners, the columns and
+    maps of the method, the rows' contexts, randomness and statistics. :meth:`round` runs one round
+    for every unfinished row in four phases: :meth:`draft` (the proposals), :meth:`verify` (one
+    target pass and the kernels' decisions), :meth:`advance` (emitted tokens, the drafter's
+    re-sync, finished rows), :meth:`settle_caches` (each cache kept to what stays valid)."""
+
+    def __init__(self, target: Any, drafter: Any, prompts: list[str], target_tokenizer: Any, drafter_tokenizer: Any,
+                 *, method: str, lookahead: int, max_new_tokens: int, greedy: bool, process: dict[str, Any],
+                 d_process: dict[str, Any], seed: int | torch.Generator | None, record_uniforms: bool,
+                 lookbehind: int, bounded: bool, min_path_prob: float | None, max_tokens: int | None) -> None:
+        dev = self.dev = _device(target)
+        self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
+        self.process, self.d_process, self.lookbehind = process, d_process, lookbehind
+        vt = self.vt = _logit_width(target)
+        tt = self.tt = TokenText.get(target_tokenizer, vt)
+        self.t_drop = ~tt.text_mask.to(dev)
+        batch = self.batch = len(prompts)
+        self.prompt_bytes = [p.encode("utf-8") for p in prompts]
+        self.t_first = [tt.start(p) for p in prompts]
+        self.t_ctx = [self.t_first[i] + tt.encode(self.prompt_bytes[i]) for i in range(batch)]
+        max_pos_t = _max_positions(target.config)
+        if max_pos_t is not None:
+            for i, ctx_i in enumerate(self.t_ctx):
+                if len(ctx_i) + max_new_tokens > max_pos_t:
+                    raise ValueError(
+                        f"prompt {i} has {len(ctx_i)} target tokens; with max_new_tokens={max_new_tokens} the "
+                        f"target's context could reach {len(ctx_i) + max_new_tokens} tokens, beyond its {max_pos_t} "
+                        "positions (the target's law is defined only within them: lower max_new_tokens or shorten "
+                        "the prompt)")
+        self.emitted: list[list[int]] = [[] for _ in range(batch)]
+        self.finished = [False] * batch
+        self.stats = [RowStats() for _ in range(batch)]
+        self.rngs = [np.random.default_rng(s) for s in _seed_sequence(seed).spawn(batch)]
+        self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
+        self.trun = _Runner(target, batch, tt.eos_id, "target")
+        t_space = self.t_space = _Space.text(tt, dev)
+        self.t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
+        self.dt: TokenText | None = None
+        self.drun: _Runner | None = None
+        self.bridge: VocabBridge | None = None
+        self.d_ctx: list[list[int]] = []
+        self.d_start: list[list[int]] = []
+        self.bounded: BoundedSLRS | None = None
+        self.d_drop: Tensor | None = None
+        self.d_space: _Space | None = None  # the drafter's text space: its laws' columns
+        self.draft_ids: list[int] = []  # drafting column -> drafter id
+        self.draft_cols: list[int] = []  # drafting column -> the target column it proposes (sd, tli, slrs)
+        self.n_draw = 0  # drafts come from the first n_draw columns of the drafter's space (TLI: the intersection)
+        self.push: _Push | None = None  # TLI, SLRS: drafting columns -> target columns (q, psi)
+        self.resync: dict[int, list[int]] = {}  # TLI: target id the drafter lacks -> the drafter's encoding of its text
+        if drafter is None:
+            return
         vd = _logit_width(drafter)
-        dt = TokenText.get(drafter_tokenizer, vd)
-        bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
-                             target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev)
+        dt = self.dt = TokenText.get(drafter_tokenizer, vd)
+        bridge = self.bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=vt,
+                                           drafter_vocab_size=vd, target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id,
+                                           device=dev)
         if method == "sd" and not bridge.same_tokenizer:
             raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
                              "text); use 'tli' or 'slem' for different tokenizers")
-        d_drop = ~dt.text_mask.to(dev)
-        d_start = [dt.start(p) for p in prompts]
-        d_ctx = [d_start[i] + dt.encode(prompt_bytes[i]) for i in range(batch)]
-        drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in d_start])
-        d_space = _Space.text(dt, dev)
-        draft_ids = d_space.ids
-        n_draw = d_space.n
+        self.d_drop = ~dt.text_mask.to(dev)
+        self.d_start = [dt.start(p) for p in prompts]
+        self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i]) for i in range(batch)]
+        self.drun = _Runner(drafter, batch, dt.eos_id, "drafter", window=True, n_prefix=[len(x) for x in self.d_start])
+        d_space = self.d_space = _Space.text(dt, dev)
+        self.draft_ids = d_space.ids
+        self.n_draw = d_space.n
         if method == "sd":
             if d_space.ids != t_space.ids:  # pragma: no cover - same tokenizer, same ids with text
                 raise AssertionError("the SD drafter's ids with text differ from the target's")
-            draft_cols = list(range(d_space.n))
+            self.draft_cols = list(range(d_space.n))
         elif method == "tli":
-            d_space, n_draw, draft_cols, push, resync = _tli_columns(bridge, tt, dt, t_space, d_space, dev)
-            draft_ids = d_space.ids[:n_draw]
-        elif method == "slrs" and not slrs_bounded:
-            draft_cols, push = _slrs_columns(tt, dt, t_space, d_space, dev)
-        if method == "slrs" and slrs_bounded:
-            bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=max_tokens)
+            self.d_space, self.n_draw, self.draft_cols, self.push, self.resync = _tli_columns(
+                bridge, tt, dt, t_space, d_space, dev)
+            self.draft_ids = self.d_space.ids[:self.n_draw]
+        elif method == "slrs" and not bounded:
+            self.draft_cols, self.push = _slrs_columns(tt, dt, t_space, d_space, dev)
+        if method == "slrs" and bounded:
+            self.bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=max_tokens)
 
-    def record(i: int, values: Sequence[float]) -> None:
-        if used is not None:
-            used[i].extend(float(v) for v in values)
+    def record(self, i: int, values: Sequence[float]) -> None:
+        """Row ``i`` consumed these uniforms (kept with ``record_uniforms=True``)."""
+        if self.used is not None:
+            self.used[i].extend(float(v) for v in values)
 
-    def drafter_probs(logits: Tensor) -> Tensor:  # bounded SLRS: the processed law over all drafter ids
-        assert d_drop is not None
-        return _process(logits, d_drop, **d_process)  # type: ignore[arg-type]
+    def drafter_probs(self, logits: Tensor) -> Tensor:
+        """Bounded SLRS: the drafter's processed law over all its ids."""
+        assert self.d_drop is not None
+        return _process(logits, self.d_drop, **self.d_process)
 
-    while not all(finished):
-        active = [not f for f in finished]
-        budget = [max_new_tokens - len(e) for e in emitted]
-        # ---- drafting ------------------------------------------------------------------------
-        n_d = [0] * batch
-        drafts_t: list[list[int]] = [[] for _ in range(batch)]  # target ids (bounded SLRS) or columns
-        q_steps: list[Tensor] = []  # bounded SLRS: [B, Vt] per position, over target ids
-        d_laws: list[Tensor] = []  # [B, N] per draft position: the drafter law each draft was drawn from
-        d_mass: list[list[float]] = [[] for _ in range(batch)]  # the mass each draw read (TLI: its law's normalizer)
+    def round(self, progress: Callable[[int], None] | None) -> None:
+        """One round: one target forward pass for every unfinished row."""
+        active = [not f for f in self.finished]
+        budget = [self.max_new_tokens - len(e) for e in self.emitted]
+        drafts = self.draft(active, budget) if self.drun is not None else _Drafts([0] * self.batch,
+                                                                                  [[] for _ in range(self.batch)])
+        rows_pos, n_acc, read_u = self.verify(active, budget, drafts)
+        self.advance(active, drafts.n, rows_pos, n_acc, read_u)
+        if progress is not None:
+            done = sum(1 for i in range(self.batch) if active[i] and self.finished[i])
+            if done:
+                progress(done)
+        self.settle_caches(active)
+
+    def draft(self, active: list[bool], budget: list[int]) -> _Drafts:
+        """The drafting phase: the drafter's context of each active row re-synced and fed, then up
+        to ``lookahead`` draws from its processed law (one drafter pass per draft position; bounded
+        SLRS: its own procedure, :func:`_bounded_slrs_round`); SLEM's drafts re-tokenized for the
+        target, bounded SLRS's proposals mapped to target columns."""
+        batch, method, greedy, dev = self.batch, self.method, self.greedy, self.dev
+        drun, dt, d_space, d_drop, tt = self.drun, self.dt, self.d_space, self.d_drop, self.tt
+        assert drun is not None and dt is not None and d_space is not None and d_drop is not None
+        rngs, draft_ids, draft_cols, n_draw = self.rngs, self.draft_ids, self.draft_cols, self.n_draw
+        out = _Drafts([0] * batch, [[] for _ in range(batch)], [], [[] for _ in range(batch)], [])
+        n_d, drafts_t, d_laws, d_mass = out.n, out.cols, out.laws, out.mass
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
-        if method in ("sd", "tli", "slem", "slrs"):
-            assert drun is not None and dt is not None and d_space is not None
-            if method in ("slem", "slrs"):
-                d_ctx = [d_start[i] + dt.encode(prompt_bytes[i] + tt.decode(emitted[i])) if active[i] else d_ctx[i]
-                         for i in range(batch)]
-                k = [lookahead if active[i] else 0 for i in range(batch)]
+        if method in ("slem", "slrs"):
+            self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i] + tt.decode(self.emitted[i]))
+                          if active[i] else self.d_ctx[i] for i in range(batch)]
+            k = [self.lookahead if active[i] else 0 for i in range(batch)]
+        else:
+            k = [min(self.lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
+        d_ctx = self.d_ctx
+        if not greedy:
+            d_uniforms = [rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(batch)]
+            u_round: Tensor | None = None  # [max(k), B, 1] in the laws' dtype, made at the first draw
+            u_steps: tuple[Tensor, ...] = ()  # its [B, 1] slices, one per draft position
+        blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
+        still = [k[i] > 0 for i in range(batch)]
+        drafts_d: list[list[int]] = [[] for _ in range(batch)]
+        last = drun.feed(blocks, [len(b) - 1 for b in blocks], None)
+        if self.bounded is not None:  # bounded SLRS (hsd_torch/slrs.py): psi level by level, drafting inside
+            k = _bounded_slrs_round(self.bounded, drun, last, active, d_ctx, d_uniforms, self.drafter_probs, drafts_t,
+                                    n_d, out.q_steps, self.record, greedy, self.vt, budget)
+        for j in range(max(k)):
+            rows = [i for i in range(batch) if still[i]]
+            if not rows:
+                break
+            # the drafter's processed law over its text space (TLI: its first n_draw columns, the
+            # intersection's, a view, not renormalized: a draw needs no normalization, and
+            # verification divides by the mass read back here)
+            law = _space_law(last, d_space, d_drop, **self.d_process)
+            if n_draw < d_space.n:
+                law = law[:, :n_draw]
+            if not greedy and u_round is None:  # one host-to-device copy a round
+                u_round = kernels._host_tensor(
+                    [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)
+                u_steps = u_round.unbind(0)
+            ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
+            sub = law if ridx is None else law.index_select(0, ridx)
+            if greedy:  # the argmax (ties to the first column) and its value, as the mass check
+                picked, mass = kernels._argmax_host(sub)
             else:
-                k = [min(lookahead, budget[i]) if active[i] else 0 for i in range(batch)]
-            if not greedy:
-                d_uniforms = [rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(batch)]
-                u_round: Tensor | None = None  # [max(k), B, 1] in the laws' dtype, made at the first draw
-                u_steps: tuple[Tensor, ...] = ()  # its [B, 1] slices, one per draft position
-            blocks = [drun.sync(i, d_ctx[i]) if active[i] else [] for i in range(batch)]
-            still = [k[i] > 0 for i in range(batch)]
-            drafts_d: list[list[int]] = [[] for _ in range(batch)]
+                assert u_round is not None
+                picked, mass = kernels._draw_host(sub, u_steps[j] if ridx is None else u_round[j, ridx])
+            d_laws.append(law)
+            for r, c, m in zip(rows, picked, mass):
+                if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
+                    if method in ("sd", "slrs"):
+                        raise ValueError(f"the drafter's law at row {r}, position {j} has NaN, infinite or no "
+                                         "mass (NaN or infinite logits?): generation cannot go on")
+                    still[r] = False  # TLI: no mass on the intersection; SLEM: no candidates; the target decodes
+                    continue
+                d = draft_ids[c]
+                drafts_d[r].append(d)
+                if method != "slem":
+                    drafts_t[r].append(draft_cols[c])
+                d_mass[r].append(m)
+                n_d[r] += 1
+                if not greedy:
+                    self.record(r, d_uniforms[r][j:j + 1])
+                if d == dt.eos_id or n_d[r] >= k[r]:
+                    still[r] = False
+            if not any(still):
+                break
+            blocks = [drun.sync(i, d_ctx[i] + drafts_d[i]) if still[i] else [] for i in range(batch)]
             last = drun.feed(blocks, [len(b) - 1 for b in blocks], None)
-            if bounded is not None:  # bounded SLRS (hsd_torch/slrs.py): psi level by level, drafting inside
-                k = _bounded_slrs_round(bounded, drun, last, active, d_ctx, d_uniforms, drafter_probs, drafts_t,
-                                        n_d, q_steps, record, greedy, vt, budget)
-            for j in range(max(k)):
-                rows = [i for i in range(batch) if still[i]]
-                if not rows:
-                    break
-                # the drafter's processed law over its text space (TLI: its first n_draw columns,
-                # the intersection's, a view, not renormalized: a draw needs no normalization, and
-                # verification divides by the mass read back here)
-                law = _space_law(last, d_space, d_drop, **d_process)  # type: ignore[arg-type]
-                if n_draw < d_space.n:
-                    law = law[:, :n_draw]
-                if not greedy and u_round is None:  # one host-to-device copy a round
-                    u_round = kernels._host_tensor(
-                        [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)
-                    u_steps = u_round.unbind(0)
-                ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
-                sub = law if ridx is None else law.index_select(0, ridx)
-                if greedy:  # the argmax (ties to the first column) and its value, as the mass check
-                    picked, mass = kernels._argmax_host(sub)
-                else:
-                    assert u_round is not None
-                    picked, mass = kernels._draw_host(sub, u_steps[j] if ridx is None else u_round[j, ridx])
-                d_laws.append(law)
-                for r, c, m in zip(rows, picked, mass):
-                    if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
-                        if method in ("sd", "slrs"):
-                            raise ValueError(f"the drafter's law at row {r}, position {j} has NaN, infinite or no "
-                                             "mass (NaN or infinite logits?): generation cannot go on")
-                        still[r] = False  # TLI: no mass on the intersection; SLEM: no candidates; the target decodes
-                        continue
-                    d = draft_ids[c]
-                    drafts_d[r].append(d)
-                    if method != "slem":
-                        drafts_t[r].append(draft_cols[c])
-                    d_mass[r].append(m)
-                    n_d[r] += 1
-                    if not greedy:
-                        record(r, d_uniforms[r][j:j + 1])
-                    if d == dt.eos_id or n_d[r] >= k[r]:
-                        still[r] = False
-                if not any(still):
-                    break
-                blocks = [drun.sync(i, d_ctx[i] + drafts_d[i]) if still[i] else [] for i in range(batch)]
-                last = drun.feed(blocks, [len(b) - 1 for b in blocks], None)
-            if method == "slem":
-                for i in range(batch):
-                    if not active[i]:
-                        continue
-                    ended = bool(drafts_d[i]) and drafts_d[i][-1] == dt.eos_id
-                    text = dt.decode(drafts_d[i])
-                    cands = retokenize(tt, t_ctx[i][len(t_first[i]):], text, lookbehind)
-                    if ended:
-                        cands = cands + [tt.eos_id]
-                    drafts_t[i] = [t_space.pos[t] for t in cands[:budget[i]]]
-                    n_d[i] = len(drafts_t[i])
-            elif bounded is not None:
-                drafts_t = [[t_space.pos[t] for t in row] for row in drafts_t]
-        # ---- target pass --------------------------------------------------------------------
-        pend = [trun.sync(i, t_ctx[i]) if active[i] else [] for i in range(batch)]
+        t_pos = self.t_space.pos
+        if method == "slem":
+            for i in range(batch):
+                if not active[i]:
+                    continue
+                ended = bool(drafts_d[i]) and drafts_d[i][-1] == dt.eos_id
+                text = dt.decode(drafts_d[i])
+                cands = retokenize(tt, self.t_ctx[i][len(self.t_first[i]):], text, self.lookbehind)
+                if ended:
+                    cands = cands + [tt.eos_id]
+                drafts_t[i] = [t_pos[t] for t in cands[:budget[i]]]
+                n_d[i] = len(drafts_t[i])
+        elif self.bounded is not None:
+            out.cols = [[t_pos[t] for t in row] for row in drafts_t]
+        return out
+
+    def verify(self, active: list[bool], budget: list[int], drafts: _Drafts
+               ) -> tuple[list[list[int]], list[int], list[list[float]]]:
+        """The target pass over each active row's pending context and proposals, and the kernels'
+        decisions: per row the emitted target columns, the number of proposals accepted, and the
+        verification uniforms the kernel read (in ``hsd_core``'s order)."""
+        batch, greedy, rngs, trun, t_space = self.batch, self.greedy, self.rngs, self.trun, self.t_space
+        n_d, drafts_t = drafts.n, drafts.cols
+        pend = [trun.sync(i, self.t_ctx[i]) if active[i] else [] for i in range(batch)]
         kmax = max(n_d)
         p = _space_law(trun.feed([pend[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else []
                                   for i in range(batch)],
                                  [len(pend[i]) - 1 for i in range(batch)], kmax + 1),
-                       t_space, t_drop, **process)  # type: ignore[arg-type]
+                       t_space, self.t_drop, **self.process)
         cand = [row + [0] * (kmax - len(row)) for row in drafts_t]  # target columns, padded
         bud = [max(b, 1) for b in budget]
         # The kernels run unchecked: their inputs are valid by construction (uniforms from numpy in
         # [0, 1), drafts and counts built here); each draft's law was checked where it was drawn
         # (its mass read back), and the kernels report a target law that is not one (`bad`: a NaN
         # softmax row shows in the draw from it, which every output read from such a row makes).
-        if method in ("ar", "slem"):
+        read_u: list[list[float]] = []
+        if self.method in ("ar", "slem"):
             uv_rows = None if greedy else [rngs[i].random(n_d[i] + 1).tolist() if active[i] else [] for i in range(batch)]
             rows_pos, n_acc_l, bad = kernels._exact_match_host(
                 p, cand, n_d, None if uv_rows is None else [r + [0.0] * (kmax + 1 - len(r)) for r in uv_rows],
-                eos_id=t_eos_col, budget=bud)
-            read_u = [] if uv_rows is None else [uv_rows[i][:len(r)] for i, r in enumerate(rows_pos)]
+                eos_id=self.t_eos_col, budget=bud)
+            if uv_rows is not None:
+                read_u = [uv_rows[i][:len(r)] for i, r in enumerate(rows_pos)]
         else:
             q: Tensor | None = None
             if not greedy and kmax:
-                if bounded is not None:
-                    q = t_space.select(torch.stack(q_steps[:kmax], dim=1))
+                if self.bounded is not None:
+                    q = t_space.select(torch.stack(drafts.q_steps[:kmax], dim=1))
                 else:
-                    laws = torch.stack(d_laws[:kmax], dim=1)  # [B, kmax, N]
-                    q = laws if push is None else push(laws)
+                    laws = torch.stack(drafts.laws[:kmax], dim=1)  # [B, kmax, N]
+                    q = laws if self.push is None else self.push(laws)
             # one draw of n_d + 1 uniforms: the same stream as n_d for the drafts, then one for the final token
             u_ver = None if greedy else [rngs[i].random(n_d[i] + 1).tolist() if active[i] else [0.0] for i in range(batch)]
             ua_rows = None if u_ver is None else [r[:-1] for r in u_ver]
@@ -960,8 +1028,7 @@ def generate(
             # left to right, as hsd_core normalizes), inside the kernel
             rows_pos, n_acc_l, bad = kernels._rejection_host(
                 p, q, cand, n_d, None if ua_rows is None else [r + [0.0] * (kmax - len(r)) for r in ua_rows],
-                uf_rows, eos_id=t_eos_col, budget=bud, q_scale=d_mass if method == "tli" else None)
-            read_u = []
+                uf_rows, eos_id=self.t_eos_col, budget=bud, q_scale=drafts.mass if self.method == "tli" else None)
             if ua_rows is not None and uf_rows is not None:
                 for i, (na, row) in enumerate(zip(n_acc_l, rows_pos)):
                     ne = len(row)
@@ -970,64 +1037,75 @@ def generate(
         if bad is not None:  # rows not fed this round read zero logits: a uniform law, never bad
             raise ValueError(f"the target's law at row {bad[0]}, position {bad[1]} has NaN, infinite or no mass "
                              "(NaN or infinite logits?): generation cannot go on")
-        t_ids = t_space.ids
-        for i in range(batch):
+        return rows_pos, n_acc_l, read_u
+
+    def advance(self, active: list[bool], n_d: list[int], rows_pos: list[list[int]], n_acc: list[int],
+                read_u: list[list[float]]) -> None:
+        """Each active row emits its tokens (target columns ``rows_pos``): contexts, statistics,
+        recorded uniforms, finished rows, and the drafter's context re-synced (SD: the same ids;
+        TLI: each target id's drafter id, else the drafter's encoding of its text)."""
+        method, tt, t_ids = self.method, self.tt, self.t_space.ids
+        emitted, d_ctx = self.emitted, self.d_ctx
+        for i in range(self.batch):
             if not active[i]:
                 continue
             out = [t_ids[c] for c in rows_pos[i]]
-            if not greedy:
-                record(i, read_u[i])
+            if not self.greedy:
+                self.record(i, read_u[i])
             emitted[i].extend(out)
-            t_ctx[i].extend(out)
-            st = stats[i]
+            self.t_ctx[i].extend(out)
+            st = self.stats[i]
             st.target_calls += 1
             if method != "ar":
                 st.proposed += n_d[i]
-                st.accepted += n_acc_l[i]
-            if (out and out[-1] == tt.eos_id) or len(emitted[i]) >= max_new_tokens:
-                finished[i] = True
-            elif method in ("sd", "tli"):
-                assert bridge is not None and dt is not None
-                if method == "sd":
-                    d_ctx[i].extend(out)
-                else:
-                    to_d = bridge.to_drafter_list
-                    for t in out:
-                        d = to_d[t]
-                        if d >= 0:
-                            d_ctx[i].append(d)
-                        else:  # the drafter's encoding of the token's text (context-free: memoized per id)
-                            ids = resync.get(t)
-                            if ids is None:
-                                b = tt.bytes_of[t]
-                                assert b is not None
-                                ids = resync[t] = dt.encode(b)
-                            d_ctx[i].extend(ids)
-        # the target keeps exactly the verified context; the drafter what is still valid
-        for i in range(batch):
+                st.accepted += n_acc[i]
+            if (out and out[-1] == tt.eos_id) or len(emitted[i]) >= self.max_new_tokens:
+                self.finished[i] = True
+            elif method == "sd":
+                d_ctx[i].extend(out)
+            elif method == "tli":
+                assert self.bridge is not None and self.dt is not None
+                to_d = self.bridge.to_drafter_list
+                for t in out:
+                    d = to_d[t]
+                    if d >= 0:
+                        d_ctx[i].append(d)
+                    else:  # the drafter's encoding of the token's text (context-free: memoized per id)
+                        ids = self.resync.get(t)
+                        if ids is None:
+                            b = tt.bytes_of[t]
+                            assert b is not None
+                            ids = self.resync[t] = self.dt.encode(b)
+                        d_ctx[i].extend(ids)
+
+    def settle_caches(self, active: list[bool]) -> None:
+        """The target keeps exactly the verified context; the drafter what is still valid (SD, TLI:
+        its re-synced context; SLEM and SLRS re-encode theirs at the next round); finished rows
+        leave both caches; trailing columns no row keeps are cropped."""
+        trun, drun = self.trun, self.drun
+        for i in range(self.batch):
             if active[i]:
-                trun.sync(i, t_ctx[i])
-        if progress is not None:
-            done = sum(1 for i in range(batch) if active[i] and finished[i])
-            if done:
-                progress(done)
-        trun.drop(finished)
+                trun.sync(i, self.t_ctx[i])
+        trun.drop(self.finished)
         trun.trim()
         if drun is not None:
-            for i in range(batch):
-                if active[i] and not finished[i] and method not in ("slem", "slrs"):
-                    drun.sync(i, d_ctx[i])
-            drun.drop(finished)
+            for i in range(self.batch):
+                if active[i] and not self.finished[i] and self.method not in ("slem", "slrs"):
+                    drun.sync(i, self.d_ctx[i])
+            drun.drop(self.finished)
             drun.trim()
-    wall = time.perf_counter() - t_start
-    for i, st in enumerate(stats):
-        st.new_tokens = len(emitted[i])
-        st.target_positions = trun.positions[i]
-        st.target_recomputed = trun.recomputed[i]
-        if drun is not None:
-            st.drafter_calls = drun.calls[i]
-            st.drafter_positions = drun.positions[i]
-            st.drafter_recomputed = drun.recomputed[i]
-        st.wall_time = wall
-    texts = [tt.decode(e).decode("utf-8", errors="replace") for e in emitted]
-    return GenerateOutput(emitted, texts, stats, used)
+
+    def output(self, wall: float) -> GenerateOutput:
+        """The result, with every row's statistics (``wall``: the call's wall time)."""
+        trun, drun = self.trun, self.drun
+        for i, st in enumerate(self.stats):
+            st.new_tokens = len(self.emitted[i])
+            st.target_positions = trun.positions[i]
+            st.target_recomputed = trun.recomputed[i]
+            if drun is not None:
+                st.drafter_calls = drun.calls[i]
+                st.drafter_positions = drun.positions[i]
+                st.drafter_recomputed = drun.recomputed[i]
+            st.wall_time = wall
+        texts = [self.tt.decode(e).decode("utf-8", errors="replace") for e in self.emitted]
+        return GenerateOutput(self.emitted, texts, self.stats, self.used)
