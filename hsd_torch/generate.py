@@ -709,6 +709,8 @@ def generate(
         raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
+        raise ValueError(f"lookbehind must be an int >= 0, got {lookbehind!r}")
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
     if not temperature > 0:

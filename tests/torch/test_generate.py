@@ -291,6 +291,9 @@ def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
         generate(target, drafter, "x", method="medusa", **kw)
     with pytest.raises(ValueError, match="needs a drafter"):
         generate(target, None, "x", method="tli", target_tokenizer=tt)
+    for bad in (-1, 1.5, True):  # -1 used to end in an internal AssertionError inside retokenize
+        with pytest.raises(ValueError, match="lookbehind must be an int >= 0"):
+            generate(target, drafter, "x", method="slem", lookbehind=bad, **kw)
 
 
 def test_training_mode_is_refused_without_changing_it(toks: dict[str, Any]) -> None:
