@@ -377,18 +377,25 @@ def test_nan_logits_are_a_clear_error(method: str, who: str, toks: dict[str, Any
 
 
 def test_token_text_fast_encode_is_the_tokenizers_own(toks: dict[str, Any]) -> None:
-    """TokenText encodes through the tokenizers backend (one Rust call): the same ids as
-    ``tokenizer(s, add_special_tokens=False)``, on source text with spaces, tabs and non-ASCII."""
+    """TokenText encodes through the tokenizers backend (one Rust call, without offsets where the
+    backend has ``encode_batch_fast``): the same ids as ``tokenizer(s, add_special_tokens=False)``,
+    on source text with spaces, tabs and non-ASCII, long and short, for the tiny tokenizers of three
+    kinds and the real ones available here (GPT-2, cl100k, o200k, Qwen, LLaMA)."""
     import random
+
+    from hsd_torch import real_tokenizers
 
     text = open(__file__, encoding="utf-8").read() + "  héllo 世界 ✓ naïve\n\tx  \r\n"
     rnd = random.Random(0)
     samples = [text[a:a + rnd.randint(0, 40)] for a in (rnd.randrange(len(text)) for _ in range(400))]
+    samples += [text[a:a + 3000] for a in (0, len(text) // 2)]
     samples += [" ", "  a", "\n\n", "ab  ", "é", " 世"]
-    for kind in ("byte_bpe", "unigram", "bpe_fallback"):
-        tok = toks.get(kind) or tiny.tiny_tokenizer(kind)
-        tx = TokenText(tok, len(tok))
-        assert tx._backend is not None
+    kinds: list[tuple[str, Any]] = [(k, toks.get(k) or tiny.tiny_tokenizer(k)) for k in ("byte_bpe", "unigram",
+                                                                                      "bpe_fallback")]
+    kinds += [(n, real_tokenizers.load(n)) for n, why in real_tokenizers.available().items() if why is None]
+    for kind, tok in kinds:
+        tx = TokenText(tok, max(tok.get_vocab().values()) + 1)  # cl100k has holes: its width, not its length
+        assert tx._backend is not None and tx._fast is not None, kind
         for s in samples:
             assert tx._encode_str(s) == list(tok(s, add_special_tokens=False)["input_ids"]), (kind, s)
     assert TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"])) is TokenText.get(toks["byte_bpe"], len(toks["byte_bpe"]))
