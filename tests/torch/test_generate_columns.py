@@ -100,3 +100,32 @@ def test_push_adds_the_masses_of_each_destination(split: bool) -> None:
         _Push([0, 3], 3, CPU)
     with pytest.raises(ValueError, match="outside"):
         _Push([0, -2], 3, CPU)
+
+
+@pytest.mark.parametrize("method,target,tt,drafter,dt", [
+    ("tli", "gpt2_uni_pad", "unigram", "gpt2_fb_pad", "bpe_fallback"),  # byte-fallback ids share strings
+    ("slrs", "llama_bpe", "byte_bpe", "gpt2_uni_pad", "unigram"),  # many drafter ids per first target id
+])
+def test_generate_with_the_off_cpu_pushforward(method: str, target: str, tt: str, drafter: str, dt: str,
+                                               toks: dict[str, Any], models: dict[str, Any],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pushforward a GPU runs (one index_add_ per multiplicity level, where the CPU runs one
+    index_add_) gives generate the same sampled tokens and the same uniforms, row for row: this is
+    the device-specific part of TLI's q and SLRS's psi, checked here without a GPU."""
+    kw: dict[str, Any] = dict(target_tokenizer=toks[tt], drafter_tokenizer=toks[dt], method=method,
+                              lookahead=1 if method == "slrs" else 3, max_new_tokens=8, seed=3, record_uniforms=True)
+    prompts = ["def foo(x):\n", "Hello", "naïve café", "x"]
+    plain = gen.generate(models[target], models[drafter], prompts, **kw)
+    real_init = _Push.__init__
+    built: list[_Push] = []
+
+    def levels_init(self: _Push, dst: Any, n_out: int, device: torch.device, split: bool | None = None) -> None:
+        real_init(self, dst, n_out, device, split=True)
+        built.append(self)
+
+    monkeypatch.setattr(_Push, "__init__", levels_init)
+    monkeypatch.setattr(gen, "_COLUMNS", type(gen._COLUMNS)(16))  # columns are cached per device: build anew
+    split = gen.generate(models[target], models[drafter], prompts, **kw)
+    assert built and max(len(p.levels) for p in built) > 1, "the pushforward had no repeated destination"
+    assert split.sequences == plain.sequences
+    assert split.uniforms == plain.uniforms
