@@ -38,19 +38,24 @@ from hsd_torch.audit import audit_generate  # noqa: E402
 from hsd_torch.mirror import target_greedy  # noqa: E402
 
 PROMPTS = ["def foo(x):\n", "Hello", "import os\n", "naïve café", "x", "for i in range(3):\n    "]
+BOUNDED = {"min_path_prob": 0.05, "proposal_map": "longest_prefix"}  # bounded SLRS's options
+
+
+def build(tb: Any, tu: Any, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    """The models of both parts, on the CPU: target "t" (Llama, byte-level BPE), drafter "d" (GPT-2,
+    Unigram, a padded embedding), SD drafter "s" (GPT-2 on the target's tokenizer)."""
+    return {"t": tiny.tiny_llama(tb, seed=0, dtype=dtype),
+            "d": tiny.tiny_gpt2(tu, seed=1, vocab_size=len(tu) + 32, dtype=dtype),
+            "s": tiny.tiny_gpt2(tb, seed=3, dtype=dtype)}
 
 
 def sampled(dev: torch.device, tb: Any, tu: Any, n: int, chunk: int, top_k: int | None) -> int:
     """Part 2 (module docstring): returns the number of failures."""
-    f32 = torch.float32
-    t = tiny.tiny_llama(tb, seed=0, dtype=f32).to(dev)
-    d = tiny.tiny_gpt2(tu, seed=1, vocab_size=len(tu) + 32, dtype=f32).to(dev)
-    s = tiny.tiny_gpt2(tb, seed=3, dtype=f32).to(dev)
+    t, d, s = (m.to(dev) for m in build(tb, tu, torch.float32).values())
     prompt = PROMPTS[0]
-    bounded = {"min_path_prob": 0.05, "proposal_map": "longest_prefix"}
     configs: list[tuple[str, Any, Any, dict[str, Any], bool]] = [
         ("ar", None, None, {}, True), ("sd", s, tb, {}, True), ("tli", d, tu, {}, True), ("slem", d, tu, {}, True),
-        ("slrs", d, tu, {"lookahead": 1}, True), ("slrs", d, tu, bounded, True),
+        ("slrs", d, tu, {"lookahead": 1}, True), ("slrs", d, tu, BOUNDED, True),
         ("tli", d, tu, {"temperature": 1.5}, False)]  # the lossy control: audited at temperature 1
     fails = 0
     for k, (method, drafter, dt, extra, lossless) in enumerate(configs):
@@ -100,20 +105,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def greedy(dev: torch.device, tb: Any, tu: Any) -> int:
     """Part 1 (module docstring): returns the number of greedy mismatches."""
-    f64 = torch.float64
-
-    def build() -> dict[str, torch.nn.Module]:
-        return {"t": tiny.tiny_llama(tb, seed=0, dtype=f64),
-                "d": tiny.tiny_gpt2(tu, seed=1, vocab_size=len(tu) + 32, dtype=f64),
-                "s": tiny.tiny_gpt2(tb, seed=3, dtype=f64)}
-
-    cpu = build()
-    on = {k: m.to(dev) for k, m in build().items()}
+    cpu = build(tb, tu, torch.float64)
+    on = {k: m.to(dev) for k, m in build(tb, tu, torch.float64).items()}
     bad = 0
-    bounded = {"min_path_prob": 0.05, "proposal_map": "longest_prefix"}
     for method, d, dt, extra in (("ar", None, None, {}), ("sd", "s", tb, {}), ("tli", "d", tu, {}),
                                  ("slem", "d", tu, {}), ("tli", "s", tb, {}), ("slrs", "d", tu, {"lookahead": 1}),
-                                 ("slrs", "d", tu, bounded)):
+                                 ("slrs", "d", tu, BOUNDED)):
         t0 = time.perf_counter()
         kw = dict(target_tokenizer=tb, drafter_tokenizer=dt, method=method, lookahead=3, max_new_tokens=16)
         kw.update(extra)

@@ -97,7 +97,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -738,7 +738,7 @@ def generate(
     run = _Generation(target, drafter if needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
                       method=method, lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=greedy,
                       process=process, d_process=d_process, seed=seed, record_uniforms=record_uniforms,
-                      lookbehind=lookbehind, bounded=slrs_bounded, min_path_prob=min_path_prob, max_tokens=max_tokens)
+                      lookbehind=lookbehind, slrs_bounded=slrs_bounded, min_path_prob=min_path_prob, max_tokens=max_tokens)
     while not all(run.finished):
         run.round(progress)
     return run.output(time.perf_counter() - t_start)
@@ -754,9 +754,14 @@ class _Drafts:
 
     n: list[int]
     cols: list[list[int]]
-    laws: list[Tensor] = field(default_factory=list)
-    mass: list[list[float]] = field(default_factory=list)
-    q_steps: list[Tensor] = field(default_factory=list)
+    laws: list[Tensor]
+    mass: list[list[float]]
+    q_steps: list[Tensor]
+
+    @classmethod
+    def empty(cls, batch: int) -> _Drafts:
+        """No proposal yet for any of ``batch`` rows (AR's every round)."""
+        return cls([0] * batch, [[] for _ in range(batch)], [], [[] for _ in range(batch)], [])
 
 
 class _Generation:
@@ -769,7 +774,7 @@ class _Generation:
     def __init__(self, target: Any, drafter: Any, prompts: list[str], target_tokenizer: Any, drafter_tokenizer: Any,
                  *, method: str, lookahead: int, max_new_tokens: int, greedy: bool, process: dict[str, Any],
                  d_process: dict[str, Any], seed: int | torch.Generator | None, record_uniforms: bool,
-                 lookbehind: int, bounded: bool, min_path_prob: float | None, max_tokens: int | None) -> None:
+                 lookbehind: int, slrs_bounded: bool, min_path_prob: float | None, max_tokens: int | None) -> None:
         dev = self.dev = _device(target)
         self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
         self.process, self.d_process, self.lookbehind = process, d_process, lookbehind
@@ -835,9 +840,9 @@ class _Generation:
             self.d_space, self.n_draw, self.draft_cols, self.push, self.resync = _tli_columns(
                 bridge, tt, dt, t_space, d_space, dev)
             self.draft_ids = self.d_space.ids[:self.n_draw]
-        elif method == "slrs" and not bounded:
+        elif method == "slrs" and not slrs_bounded:
             self.draft_cols, self.push = _slrs_columns(tt, dt, t_space, d_space, dev)
-        if method == "slrs" and bounded:
+        if method == "slrs" and slrs_bounded:
             self.bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=max_tokens)
 
     def record(self, i: int, values: Sequence[float]) -> None:
@@ -854,8 +859,7 @@ class _Generation:
         """One round: one target forward pass for every unfinished row."""
         active = [not f for f in self.finished]
         budget = [self.max_new_tokens - len(e) for e in self.emitted]
-        drafts = self.draft(active, budget) if self.drun is not None else _Drafts([0] * self.batch,
-                                                                                  [[] for _ in range(self.batch)])
+        drafts = self.draft(active, budget) if self.drun is not None else _Drafts.empty(self.batch)
         rows_pos, n_acc, read_u = self.verify(active, budget, drafts)
         self.advance(active, drafts.n, rows_pos, n_acc, read_u)
         if progress is not None:
@@ -873,7 +877,7 @@ class _Generation:
         drun, dt, d_space, d_drop, tt = self.drun, self.dt, self.d_space, self.d_drop, self.tt
         assert drun is not None and dt is not None and d_space is not None and d_drop is not None
         rngs, draft_ids, draft_cols, n_draw = self.rngs, self.draft_ids, self.draft_cols, self.n_draw
-        out = _Drafts([0] * batch, [[] for _ in range(batch)], [], [[] for _ in range(batch)], [])
+        out = _Drafts.empty(batch)
         n_d, drafts_t, d_laws, d_mass = out.n, out.cols, out.laws, out.mass
         d_uniforms: list[list[float]] = [[] for _ in range(batch)]
         if method in ("slem", "slrs"):

@@ -4,9 +4,16 @@ suite had them; imports are inside the fixtures, so collecting this folder needs
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +37,20 @@ def models(toks: dict[str, Any]) -> dict[str, Any]:
                                       dtype=f64),
         "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
     }
+
+
+@pytest.fixture(scope="session")
+def bench_module() -> Callable[[str], ModuleType]:
+    """Loads ``bench/<name>.py`` as a module (with ``bench/`` importable while it loads, for the
+    scripts that import each other)."""
+    def load(name: str) -> ModuleType:
+        sys.path.insert(0, str(ROOT / "bench"))
+        try:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return mod
+        finally:
+            sys.path.remove(str(ROOT / "bench"))
+    return load

@@ -15,12 +15,12 @@ of runs on that account.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -38,18 +38,6 @@ DOC_VERSION = "5.24.0"
 
 def _python_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
-
-
-def _bench_module(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
 
 
 def _require_doc_version() -> None:
@@ -87,15 +75,15 @@ def test_doc_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cg.AssistantToTargetTranslator.get_target_logits.__module__ == cg.__name__
 
 
-def test_column_order_root_cause() -> None:
+def test_column_order_root_cause(bench_module: Callable[[str], ModuleType]) -> None:
     """Root cause 1 directly: pruned head column j's logit lands on the target id its drafts become
     only with the patch, or with get_vocab() in ascending id order."""
     _require_doc_version()
     import torch
     from hsd_torch import tiny
 
-    rc = _bench_module("uag_root_cause")
-    patch = _bench_module("transformers_uag_patch")
+    rc = bench_module("uag_root_cause")
+    patch = bench_module("transformers_uag_patch")
     torch.set_num_threads(1)
     target, tt, drafter, dt = rc.fresh_pair()
     size = target.config.vocab_size

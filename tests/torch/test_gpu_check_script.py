@@ -6,24 +6,19 @@ rejected and every method passes. The run is seeded, so its verdicts are reprodu
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_gpu_check_script_passes_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check_generate", ROOT / "bench" / "gpu_check_generate.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rc = mod.main(["--samples", "3000", "--chunk", "1500"])
+def test_gpu_check_script_passes_on_cpu(capsys: pytest.CaptureFixture[str],
+                                       bench_module: Callable[[str], ModuleType]) -> None:
+    rc = bench_module("gpu_check_generate").main(["--samples", "3000", "--chunk", "1500"])
     out = capsys.readouterr().out
     sys.stdout.write(out)
     assert rc == 0, out
