@@ -4,6 +4,12 @@ For each method (and each deliberately lossy variant) it prints whether the exac
 output equals the target's (and the total variation if not), the expected target tokens per
 target call, the first-position acceptance (enumerated, and the paper's closed form), and for
 SLRS the drafter evaluations psi needs (with prefix sharing, and without).
+
+Other packages add to the command through entry points (:mod:`hsd_core.extensions`): ``hsd NAME``
+for the commands registered under ``hsd.commands`` (``hsd generate``) and ``hsd audit --impl NAME``
+for those under ``hsd.audit_impls``. This module imports none of them: it reads their names from
+the installed metadata and imports one only when the command line needs it, so ``hsd audit`` runs
+without torch, and ``hsd generate`` / ``hsd audit --impl`` without it say what to install.
 """
 
 from __future__ import annotations
@@ -11,10 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
-from . import exact, variants
+from . import exact, extensions, variants
 from .acceptance import closed_form_acceptance
 from .methods import AR, SD, SLEM, SLRS, TLI, Method, State
 from .worlds import Worldlet, builtin_world, from_spec
@@ -138,29 +145,90 @@ def check_report_path(path: str) -> str | None:
     return None
 
 
-def _add_impl_arguments(p: argparse.ArgumentParser) -> None:
-    """``hsd audit --impl transformers|hsd_torch ...`` (run by :mod:`hsd_torch.cli_audit`)."""
-    a = p.add_argument
-    a("--impl", choices=("transformers", "hsd_torch"), default=None,
-      help="audit a real implementation's first tokens over local checkpoints (needs torch)")
-    a("--target", metavar="DIR", help="target checkpoint (with --impl)")
-    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl)")
-    a("--target-tokenizer", metavar="DIR", help="default: --target")
-    a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
-    a("--prompt", help="the prompt (with --impl)")
-    a("--samples", type=int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
-    a("--positions", type=int, default=2, help="new tokens audited (default 2)")
-    a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
-    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem, slrs (default tli)")
-    a("--min-path-prob", type=float, default=None, metavar="TAU", help="hsd_torch bounded SLRS's probability stop")
-    a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
-      help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
-    a("--lookahead", type=int, default=2, help="hsd_torch drafts per round (default 2)")
-    a("--temperature", type=float, default=1.0)
-    a("--top-k", type=int, default=None)
-    a("--top-p", type=float, default=None)
-    a("--alpha", type=float, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
-    a("--seed", type=int, default=0)
+IMPL_HELP = "audit a real implementation's first tokens over local checkpoints (needs torch)"
+
+
+class _ProbeError(Exception):
+    """Raised by the first, quiet parse where argparse would print an error and exit."""
+
+
+class _ProbeParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ProbeError(message)
+
+
+def build_parser(commands: Mapping[str, str | None], impls: Sequence[str],
+                 impl_options: Sequence[extensions.AuditImpl] = (), *, probe: bool = False,
+                 epilog: str | None = None) -> argparse.ArgumentParser:
+    """The ``hsd`` parser: the registered ``commands`` (name -> help line) and ``audit``, whose
+    ``--impl`` takes the registered ``impls`` and which has the options of ``impl_options``. A probe
+    parser neither prints help nor accepts abbreviations, and raises instead of exiting."""
+    cls = _ProbeParser if probe else argparse.ArgumentParser
+    parser = cls(prog="hsd", description="Verify lossless speculative decoding.", add_help=not probe,
+                 allow_abbrev=not probe)
+    sub = parser.add_subparsers(dest="command")
+    for name, help_ in commands.items():
+        sub.add_parser(name, add_help=False, help=help_)
+    audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world",
+                             add_help=not probe, allow_abbrev=not probe, epilog=epilog)
+    audit_p.add_argument("--sampled", type=int, default=0, metavar="N",
+                         help="also audit every method and variant by sampling N outputs each (default 0: skip)")
+    audit_p.add_argument("--report", default=None, metavar="PATH.md",
+                         help="with --sampled, write a markdown report (and PNG plots if matplotlib is installed)")
+    # --impl NAME: the names come from the metadata (nothing imported); with none registered any
+    # NAME parses and the run says what to install
+    audit_p.add_argument("--impl", choices=list(impls) or None, metavar=None if impls else "NAME", default=None,
+                         help=IMPL_HELP)
+    added: list[Callable[[argparse.ArgumentParser], None]] = []
+    for ext in impl_options:
+        if ext.add_arguments not in added:  # several names may register one extension
+            added.append(ext.add_arguments)
+            ext.add_arguments(audit_p)
+    return parser
+
+
+def _parse(args_in: list[str], commands: Sequence[str],
+           impls: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace, extensions.AuditImpl | None]:
+    """Parse an ``hsd`` command line that is not a registered command's, importing extensions only
+    when it needs them. A quiet first parse with the core's options alone (no help, no
+    abbreviations) decides: ``--impl NAME`` imports that extension and parses with its options; a
+    line the core's options account for imports nothing; anything else (help, an error, an
+    abbreviation, an extension's option without ``--impl``) imports every extension it can, so that
+    the parse, the help and the errors are those of the whole command. Returns the parser, the
+    arguments and the ``--impl`` extension (None without ``--impl``); raises
+    :class:`~hsd_core.extensions.ExtensionUnavailable` if that one does not import."""
+    bare = dict.fromkeys(commands)
+    try:
+        ns, rest = build_parser(bare, impls, probe=True).parse_known_args(args_in)
+    except _ProbeError:
+        ns, rest = argparse.Namespace(), ["?"]
+    impl = getattr(ns, "impl", None)
+    if impl is not None:  # hsd audit --impl NAME ...: that extension's options
+        ext = extensions.load_audit_impl(impl)
+        parser = build_parser(bare, impls, [ext])
+        return parser, parser.parse_args(args_in), ext
+    if not rest:  # the core's options account for the whole line: import nothing
+        parser = build_parser(bare, impls)
+        return parser, parser.parse_args(args_in), None
+    helps: dict[str, str | None] = {}
+    for name in commands:
+        try:
+            helps[name] = extensions.load_command(name).help
+        except (extensions.ExtensionUnavailable, TypeError) as e:  # the help lists it all the same
+            helps[name] = f"unavailable: {e}"
+    loaded: dict[str, extensions.AuditImpl] = {}
+    missing: list[str] = []
+    for name in impls:
+        try:
+            loaded[name] = extensions.load_audit_impl(name)
+        except (extensions.ExtensionUnavailable, TypeError) as e:
+            missing.append(str(e))
+    parser = build_parser(helps, impls, list(loaded.values()), epilog=missing[0] if missing else None)
+    args = parser.parse_args(args_in)
+    impl = getattr(args, "impl", None)
+    if impl is None:
+        return parser, args, None
+    return parser, args, loaded[impl] if impl in loaded else extensions.load_audit_impl(impl)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,38 +240,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def run_generate(argv: Sequence[str]) -> int:
-    """``hsd generate ...``: handed to :mod:`hsd_torch.cli` (imported only here, so that
-    ``import hsd_core`` and ``hsd audit`` never import torch); a clear message without torch."""
+def run_command(name: str, argv: Sequence[str]) -> int:
+    """``hsd NAME ...`` for a command registered under ``hsd.commands`` (``hsd generate``): the
+    extension is imported only here, so that ``import hsd_core`` and ``hsd audit`` never import
+    torch; a clear message, exit status 2, when it does not import."""
     try:
-        from hsd_torch.cli import main as generate_main
-    except ImportError as e:
-        print(f"hsd generate needs torch and transformers ({e}). Install a torch first (CPU: pip install torch), "
-              "then pip install -e '.[torch]'", file=sys.stderr)
+        command = extensions.load_command(name)
+    except extensions.ExtensionUnavailable as e:
+        print(e, file=sys.stderr)
         return 2
-    return generate_main(argv)
+    return command.main(argv)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    if args_in[:1] == ["generate"]:
-        return run_generate(args_in[1:])
-    parser = argparse.ArgumentParser(prog="hsd", description="Verify lossless speculative decoding.")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("generate", add_help=False,
-                   help="speculative generation over local checkpoints (needs torch; hsd generate -h)")
-    audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world")
-    audit_p.add_argument("--sampled", type=int, default=0, metavar="N",
-                         help="also audit every method and variant by sampling N outputs each (default 0: skip)")
-    audit_p.add_argument("--report", default=None, metavar="PATH.md",
-                         help="with --sampled, write a markdown report (and PNG plots if matplotlib is installed)")
-    _add_impl_arguments(audit_p)
-    args = parser.parse_args(argv)
-    if getattr(args, "impl", None) is not None:  # a real implementation: hsd_torch (imports torch)
+    commands = [n for n in extensions.names(extensions.COMMANDS) if n != "audit"]
+    if args_in[:1] and args_in[0] in commands:  # the command parses its own arguments
+        return run_command(args_in[0], args_in[1:])
+    try:
+        parser, args, impl = _parse(args_in, commands, extensions.names(extensions.AUDIT_IMPLS))
+    except extensions.ExtensionUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    if impl is not None:  # a real implementation, audited by an extension (imports torch)
         if args.report is not None and (problem := check_report_path(args.report)) is not None:
             parser.error(problem)
-        from hsd_torch.cli_audit import run as run_impl_audit
-        return run_impl_audit(args)
+        return impl.run(args)
     if args.command in (None, "audit"):
         sampled, report = getattr(args, "sampled", 0), getattr(args, "report", None)
         if sampled < 0:

@@ -13,7 +13,9 @@ that installs hsd gets the ``hsd_lossless`` fixture::
   ``seed`` (chunked ``SeedSequence`` spawns, so the failure is reproducible from the seed);
 * otherwise a Hugging Face target model: ``sample_fn(prompt, seed)`` returns new target ids, and
   ``tokenizer=`` and ``prompt=`` are required; :func:`hsd_torch.audit.audit_generate` runs (other
-  keywords pass through: ``positions``, ``do_sample``, ``temperature``, ``top_k``, ...).
+  keywords pass through: ``positions``, ``do_sample``, ``temperature``, ``top_k``, ...). It is
+  found through the ``hsd.model_audits`` entry point (:mod:`hsd_core.extensions`), so this module
+  imports nothing from hsd_torch; without torch, an ``ImportError`` says what to install.
 
 The test fails unless the verdict is "lossless-consistent" ("inconclusive" fails too: an audit
 never passes without a promise), with a message naming the verdict, the estimated TV, the TV the
@@ -29,6 +31,7 @@ from typing import Any
 import pytest
 
 from .audit import AuditReport, audit_sampler
+from .extensions import load_model_audit
 
 __all__ = ["assert_lossless", "hsd_lossless"]
 
@@ -49,13 +52,12 @@ def assert_lossless(sample_fn: Callable[..., Any], law_or_target: Any, n: int = 
         over = [(d.output, d.observed, d.expected) for d in rep.over[:3]]
         under = [(d.output, d.observed, d.expected) for d in rep.under[:3]]
     else:
-        from hsd_torch.audit import audit_generate
-
         try:
             tokenizer, prompt = kw.pop("tokenizer"), kw.pop("prompt")
         except KeyError:
             raise TypeError("hsd_lossless(sample_fn, target, ...) needs tokenizer= and prompt= "
                             "(or pass an exact law as a Mapping)") from None
+        audit_generate = load_model_audit()  # the backend's, through its entry point (imports torch)
         g = audit_generate(sample_fn, law_or_target, tokenizer, prompt, n=n, alpha=alpha, seed=seed, **kw)
         core, tv, det = g.core, g.tv_estimate, g.detectable_tv
         over = [(f"{d.output} {d.text!r}", d.observed, d.expected) for d in g.over[:3]]

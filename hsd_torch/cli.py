@@ -12,8 +12,9 @@ bar (``tqdm``, which transformers brings) counts finished prompts on stderr when
 several. The continuations go to stdout (one per prompt, under a ``=== [i] ===`` header when there
 are several); ``--stats`` prints the per-prompt cost table after them.
 
-``hsd_core.cli`` dispatches here only for the ``generate`` subcommand, so ``import hsd_core`` and
-``hsd audit`` never import torch.
+:data:`COMMAND` is registered under the ``hsd.commands`` entry point ``generate`` (pyproject.toml):
+``hsd_core.cli`` imports this module only for ``hsd generate`` (or for ``hsd -h``), so ``import
+hsd_core`` and ``hsd audit`` never import torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from hsd_core.extensions import Command
 
 METHODS = ("ar", "sd", "tli", "slem", "slrs")
 
@@ -205,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(stats_table(prompts, out, args.method))
         print(f"(models loaded in {load_s:.1f} s)")
     return 0
+
+
+COMMAND = Command(help="speculative generation over local checkpoints (needs torch; hsd generate -h)", main=main)
+"""What the ``hsd.commands`` entry point ``generate`` names."""
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """``hsd audit --impl transformers|hsd_torch ...``: audit a speculative ``generate()`` over local
-checkpoints with :func:`hsd_torch.audit.audit_generate` (imported by ``hsd_core.cli`` only when
-``--impl`` is given, so that ``import hsd_core`` never imports torch).
+checkpoints with :func:`hsd_torch.audit.audit_generate`. :data:`AUDIT` (its options and its runner)
+is registered under the ``hsd.audit_impls`` entry points ``transformers`` and ``hsd_torch``
+(pyproject.toml); ``hsd_core.cli`` imports this module only when ``--impl`` is given (or for the
+help), so that ``import hsd_core`` and ``hsd audit`` never import torch.
 
 ``--impl transformers`` samples ``target.generate(input_ids, assistant_model=drafter,
 tokenizer=tt, assistant_tokenizer=dt, ...)`` (universal assisted generation; with the same
@@ -22,7 +24,32 @@ from typing import Any
 
 import torch
 
+from hsd_core.extensions import AuditImpl
+
 from .audit import GenerateAuditReport, audit_generate
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``hsd audit --impl transformers|hsd_torch`` (``--impl`` is ``hsd_core.cli``'s)."""
+    a = p.add_argument
+    a("--target", metavar="DIR", help="target checkpoint (with --impl)")
+    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl)")
+    a("--target-tokenizer", metavar="DIR", help="default: --target")
+    a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
+    a("--prompt", help="the prompt (with --impl)")
+    a("--samples", type=int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
+    a("--positions", type=int, default=2, help="new tokens audited (default 2)")
+    a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
+    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem, slrs (default tli)")
+    a("--min-path-prob", type=float, default=None, metavar="TAU", help="hsd_torch bounded SLRS's probability stop")
+    a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
+      help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
+    a("--lookahead", type=int, default=2, help="hsd_torch drafts per round (default 2)")
+    a("--temperature", type=float, default=1.0)
+    a("--top-k", type=int, default=None)
+    a("--top-p", type=float, default=None)
+    a("--alpha", type=float, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
+    a("--seed", type=int, default=0)
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
@@ -99,3 +126,7 @@ def run(args: argparse.Namespace) -> int:
             f.write(md)
         print(f"  report written to {args.report}")
     return 1 if rep.verdict == "lossy" else 0
+
+
+AUDIT = AuditImpl(add_arguments=add_arguments, run=run)
+"""What the ``hsd.audit_impls`` entry points name: ``hsd audit --impl transformers|hsd_torch``."""
