@@ -43,7 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 from hsd_torch import generate, real_tokenizers, tiny  # noqa: E402
-from hsd_torch.generate import _logit_width, _process, _Runner  # noqa: E402
+from hsd_torch.laws import process_with_drop  # noqa: E402
+from hsd_torch.runner import Runner, logit_width  # noqa: E402
 from hsd_torch.slrs import BoundedSLRS, TargetTrie, TreeCache  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 
@@ -75,8 +76,8 @@ def align(target: Any, ttok: Any, drafter: Any, dtok: Any, seed: int, std: float
     context dependence stays). The drafter then approximates the target's law through shared
     strings, which unrelated random models never do. Not a trained pair: a stand-in that shows how
     the methods rank when the drafter is good."""
-    tt = TokenText.get(ttok, _logit_width(target))
-    dt = TokenText.get(dtok, _logit_width(drafter))
+    tt = TokenText.get(ttok, logit_width(target))
+    dt = TokenText.get(dtok, logit_width(drafter))
     g = torch.Generator().manual_seed(seed)
     bias_t = torch.randn(tt.vocab_size, generator=g) * std
     low = float(bias_t.min()) - 10.0
@@ -109,17 +110,17 @@ def timed_round(target_tok: Any, tvs: int, drafter: Any, dtok: Any, prompt: str,
 def _timed_round(target_tok: Any, tvs: int, drafter: Any, dtok: Any, prompt: str, k: int,
                  tau: float | None) -> tuple[float, float, int, int, torch.Tensor]:
     tt = TokenText.get(target_tok, tvs)
-    dt = TokenText.get(dtok, _logit_width(drafter))
+    dt = TokenText.get(dtok, logit_width(drafter))
     dev = torch.device("cpu")
     b = BoundedSLRS(tt, dt, k, tau, False, dev)
     ctx = dt.start(prompt) + dt.encode(prompt.encode("utf-8"))
     drop = ~dt.text_mask
 
     def probs(x: torch.Tensor) -> torch.Tensor:
-        return _process(x, drop, 1.0, None, None)
+        return process_with_drop(x, drop, 1.0, None, None)
 
     with torch.inference_mode():
-        runner = _Runner(drafter, 1, dt.eos_id, "drafter", window=True, n_prefix=[len(dt.start(prompt))])
+        runner = Runner(drafter, 1, dt.eos_id, "drafter", window=True, n_prefix=[len(dt.start(prompt))])
         blocks = [runner.sync(0, ctx[:-1])]
         runner.feed(blocks, [len(blocks[0]) - 1], 1)  # prefill all but the last id (not timed)
         t0 = time.perf_counter()
@@ -133,10 +134,10 @@ def _timed_round(target_tok: Any, tvs: int, drafter: Any, dtok: Any, prompt: str
 
 
 def target_law(target: Any, ttok: Any, prompt: str) -> torch.Tensor:
-    tt = TokenText.get(ttok, _logit_width(target))
+    tt = TokenText.get(ttok, logit_width(target))
     ids = tt.prompt_ids(prompt)
     with torch.inference_mode():
-        return _process(target(torch.tensor([ids])).logits[0, -1], ~tt.text_mask, 1.0, None, None).double()
+        return process_with_drop(target(torch.tensor([ids])).logits[0, -1], ~tt.text_mask, 1.0, None, None).double()
 
 
 def seg_counts(ttok: Any, tvs: int, dtok: Any, dvs: int, max_len: int) -> tuple[dict[int, list[int]], int]:
@@ -228,7 +229,7 @@ def main() -> None:
     tau = 0.05
     for i, (a, b) in enumerate(pairs):
         t, d = mods[f"t:{a}:{i}"], mods[f"d:{b}:{i}"]
-        tvs = _logit_width(t)
+        tvs = logit_width(t)
         for k in (1, 2, 4, 8):
             roots, psis, rows, levels = [], [], [], []
             for p in prompts:
@@ -250,7 +251,7 @@ def main() -> None:
     print("|---|" + "---|" * (len(lens) + 3))
     for i, (a, b) in enumerate(pairs):
         t, d = mods[f"t:{a}:{i}"], mods[f"d:{b}:{i}"]
-        by_len, total = seg_counts(toks[a], _logit_width(t), toks[b], _logit_width(d), max(lens))
+        by_len, total = seg_counts(toks[a], logit_width(t), toks[b], logit_width(d), max(lens))
         per_row = row_cost_ms(d)
         cells = []
         for n in lens:
@@ -297,7 +298,7 @@ def main() -> None:
     for i, a, b, kind in cases:
         t, d = (mods[f"t:{a}:{i}"], mods[f"d:{b}:{i}"]) if kind == "random" else \
             (mods[f"ta:{a}:{i}"], mods[f"da:{b}:{i}"])
-        tvs = _logit_width(t)
+        tvs = logit_width(t)
         laws = [target_law(t, toks[a], p) for p in prompts]
         for tau_ in (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
             rows, psis, accs = [], [], []

@@ -6,11 +6,13 @@
 * :mod:`hsd_torch.vocab`: exact byte strings of Hugging Face tokenizer ids and the drafter/target
   :class:`~hsd_torch.vocab.VocabBridge` (intersection index tensors, additive pushforward).
 * :mod:`hsd_torch.tiny`: tiny tokenizers (and models) built locally, for tests and quick starts.
-* :mod:`hsd_torch.slrs`: bounded SLRS over real vocabularies (psi level by level, one batched drafter
-  pass per level; byte-trie proposal map), used by ``generate(method="slrs", ...)``.
 * :func:`hsd_torch.generate`: speculative generation (AR, SD, TLI, SLEM, SLRS) over Hugging Face models,
-  batched with KV caches (:mod:`hsd_torch.generate`); :class:`hsd_torch.CoreModel` presents a model
-  and tokenizer as an ``hsd_core`` model for the mirror tests (:mod:`hsd_torch.mirror`).
+  batched with KV caches. One file per method under :mod:`hsd_torch.methods` (each a mirror of its
+  ``hsd_core.methods`` twin; bounded SLRS's psi in :mod:`hsd_torch.methods.slrs`, its public names in
+  :mod:`hsd_torch.slrs`), over shared machinery: :mod:`hsd_torch.rounds` (the round loop),
+  :mod:`hsd_torch.runner` (each model's KV cache), :mod:`hsd_torch.laws` (processing, text spaces),
+  :mod:`hsd_torch.drafting` and :mod:`hsd_torch.verification`. :class:`hsd_torch.CoreModel` presents a
+  model and tokenizer as an ``hsd_core`` model for the mirror tests (:mod:`hsd_torch.mirror`).
 
 Install a CPU torch explicitly first (``pip install torch==2.13.0``), then ``pip install -e
 ".[torch]"``; on a GPU machine bring your own CUDA torch.

@@ -40,7 +40,8 @@ import torch
 
 from hsd_core.vocab import Vocabulary
 
-from .generate import _device, _logit_width, _max_positions, _Space, _space_law, process_logits, window_view
+from .laws import TextSpace, process_logits, space_law
+from .runner import logit_width, max_positions, model_device, window_view
 from .text import TokenText
 
 __all__ = ["CoreModel", "CoreTokenizer", "target_greedy", "target_two_token_law"]
@@ -94,20 +95,20 @@ class CoreModel:
     backend's does (:meth:`TokenText.start`: the tokenizer's prefix, or its BOS for a prompt that
     encodes to no ids); without it, the prefix. ``window=True`` (for a drafter): contexts longer
     than the model's positions are seen through the backend's sliding window
-    (:func:`hsd_torch.generate.window_view`). ``evaluations`` counts forward passes (cached per
+    (:func:`hsd_torch.runner.window_view`). ``evaluations`` counts forward passes (cached per
     context).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, prompt: str | None = None, window: bool = False) -> None:
         self.model = model
-        self.text = TokenText(tokenizer, _logit_width(model))
+        self.text = TokenText(tokenizer, logit_width(model))
         self.start: list[int] = self.text.start(prompt) if prompt is not None else list(self.text.prefix)
-        self.max_pos = _max_positions(model.config) if window else None
+        self.max_pos = max_positions(model.config) if window else None
         self._tokenizer = CoreTokenizer(self.text)
         self._process: dict[str, Any] = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
         self._cache: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
-        if _Space.text(self.text, torch.device("cpu")).ids != self._tokenizer.hf_ids:  # pragma: no cover
+        if TextSpace.text(self.text, torch.device("cpu")).ids != self._tokenizer.hf_ids:  # pragma: no cover
             raise AssertionError("the core ids differ from generate's text space")
         self.evaluations = 0
 
@@ -130,11 +131,11 @@ class CoreModel:
             ids = window_view(ids, len(self.start), self.max_pos)
         if not ids:
             raise ValueError("empty context and no BOS: the model has nothing to condition on")
-        dev = _device(self.model)
+        dev = model_device(self.model)
         with torch.inference_mode():
             logits = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev)).logits[0, -1]
-            space = _Space.text(self.text, dev)
-            probs = _space_law(logits, space, ~self.text.text_mask.to(dev), **self._process)
+            space = TextSpace.text(self.text, dev)
+            probs = space_law(logits, space, ~self.text.text_mask.to(dev), **self._process)
             law = probs.to(torch.float64).cpu().numpy().copy()
         if probs.dtype != torch.float64:
             law = law / law.sum()  # a float32 law, summed in float64, is 1 only to about 1e-7
@@ -149,9 +150,9 @@ def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) 
     ``generate`` removes from every law (no text, not EOS) suppressed: the new ids, ending after
     EOS. Every method of :func:`hsd_torch.generate` with ``do_sample=False`` must return exactly
     these (the greedy identity the tests and ``bench/gpu_check_generate.py`` check)."""
-    text = TokenText.get(tokenizer, _logit_width(model))
+    text = TokenText.get(tokenizer, logit_width(model))
     suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
-    ids = torch.tensor([text.prompt_ids(prompt)], device=_device(model))
+    ids = torch.tensor([text.prompt_ids(prompt)], device=model_device(model))
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_new_tokens, suppress_tokens=suppress, pad_token_id=text.eos_id)
@@ -166,9 +167,9 @@ def target_two_token_law(model: Any, tokenizer: Any, prompt: str, *, temperature
     ``{(t1, t2): P}``, and ``{(eos,): P}`` where the first id is EOS (the sequence ends). The
     processed law of :func:`process_logits` (with ``temperature``, ``top_k``, ``top_p``), in
     float64. One forward pass per first id with mass: for tests with a small support (top-k)."""
-    text = TokenText.get(tokenizer, _logit_width(model))
+    text = TokenText.get(tokenizer, logit_width(model))
     ids = text.prompt_ids(prompt)
-    dev = _device(model)
+    dev = model_device(model)
     mask = text.text_mask.to(dev)
 
     def law_after(ctx: list[int]) -> torch.Tensor:

@@ -20,6 +20,8 @@ from hsd_torch.text import TokenText  # noqa: E402
 from hsd_torch.vocab import _Push  # noqa: E402
 
 gen = importlib.import_module("hsd_torch.generate")  # the module (hsd_torch.generate is also the function)
+from hsd_torch.laws import TextSpace, space_law  # noqa: E402
+from hsd_torch.runner import common_prefix  # noqa: E402
 CPU = torch.device("cpu")
 
 
@@ -30,13 +32,13 @@ def test_common_prefix(a: list[int], cut: int, tail: list[int]) -> None:
     m = 0
     while m < min(len(a), len(b)) and a[m] == b[m]:
         m += 1
-    assert gen._common_prefix(a, b) == m
+    assert common_prefix(a, b) == m
 
 
 @pytest.mark.parametrize("ids", [[4, 5, 6, 7, 2], list(range(8)), [2, 3, 4], [1, 3, 5, 7, 0], [0, 1, 5, 6, 3, 7, 2]])
 def test_space_select_is_the_columns(ids: list[int]) -> None:
     """A slice (one run of ids) or one index_select: either way the columns ``ids``, in order."""
-    space = gen._Space(ids, 8, CPU)
+    space = TextSpace(ids, 8, CPU)
     x = torch.randn(2, 3, 8)
     assert torch.equal(space.select(x), x[..., ids])
     assert torch.equal(space.select(x[:, 1]), x[:, 1][..., ids])
@@ -58,13 +60,13 @@ def test_space_law_is_the_processed_law(kind: str, dtype: torch.dtype, proc: dic
     tok = toks[kind]
     width = len(tok) + 7  # a padded embedding
     text = TokenText(tok, width)
-    space = gen._Space.text(text, CPU)
+    space = TextSpace.text(text, CPU)
     assert space.ids[-1] == text.eos_id and space.ids[:-1] == sorted(space.ids[:-1])
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn(3, 2, width, generator=g) * 4).to(dtype)
     logits[0, 0, :] = logits[0, 0, 5]  # ties everywhere
     full = process_logits(logits, text.text_mask, **proc)
-    got = gen._space_law(logits, space, ~text.text_mask, **proc)
+    got = space_law(logits, space, ~text.text_mask, **proc)
     assert got.dtype == full.dtype and got.shape == (3, 2, space.n)
     rest = torch.ones(width, dtype=torch.bool)
     rest[space.cols] = False
@@ -124,7 +126,8 @@ def test_generate_with_the_off_cpu_pushforward(method: str, target: str, tt: str
         built.append(self)
 
     monkeypatch.setattr(_Push, "__init__", levels_init)
-    monkeypatch.setattr(gen, "_COLUMNS", type(gen._COLUMNS)(16))  # columns are cached per device: build anew
+    cols = importlib.import_module(f"hsd_torch.methods.{method}")  # the method's column maps, cached per device
+    monkeypatch.setattr(cols, "_COLUMNS", type(cols._COLUMNS)(16))  # build them anew
     split = gen.generate(models[target], models[drafter], prompts, **kw)
     assert built and max(len(p.levels) for p in built) > 1, "the pushforward had no repeated destination"
     assert split.sequences == plain.sequences

@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Method  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_torch import CoreModel, generate, tiny  # noqa: E402
-from hsd_torch.generate import window_view  # noqa: E402
+from hsd_torch.runner import window_view  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 from hsd_torch.vocab import VocabBridge  # noqa: E402

@@ -19,6 +19,7 @@ paths after one or two drafter tokens; min_path_prob 0.01 keeps enough paths for
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -299,10 +300,8 @@ class PrunedPathsIgnored(tslrs.BoundedSLRS):
 
 @pytest.fixture()
 def pruned_psi(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import importlib
-
-    gen = importlib.import_module("hsd_torch.generate")  # the module (the package exports a function of that name)
-    monkeypatch.setattr(gen, "BoundedSLRS", PrunedPathsIgnored)
+    method = importlib.import_module("hsd_torch.methods.slrs")  # where generate's bounded SLRS builds its psi
+    monkeypatch.setattr(method, "BoundedSLRS", PrunedPathsIgnored)
     yield
 
 
@@ -317,12 +316,13 @@ def test_the_lossy_variant_is_lossy_at_the_audited_state(toks: dict[str, Any], m
                            top_k=TOP_K).double()
     kw: dict[str, Any] = dict(lookahead=K, min_path_prob=AUDIT_TAU, temperature=dtemp, top_k=TOP_K)
     psi = tslrs.first_round(tt, width(target), drafter, dt, [AUDIT_PROMPT], **kw).psi[0]
-    real = tslrs.BoundedSLRS
-    tslrs.BoundedSLRS = PrunedPathsIgnored  # type: ignore[misc]
+    psi_module = importlib.import_module("hsd_torch.methods.slrs.psi")  # where first_round builds its psi
+    real = psi_module.BoundedSLRS
+    psi_module.BoundedSLRS = PrunedPathsIgnored
     try:
         lossy = tslrs.first_round(tt, width(target), drafter, dt, [AUDIT_PROMPT], **kw).psi[0]
     finally:
-        tslrs.BoundedSLRS = real  # type: ignore[misc]
+        psi_module.BoundedSLRS = real
 
     def emitted(q: Any) -> Any:  # proposals from psi, verified against q
         acc = psi * torch.where(q > 0, torch.clamp(p / q, max=1.0), torch.ones_like(p))
@@ -420,7 +420,7 @@ def test_parse_pairs_is_the_core_parse(tkind: str, dkind: str, toks: dict[str, A
     strings = [b for b in tt.bytes_of if b is not None]
     heads = [b""] + [b"".join(strings[i] for i in rng.choice(len(strings), int(rng.integers(1, 4))))[:int(j)]
                      for j in rng.integers(1, 12, 15)]
-    hm, hl = tslrs._pad_bytes(heads, torch.device("cpu"))
+    hm, hl = tslrs.pad_bytes(heads, torch.device("cpu"))
     n_d = db.ids.shape[0]
     cols = torch.tensor(rng.choice(n_d, 60, replace=False))
     node = torch.arange(len(heads)).repeat_interleave(61)
@@ -514,10 +514,8 @@ class CoreUnconditioned(SLRS):
 
 @pytest.fixture()
 def unconditioned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import importlib
-
-    gen = importlib.import_module("hsd_torch.generate")
-    monkeypatch.setattr(gen, "BoundedSLRS", Unconditioned)
+    method = importlib.import_module("hsd_torch.methods.slrs")  # where generate's bounded SLRS builds its psi
+    monkeypatch.setattr(method, "BoundedSLRS", Unconditioned)
     yield
 
 

@@ -1,0 +1,88 @@
+"""SLEM: string-level exact match, over a batch (``hsd_core.methods.slem``).
+
+Glossary
+    draft       a drafter token, drawn from the drafter's processed law in its own vocabulary.
+    lookahead   k, the number of drafter tokens drafted per round (fewer if the drafter emits EOS
+                or its law has no mass).
+    candidate   a target token read off the drafted text by re-tokenizing it for the target.
+    accepted    a candidate equal to the target's own draw (greedy: argmax) at its position.
+    rejected    the first candidate that differs; the target's own token replaces it.
+    bonus       the target's own token after the last candidate, when all candidates match.
+    look-behind the last few target tokens decoded and re-encoded together with the draft, so that
+                the candidates are what the target tokenizer makes of the text in context.
+
+Steps of one round
+    1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
+       (:func:`hsd_torch.drafting.drafter_context_from_text`).
+    2. Draft ``k`` drafter tokens (:func:`hsd_torch.drafting.draft_tokens`), stopping after EOS.
+    3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
+       the target's EOS if the drafter ended with EOS, cut to the budget.
+    4. Exact-match verification (:func:`hsd_torch.verification.exact_match`): the target draws its
+       own token at every candidate position; emit while they equal the candidates, then the first
+       that differs or the bonus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..drafting import DraftColumns, draft_tokens, drafter_context_from_text
+from ..rounds import Drafts, Verdicts
+from ..text import TokenText
+from ..verification import exact_match
+from .base import Method
+
+if TYPE_CHECKING:
+    from ..rounds import Generation
+
+__all__ = ["SLEM", "retokenize"]
+
+
+def retokenize(text_of: TokenText, ctx: Sequence[int], text: bytes, lookbehind: int) -> list[int]:
+    """``hsd_core.methods.slem.retokenize`` over ids and bytes: for ``w`` from
+    ``min(lookbehind, len(ctx))`` down to 0, encode the text of the last ``w`` ids of ``ctx``
+    followed by ``text``; the first encoding that starts with exactly those ``w`` ids gives the
+    candidates (the rest of it)."""
+    for w in range(min(lookbehind, len(ctx)), -1, -1):
+        tail = list(ctx[len(ctx) - w:])
+        ids = text_of.encode(text_of.decode(tail) + text)
+        if ids[:w] == tail:
+            return ids[w:]
+    raise AssertionError("unreachable: the empty look-behind always matches")
+
+
+class SLEM(Method):
+    """String-level exact match with look-behind ``lookbehind``."""
+
+    name = "slem"
+
+    def __init__(self, lookbehind: int) -> None:
+        self.lookbehind = lookbehind
+
+    def setup(self, gen: Generation) -> None:
+        """Drafts come from the drafter's whole text space; candidates are mapped after re-tokenizing."""
+        assert gen.d_space is not None
+        self.cols = DraftColumns(gen.d_space, gen.d_space.n, None, stop_on_empty=True)
+
+    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+        """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
+        assert gen.dt is not None
+        drafter_context_from_text(gen, active)
+        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
+        out, drafts_d = draft_tokens(gen, active, k, self.cols)
+        tt, t_pos, eos_d = gen.tt, gen.t_space.pos, gen.dt.eos_id
+        for i in range(gen.batch):
+            if not active[i]:
+                continue
+            ended = bool(drafts_d[i]) and drafts_d[i][-1] == eos_d
+            cands = retokenize(tt, gen.t_ctx[i][len(gen.t_first[i]):], gen.dt.decode(drafts_d[i]), self.lookbehind)
+            if ended:
+                cands = cands + [tt.eos_id]
+            out.cols[i] = [t_pos[t] for t in cands[:budget[i]]]
+            out.n[i] = len(out.cols[i])
+        return out
+
+    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """Exact match of the candidates against the target's own draws."""
+        return exact_match(gen, active, budget, drafts)

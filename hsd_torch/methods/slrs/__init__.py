@@ -1,0 +1,236 @@
+"""SLRS: string-level rejection sampling, over a batch (``hsd_core.methods.slrs``): the paper's
+one-token SLRS at lookahead 1 (:class:`SLRS`) and the bounded procedure of issue 11
+(:class:`BoundedSLRSMethod`, psi level by level: :mod:`.psi`, over the byte trie of :mod:`.trie`,
+with the tree's drafter passes of :mod:`.tree`).
+
+Glossary
+    draft       a drafter token, drawn from the drafter's processed law in its own vocabulary.
+    lookahead   k, the number of drafter tokens drafted per round (fewer after drafter EOS).
+    proposal    the target id(s) read off the drafted text: one-token SLRS, the first target id of
+                the target's encoding of the draft's text alone (:class:`FirstTargetMap`; the
+                target's EOS for the drafter's); bounded SLRS, the longest target token prefixing
+                the text (multi-token: the first ``min(max_tokens, budget)`` ids of its
+                longest-prefix parse).
+    psi         the exact law of the proposal under that drafting procedure; multi-token, psi_j is
+                the law of the j-th proposed id given the first j-1.
+    accepted    proposed id t_j kept with probability min(1, p_j(t_j) / psi_j(t_j)).
+    rejected / correction   the first proposal that fails; a token from norm(max(p_j - psi_j, 0)).
+    bonus       a token from p after the last proposal, when every proposal is accepted.
+
+Steps of one round
+    1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
+       (:func:`hsd_torch.drafting.drafter_context_from_text`).
+    2. One-token: one draft from the drafter's law (:func:`hsd_torch.drafting.draft_tokens`; a law
+       with no mass raises ``ValueError``); psi = the pushforward of that law along the first-target
+       map (masses of drafter ids with one first target id add up). Bounded: the draft tree walked
+       level by level, one batched drafter pass per level, the row's own draft drawn along it
+       (:meth:`.psi.BoundedSLRS.round`, :meth:`~.psi.BoundedSLRS.round_multi`).
+    3. Rejection verification (:func:`hsd_torch.verification.rejection`) against psi.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..._cache import IdentityCache
+from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
+from ...laws import TextSpace, process_with_drop
+from ...rounds import Drafts, Verdicts
+from ...text import TokenText
+from ...verification import rejection
+from ...vocab import _Push
+from ..base import Method
+from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
+from .tree import TreeCache
+
+if TYPE_CHECKING:
+    from ...rounds import Generation
+
+__all__ = ["MAX_PSI_ROWS", "SLRS", "BoundedSLRSMethod", "FirstTargetMap", "psi_bound", "slrs_columns", "slrs_options"]
+
+_COLUMNS: IdentityCache[Any] = IdentityCache(16)
+
+
+def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str | None, greedy: bool,
+                 max_tokens: int | None = 1) -> bool:
+    """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
+    for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
+    lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
+    name what would make psi finish."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+    if max_tokens != 1 and proposal_map != "longest_prefix":
+        raise NotImplementedError(
+            f"method 'slrs' with max_tokens={max_tokens!r} needs the bounded procedure (proposal_map='longest_prefix' "
+            "and min_path_prob=tau, issue 11): multi-token proposals with the re-tokenizing map are not implemented")
+    if proposal_map not in (None, "retokenize", "longest_prefix"):
+        raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
+    if min_path_prob is not None and (isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float))
+                                      or not 0 < min_path_prob <= 1):
+        raise ValueError(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
+    if proposal_map == "longest_prefix":
+        if lookahead > 1 and min_path_prob is None and not greedy:
+            raise NotImplementedError(
+                f"method 'slrs' with lookahead={lookahead} and no min_path_prob: psi would enumerate every "
+                "drafter path (|D|^lookahead drafter rows, issue 11); pass min_path_prob=tau (e.g. 0.05): psi then "
+                "costs at most 1 + (lookahead - 1) / tau rows per round")
+        if min_path_prob is not None and psi_bound(lookahead, min_path_prob) > MAX_PSI_ROWS:
+            raise NotImplementedError(
+                f"method 'slrs' with lookahead={lookahead}, min_path_prob={min_path_prob}: psi may need up to "
+                f"{psi_bound(lookahead, min_path_prob):.0f} drafter rows per round and prompt, more than "
+                f"{MAX_PSI_ROWS}; raise min_path_prob or lower the lookahead")
+        return True
+    if lookahead != 1:
+        raise NotImplementedError(
+            f"method 'slrs' with proposal_map={proposal_map!r} supports lookahead=1 only (the paper's one-token "
+            f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure of issue 11, "
+            "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
+            "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
+    return False
+
+
+
+class FirstTargetMap:
+    """SLRS at lookahead 1: drafter id -> the first target id of its text.
+
+    ``first[d]``: for a drafter id with text, the first id of the target's encoding of that text
+    alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0, so the
+    map does not depend on the context and is built once); the target's EOS for the drafter's EOS;
+    -1 for ids without text (they never carry mass). psi, the law of the first target id of the
+    draft's text, is the pushforward of the drafter's law along it (:class:`_Push`: the masses of
+    all drafter ids with one first target id add up). Built with one batched tokenizer call over
+    the ids whose text is valid UTF-8 and :meth:`TokenText.encode` for the rest (partial
+    characters)."""
+
+    _cache: IdentityCache[FirstTargetMap] = IdentityCache()
+
+    def __init__(self, tt: TokenText, dt: TokenText) -> None:
+        vd = dt.vocab_size
+        first = [-1] * vd
+        valid: list[int] = []
+        texts: list[str] = []
+        for d, b in enumerate(dt.bytes_of):
+            if b is None:
+                continue
+            try:
+                texts.append(b.decode("utf-8"))
+                valid.append(d)
+            except UnicodeDecodeError:
+                first[d] = tt.encode(b)[0]
+        if texts:
+            enc = tt.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for d, ids in zip(valid, enc):
+                first[d] = int(ids[0])
+        first[dt.eos_id] = tt.eos_id
+        if any(not 0 <= f < tt.vocab_size or (tt.bytes_of[f] is None and f != tt.eos_id) for f in first if f >= 0):
+            raise ValueError("a drafter token's text encodes to a target id without text")
+        self.first: list[int] = first
+
+    @classmethod
+    def get(cls, tt: TokenText, dt: TokenText) -> FirstTargetMap:
+        """The map for this pair of tokenizers (built once per pair and widths)."""
+        return cls._cache.get((tt.tokenizer, dt.tokenizer), (tt.vocab_size, dt.vocab_size), lambda: cls(tt, dt))
+
+
+
+def slrs_columns(tt: TokenText, dt: TokenText, t_space: TextSpace, d_space: TextSpace,
+                 device: torch.device) -> tuple[list[int], _Push]:
+    """One-token SLRS: the target column of each drafter-space column's first target id
+    (:class:`FirstTargetMap`) and psi, the pushforward of a drafter law along it (built once per
+    pair of spaces and device)."""
+    def build() -> tuple[list[int], _Push]:
+        first = FirstTargetMap.get(tt, dt).first
+        dst = [t_space.pos[first[d]] for d in d_space.ids]
+        return dst, _Push(dst, t_space.n, device)
+    out: tuple[list[int], _Push] = _COLUMNS.get((tt, dt, t_space, d_space), ("slrs", str(device)), build)
+    return out
+
+
+class SLRS(Method):
+    """The paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0)``)."""
+
+    name = "slrs"
+
+    def setup(self, gen: Generation) -> None:
+        """The first-target map's columns and psi's pushforward."""
+        assert gen.dt is not None and gen.d_space is not None
+        dst, self.push = slrs_columns(gen.tt, gen.dt, gen.t_space, gen.d_space, gen.dev)
+        self.cols = DraftColumns(gen.d_space, gen.d_space.n, dst, stop_on_empty=False)
+
+    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+        """One drafter token per active row, proposing its first target id."""
+        drafter_context_from_text(gen, active)
+        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
+        return draft_tokens(gen, active, k, self.cols)[0]
+
+    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """Rejection verification against psi, the drafter's law pushed along the first-target map."""
+        def q_of(kmax: int) -> Tensor:
+            return self.push(torch.stack(drafts.laws[:kmax], dim=1))
+        return rejection(gen, active, budget, drafts, q_of)
+
+
+class BoundedSLRSMethod(Method):
+    """Bounded SLRS (``proposal_map="longest_prefix"``, ``min_path_prob=tau``), ``max_tokens`` target
+    ids proposed per round at most (None: up to the budget)."""
+
+    name = "slrs"
+
+    def __init__(self, min_path_prob: float | None, max_tokens: int | None) -> None:
+        self.min_path_prob, self.max_tokens = min_path_prob, max_tokens
+
+    def setup(self, gen: Generation) -> None:
+        """The psi procedure for this pair of tokenizers."""
+        assert gen.dt is not None
+        self.psi = BoundedSLRS(gen.tt, gen.dt, gen.lookahead, self.min_path_prob, gen.greedy, gen.dev,
+                               max_tokens=self.max_tokens)
+
+    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+        """Each active row's proposal and its psi (multi-token: the conditional psi of each position),
+        from the draft tree walked from its context; the drafting uniforms it read are recorded."""
+        assert gen.drun is not None and gen.d_drop is not None
+        drafter_context_from_text(gen, active)
+        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
+        d_uniforms = drafting_uniforms(gen, k)
+        last = feed_drafter(gen, [gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
+        rows = [i for i, a in enumerate(active) if a]
+        ridx = torch.tensor(rows, dtype=torch.long, device=last.device)
+        tree = TreeCache(gen.drun, rows, [gen.d_ctx[i] for i in rows], self.psi.k)
+        drop, proc = gen.d_drop, gen.d_process
+
+        def probs(logits: Tensor) -> Tensor:  # the drafter's processed law over all its ids
+            return process_with_drop(logits, drop, **proc)
+
+        root = probs(last.index_select(0, ridx))
+        us = None if gen.greedy else [d_uniforms[i] for i in rows]
+        extend = lambda parent, tokens, node_row: probs(tree.extend(parent, tokens, node_row))  # noqa: E731
+        if self.max_tokens != 1:
+            mt = self.max_tokens
+            multi = self.psi.round_multi(root, us, extend, [budget[i] if mt is None else min(mt, budget[i])
+                                                            for i in rows])
+            proposals, used, laws = multi.proposals, multi.used, multi.conditionals.unbind(1)
+        else:
+            res = self.psi.round(root, us, extend)
+            proposals, used, laws = [[p] for p in res.proposal], res.used, (res.psi,)
+        out = Drafts.empty(gen.batch)
+        for law in laws:
+            q_full = law.new_zeros(gen.batch, self.psi.vt)
+            q_full[ridx] = law
+            out.q_steps.append(q_full)
+        t_pos = gen.t_space.pos
+        for r, i in enumerate(rows):
+            out.cols[i] = [t_pos[t] for t in proposals[r]]
+            out.n[i] = len(proposals[r])
+            if not gen.greedy:
+                gen.record(i, d_uniforms[i][:used[r]])
+        return out
+
+    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """Rejection verification against psi at each proposed position (over the target's text space)."""
+        def q_of(kmax: int) -> Tensor:
+            return gen.t_space.select(torch.stack(drafts.q_steps[:kmax], dim=1))
+        return rejection(gen, active, budget, drafts, q_of)
+

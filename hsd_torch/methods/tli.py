@@ -1,0 +1,111 @@
+"""TLI: token-level intersection, over a batch (``hsd_core.methods.tli``).
+
+Glossary
+    intersection  the token strings that both vocabularies hold (the two EOS ids also correspond).
+    q_cap         the drafter's processed law restricted to drafter ids whose string is in the
+                  intersection, renormalized; pushed to target ids it is the law each draft is
+                  sampled from (several drafter ids with one string add up).
+    draft         a drafter id drawn from q_cap and mapped to the target id with its string.
+    lookahead     k, the number of drafts per round (``min(k, budget)``, fewer after EOS, or when
+                  the drafter puts no mass on the intersection).
+    accepted / rejected / correction / bonus   as in SD (``sd.py``), with q = q_cap pushed.
+    re-sync       the drafter's context after the round: each emitted target id becomes the
+                  drafter id with its string, else the drafter's encoding of its text.
+
+Steps of one round
+    1. Drafter context = its encoding of the prompt, then each emitted target id re-synced.
+    2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.drafting.draft_tokens`
+       over the intersection's columns, the first ``n_draw`` of the drafter's space: a slice, not
+       renormalized; a draw reads the mass it normalizes by); stop after EOS, or where q_cap has no
+       mass (a round with no draft is plain target decoding).
+    3. Map the drafts to target ids; each draft's q is the pushforward onto target columns of
+       exactly the law it was drawn from, divided by the mass its draw read (inside the kernel).
+    4. Rejection verification (:func:`hsd_torch.verification.rejection`) with exactly those laws.
+Greedy mode drafts the argmax of the drafter over the intersection (ties to the lowest drafter id).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .._cache import IdentityCache
+from ..drafting import DraftColumns, draft_tokens
+from ..laws import TextSpace
+from ..rounds import Drafts, Verdicts
+from ..text import TokenText
+from ..verification import rejection
+from ..vocab import VocabBridge, _Push
+from .base import Method
+
+if TYPE_CHECKING:
+    from ..rounds import Generation
+
+__all__ = ["TLI", "tli_columns"]
+
+_COLUMNS: IdentityCache[Any] = IdentityCache(16)
+
+TLIColumns = tuple[TextSpace, int, list[int], _Push, dict[int, list[int]]]
+
+
+def tli_columns(bridge: VocabBridge, tt: TokenText, dt: TokenText, t_space: TextSpace, d_space: TextSpace,
+                device: torch.device) -> TLIColumns:
+    """TLI's drafter space: the drafter's text space reordered so that its ``n`` ids in the
+    intersection come first, in sampling order (increasing, EOS last: the columns TLI draws from,
+    a slice of the law), then the others (they only normalize the processed law, which TLI
+    restricts); the target columns of those ``n``, the pushforward of a law over them onto the
+    target's columns (several drafter ids may share one string, hence one target id), and the memo
+    of the re-sync's encodings of target tokens the drafter lacks (filled as they occur). Built
+    once per pair of spaces and device."""
+    def build() -> TLIColumns:
+        to_t = bridge.to_target_list
+        ids = [d for d in d_space.ids if to_t[d] >= 0]  # EOS (last) maps to EOS
+        space = TextSpace(ids + [d for d in d_space.ids if to_t[d] < 0], d_space.v, device)
+        dst = [t_space.pos[to_t[d]] for d in ids]
+        return space, len(ids), dst, _Push(dst, t_space.n, device), {}
+    out: TLIColumns = _COLUMNS.get((tt, dt, t_space, d_space), ("tli", str(device)), build)
+    return out
+
+
+class TLI(Method):
+    """Token-level intersection."""
+
+    name = "tli"
+    extends_drafter_context = True
+
+    def setup(self, gen: Generation) -> None:
+        """The intersection's columns, their target columns, the pushforward and the re-sync memo."""
+        assert gen.bridge is not None and gen.dt is not None and gen.d_space is not None
+        space, n_draw, dst, self.push, self.resync_memo = tli_columns(gen.bridge, gen.tt, gen.dt, gen.t_space,
+                                                                      gen.d_space, gen.dev)
+        self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True)
+
+    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+        """Up to ``min(lookahead, budget)`` drafts per active row from q_cap."""
+        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
+        return draft_tokens(gen, active, k, self.cols)[0]
+
+    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """Rejection verification against q_cap pushed to target columns (divided by each draw's mass)."""
+        def q_of(kmax: int) -> Tensor:
+            return self.push(torch.stack(drafts.laws[:kmax], dim=1))  # [B, kmax, Nt]
+        return rejection(gen, active, budget, drafts, q_of, q_scale=drafts.mass)
+
+    def resync(self, gen: Generation, i: int, out: list[int]) -> None:
+        """Each emitted target id becomes the drafter id with its string, else the drafter's encoding
+        of its text (context-free: memoized per id)."""
+        assert gen.bridge is not None and gen.dt is not None
+        to_d, d_ctx = gen.bridge.to_drafter_list, gen.d_ctx[i]
+        for t in out:
+            d = to_d[t]
+            if d >= 0:
+                d_ctx.append(d)
+                continue
+            ids = self.resync_memo.get(t)
+            if ids is None:
+                b = gen.tt.bytes_of[t]
+                assert b is not None
+                ids = self.resync_memo[t] = gen.dt.encode(b)
+            d_ctx.extend(ids)
