@@ -10,10 +10,12 @@
   (duplicates allowed), for mirroring ``hsd_core`` toy vocabularies.
 
 Trained tokenizers come back as ``PreTrainedTokenizerFast`` with ``<unk>``, ``<s>``, ``</s>``,
-``<pad>`` at ids 0..3 (special, out of band). Byte-level BPE and BPE training is deterministic
-for a given corpus; the ``tokenizers`` Unigram trainer is not (its vocabulary differs from process
-to process, also with one thread), so a Unigram tokenizer is the same only within one process
-(:func:`tiny_tokenizer` caches it there). Save it (``save_pretrained``) where runs must share it.
+``<pad>`` at ids 0..3 (special, out of band). Every tokenizer and model here is a deterministic
+function of its arguments (and of the stdlib files of the running Python): the same ids, scores,
+merges and weights in every process, whatever ``PYTHONHASHSEED`` or the thread count
+(``tests/torch/test_tiny_determinism.py`` builds them in subprocesses and compares digests). BPE
+training in ``tokenizers`` is deterministic (merges tie-break on pair ids); its Unigram trainer is
+not, so the Unigram pieces are trained by :mod:`hsd_torch._unigram` instead.
 """
 
 from __future__ import annotations
@@ -110,19 +112,32 @@ def _with_byte_tokens(tok: Any) -> Any:
 def train_unigram_byte_fallback(texts: Iterable[str], vocab_size: int) -> Any:
     """Unigram (SentencePiece style: ``Metaspace`` pre-tokenizer, ``▁`` for spaces, a ``▁``
     prepended to the text) with ``<0xNN>`` byte fallback at ids 4..259; ``vocab_size`` ids in all,
-    approximately (the trainer may stop short). Lossless up to the prepended space."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    or a few fewer (the EM drops pieces whose expected count falls below 0.5: 1,997 of 2,000 on
+    ``stdlib_corpus(200_000)``). Lossless up to the prepended space.
 
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    The pieces and their log-probabilities come from :func:`hsd_torch._unigram.train_unigram`
+    (SentencePiece's EM on the Metaspace words, pieces of at most 12 characters, every character
+    of the corpus kept), a deterministic function of ``texts`` and ``vocab_size``; ids 260.. are
+    the pieces by decreasing score (``tokenizers``' own ``UnigramTrainer`` gives other ids in every
+    process: see that module)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from ._unigram import train_unigram
+
+    meta = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    words: dict[str, int] = {}
+    for text in texts:
+        for word, _ in meta.pre_tokenize_str(text):
+            words[word] = words.get(word, 0) + 1
+    n_pieces = max(vocab_size - 256 - len(SPECIALS), 1)
+    pieces = train_unigram(sorted(words.items()), n_pieces, max_piece_length=12)
+    tok = Tokenizer(models.Unigram([(s, 0.0) for s in SPECIALS] + pieces, unk_id=0, byte_fallback=False))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.pre_tokenizer = meta
     # Metaspace before Fuse: after Fuse it would treat the whole text as the first token and drop
     # every space.
     tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="always"),
                                      decoders.ByteFallback(), decoders.Fuse()])
-    trainer = trainers.UnigramTrainer(
-        vocab_size=max(vocab_size - 256, len(SPECIALS) + 1), special_tokens=list(SPECIALS),
-        unk_token="<unk>", show_progress=False, max_piece_length=12)
-    tok.train_from_iterator(list(texts), trainer)
     return _wrap(_with_byte_tokens(tok))
 
 
