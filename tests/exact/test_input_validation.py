@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -86,14 +85,35 @@ def test_assert_lossless_on_float_models_uses_a_stated_tolerance() -> None:
         hc.exact.assert_lossless(hc.variants.TLIRawQ(lookahead=2), etarget, edrafter, "ab", 3, tol=0.0)
 
 
+def _count_calls(model: Any, limit: int) -> list[int]:
+    """Count ``model.next_probs`` calls (an instance attribute over the method, so the model keeps
+    its class and its own validation); returns the one-element counter. Past ``limit`` calls it
+    fails the test (so a guard that stops working fails here instead of hanging)."""
+    real, n = model.next_probs, [0]
+
+    def next_probs(context_ids: Sequence[int]) -> Any:
+        n[0] += 1
+        if n[0] > limit:
+            pytest.fail(f"more than {limit} next_probs calls: the cost guard did not stop the work")
+        return real(context_ids)
+
+    model.next_probs = next_probs
+    return n
+
+
 def test_slrs_psi_cost_is_bounded() -> None:
-    """SLRS(lookahead=50) used to hang; it now refuses after max_psi_calls drafter calls (about 2 s
-    on the CI machine), saying to lower the lookahead."""
+    """SLRS(lookahead=50) used to hang; it now refuses after max_psi_calls drafter calls (the
+    default, 200,000: a few seconds), saying to lower the lookahead. Counted, not timed: the
+    drafter is called at most max_psi_calls times in psi plus one draft of <= lookahead tokens."""
+    from hsd_core.methods.slrs import DEFAULT_MAX_PSI_CALLS
+
     w = builtin_world()
-    t0 = time.perf_counter()
+    target_calls = _count_calls(w.target, 50)
+    drafter_calls = _count_calls(w.drafter, DEFAULT_MAX_PSI_CALLS + 50)
     with pytest.raises(CostLimitError, match="Lower the lookahead"):
         hc.methods.SLRS(lookahead=50).generate(w.target, w.drafter, w.prompt, 3, rng=0)
-    assert time.perf_counter() - t0 < 20
+    assert DEFAULT_MAX_PSI_CALLS <= drafter_calls[0] <= DEFAULT_MAX_PSI_CALLS + 50, drafter_calls
+    assert target_calls[0] <= 50, target_calls
     with pytest.raises(CostLimitError, match="max_psi_calls=10"):
         hc.methods.SLRS(lookahead=3, max_psi_calls=10).psi(w.target, w.drafter, hc.methods.State(w.prompt, (), 3))
     with pytest.raises(ValueError, match="max_psi_calls"):
@@ -102,14 +122,19 @@ def test_slrs_psi_cost_is_bounded() -> None:
 
 def test_exact_engine_cost_is_estimated_and_bounded() -> None:
     """30 tokens would take ~1e25 round executions: refused after two levels, with the estimate and
-    what to lower; an explicit max_calls bounds the work exactly."""
+    what to lower; an explicit max_calls bounds the work exactly. Counted, not timed: the refusal
+    comes from the projection, after fewer than 5% of the default max_calls in model calls."""
     w = builtin_world()
-    t0 = time.perf_counter()
-    with pytest.raises(CostLimitError, match="lower max_new_tokens"):
+    budget = hc.exact.DEFAULT_MAX_CALLS // 20
+    target_calls, drafter_calls = _count_calls(w.target, budget), _count_calls(w.drafter, budget)
+    with pytest.raises(CostLimitError, match="lower max_new_tokens") as info:
         hc.exact.output_law(hc.methods.SLEM(lookahead=2), w.target, w.drafter, w.prompt, 30)
+    assert "for the first 2 of 30 tokens" in str(info.value)
+    assert target_calls[0] + drafter_calls[0] < budget, (target_calls, drafter_calls)
+    before = target_calls[0]
     with pytest.raises(CostLimitError, match="lower max_new_tokens"):
         hc.exact.target_law(w.target, w.prompt, 30)
-    assert time.perf_counter() - t0 < 10
+    assert target_calls[0] - before <= 10, target_calls
     with pytest.raises(CostLimitError, match="max_calls=5"):
         hc.exact.output_law(hc.methods.SLEM(lookahead=2), w.target, w.drafter, w.prompt, 3, max_calls=5)
     with pytest.raises(CostLimitError, match="max_calls=3"):
