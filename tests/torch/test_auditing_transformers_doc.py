@@ -3,13 +3,17 @@ verbatim, its example runs (the control and the patched UAG lossless-consistent,
 lossy and crashing with a second assistant: the example's own asserts), and the root-cause
 experiments and audit commands it shows run at small N (slow tier).
 
-Power: the example audits the first new token at N = 1000, where audit_generate detects any TV >=
-0.249 with probability 0.99 (alpha 1e-3). The installed UAG's TV depends on the hash order of
-``get_vocab()`` (root cause 1), which changes per process: over 5,000 random orders its 1%
-quantile is 0.13-0.14 and the audit at this N missed 0 and 1 of 200 audits (two runs) on the lowest
-1% of orders
-(``python bench/uag_root_cause.py --orders 5000``), so this test fails spuriously in roughly 1e-4
-of runs on that account.
+Determinism: the installed UAG's law depends on the order of the assistant tokenizer's
+``get_vocab()`` (root cause 1), a Rust hash map's order that changes per process (over 2,000
+random orders the exact first-token TV after ``"def foo(x):\\n"`` ranges over 0.08-0.82, and the
+example's audit at N = 1000 missed 4 of 80 audits on the lowest 1% of them). So the tests pin that
+order to sorted token strings, one of those orders, the same in every process
+(:func:`pinned_vocab_order`; the bench scripts run under :data:`PINNED_RUN`). With it the example's
+unpatched first-token law is at TV 0.373 from the target's; at N = 1000 its pooled rare cells (target
+mass 0.118) get 0.448 of the draws in expectation, and the joint chi-square has a noncentrality of
+about 1060 on 23 dof against Holm's threshold 54: a miss needs fewer than 250 of 1000 draws in those
+cells (then the chi-square is >= 167 whatever the other cells), probability < 1e-36 (Chernoff bound
+on Binomial(1000, 0.448)); 50 seeds gave smallest p-values <= 3e-171.
 """
 
 from __future__ import annotations
@@ -36,6 +40,25 @@ PATCH = ROOT / "bench" / "transformers_uag_patch.py"
 DOC_VERSION = "5.24.0"
 
 
+# ``python -c PINNED_RUN script.py args...``: the script as ``python script.py args...`` would run it,
+# with every fast tokenizer's get_vocab() in sorted token-string order (see the module docstring)
+PINNED_RUN = ("import runpy, sys\n"
+              "from transformers import PreTrainedTokenizerFast as T\n"
+              "_real = T.get_vocab\n"
+              "T.get_vocab = lambda self: dict(sorted(_real(self).items()))\n"
+              "sys.argv = sys.argv[1:]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def pinned_vocab_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fast tokenizer's ``get_vocab()`` in sorted token-string order (a hash map's order is one
+    arbitrary permutation per process; this one is the same in every process)."""
+    from transformers import PreTrainedTokenizerFast
+
+    real = PreTrainedTokenizerFast.get_vocab
+    monkeypatch.setattr(PreTrainedTokenizerFast, "get_vocab", lambda self: dict(sorted(real(self).items())))
+
+
 def _python_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
 
@@ -53,9 +76,11 @@ def test_doc_patch_block_is_the_bench_module() -> None:
 
 
 def test_doc_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The doc's two python blocks, in one namespace; their asserts are the checks."""
+    """The doc's two python blocks, in one namespace; their asserts are the checks (get_vocab()'s
+    order pinned: module docstring)."""
     _require_doc_version()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pinned_vocab_order(monkeypatch)
     patch_src, example = _python_blocks()
     ns: dict[str, Any] = {"__name__": "auditing_transformers_doc"}
     out = io.StringIO()
@@ -75,10 +100,12 @@ def test_doc_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cg.AssistantToTargetTranslator.get_target_logits.__module__ == cg.__name__
 
 
-def test_column_order_root_cause(bench_module: Callable[[str], ModuleType]) -> None:
+def test_column_order_root_cause(bench_module: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
     """Root cause 1 directly: pruned head column j's logit lands on the target id its drafts become
-    only with the patch, or with get_vocab() in ascending id order."""
+    only with the patch, or with get_vocab() in ascending id order (not in the pinned order of
+    sorted strings)."""
     _require_doc_version()
+    pinned_vocab_order(monkeypatch)
     import torch
     from hsd_torch import tiny
 
@@ -88,7 +115,7 @@ def test_column_order_root_cause(bench_module: Callable[[str], ModuleType]) -> N
     target, tt, drafter, dt = rc.fresh_pair()
     size = target.config.vocab_size
     agree, cols, *_ = rc.column_agreement(tt, dt, size, drafter)
-    assert cols > 100 and agree < cols // 2, (agree, cols)   # random hash order: about 1 of 133 agree
+    assert cols > 100 and agree < cols // 2, (agree, cols)   # sorted strings: 2 of 159 agree
     vocab = dt.get_vocab()
     dt.get_vocab = lambda: dict(sorted(vocab.items(), key=lambda kv: kv[1]))
     try:
@@ -103,8 +130,10 @@ def test_column_order_root_cause(bench_module: Callable[[str], ModuleType]) -> N
 
 
 def _run(*args: str, timeout: int = 1500) -> str:
+    """``python *args`` with get_vocab()'s order pinned (``PINNED_RUN``)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run([sys.executable, "-c", PINNED_RUN, *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=timeout)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -115,9 +144,10 @@ def test_doc_root_cause_commands() -> None:
     _require_doc_version()
     before = _run("bench/uag_root_cause.py", "--draws", "300")
     after = _run("bench/uag_root_cause.py", "--draws", "300", "--patched")
-    agree = int(re.search(r"become: (\d+) of 133", before).group(1))  # type: ignore[union-attr]
-    assert agree < 60 and "become: 133 of 133" in after
-    assert "ascending id order: 133 of 133" in before
+    cols = int(re.search(r"pruned assistant head: (\d+) columns", before).group(1))  # type: ignore[union-attr]
+    agree = int(re.search(rf"become: (\d+) of {cols}\n", before).group(1))  # type: ignore[union-attr]
+    assert cols > 100 and agree < cols // 2 and f"become: {cols} of {cols}" in after
+    assert f"ascending id order: {cols} of {cols}" in before
     tv_before = float(re.search(r"q of the acceptance test\) = ([0-9.e-]+)", before).group(1))  # type: ignore[union-attr]
     tv_after = float(re.search(r"q of the acceptance test\) = ([0-9.e-]+)", after).group(1))  # type: ignore[union-attr]
     assert tv_before > 0.3 and tv_after < 1e-6
