@@ -2,8 +2,14 @@
 
 Building a vocabulary's tables reads every id (milliseconds at 4k ids, more at 150k): each is
 built once per owner object and reused by later calls of ``generate``. Entries are keyed by the
-owners' ``id()`` and hold the owners themselves, so an id is never reused for another object
-while its entry lives; the cache is cleared when it holds ``size`` entries.
+owners' ``id()`` and a key, and hold the owners themselves, so an id is never reused for another
+object while its entry lives; the cache is cleared when it holds ``size`` entries.
+
+Identity alone is not enough for an owner that can change in place: a tokenizer whose
+post-processor or added tokens are changed after a call is the same object with another encoding.
+Its key then holds a fingerprint of its state (:meth:`hsd_torch.text.TokenText.get` passes
+:func:`hsd_torch.vocab.tokenizer_state`), and the caches keyed on a ``TokenText`` (text spaces,
+column maps, bridges, tries) follow, since a new state builds a new ``TokenText``.
 """
 
 from __future__ import annotations

@@ -45,7 +45,10 @@ import torch
 
 from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
 
+from ._args import as_int, is_int
 from .generate import process_logits
+from .laws import check_processing
+from .runner import check_model, refuse_meta
 from .text import TokenText
 
 __all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "reference_law"]
@@ -191,19 +194,42 @@ def _prefix_mass(law: Mapping[tuple[int, ...], float], pre: tuple[int, ...]) -> 
     return sum(p for s, p in law.items() if s[:k] == pre and len(s) > k)
 
 
+def _as_ids(out: Any, what: str, width: int) -> list[int]:
+    """``out`` (a list, tuple, numpy array or tensor of target ids) as a list of Python ints in
+    ``[0, width)``; ``TypeError`` for anything else (None, a str, a float id, which ``int()`` would
+    truncate in silence), ``ValueError`` for an id outside the target's ids. ``what`` starts the
+    message ("sample_fn('x', 7) returned", "prompt_ids has")."""
+    if out is None or isinstance(out, (str, bytes)):
+        got = "None" if out is None else f"a {type(out).__name__} {repr(out)[:40]}"
+        raise TypeError(f"{what} {got}, not a list of int target ids")
+    if isinstance(out, (torch.Tensor, np.ndarray)):
+        out = out.flatten().tolist()
+    try:
+        items = list(out)
+    except TypeError:
+        raise TypeError(f"{what} a {type(out).__name__}, not a list of int target ids") from None
+    for t in items:
+        if not is_int(t):
+            raise TypeError(f"{what} {t!r} ({type(t).__name__}) among its ids, not an integer id")
+        if not 0 <= t < width:
+            raise ValueError(f"{what} id {t}, outside the target's {width} ids")
+    return [int(t) for t in items]
+
+
 class _Draw:
     """One audited draw: ``sample_fn(prompt, seed)`` with a 32-bit seed from the chunk's generator,
-    mapped to its cell. A class (not a closure) so process executors can pickle it."""
+    its output checked (:func:`_as_ids`, naming the draw by its seed) and mapped to its cell. A class
+    (not a closure) so process executors can pickle it."""
 
-    def __init__(self, sample_fn: Callable[[str, int], Sequence[int]], prompt: str, ref: Reference) -> None:
-        self.sample_fn, self.prompt, self.ref = sample_fn, prompt, ref
+    def __init__(self, sample_fn: Callable[[str, int], Sequence[int]], prompt: str, ref: Reference,
+                 width: int) -> None:
+        self.sample_fn, self.prompt, self.ref, self.width = sample_fn, prompt, ref, width
 
     def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
         seed = int(rng.integers(0, 2**32))
         ids = self.sample_fn(self.prompt, seed)
-        if isinstance(ids, torch.Tensor):
-            ids = ids.flatten().tolist()
-        return self.ref.cell(list(ids))
+        return self.ref.cell(_as_ids(ids, f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned",
+                                     self.width))
 
 
 @dataclass(frozen=True)
@@ -351,30 +377,36 @@ def audit_generate(
     """
     if not callable(sample_fn):
         raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(sample_fn).__name__}")
-    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
-        raise ValueError(f"positions must be an int >= 1, got {positions!r}")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if getattr(target, "training", False):
-        raise ValueError("the target is in training mode (dropout makes its law random): call .eval() first")
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    positions = as_int("positions", positions, 1)
+    n = as_int("n", n, 1)
+    checked = check_processing(temperature, top_k, top_p)  # the same checks as generate's
+    refuse_meta(check_model(target, "target"), "target")
     width = _width(target)
     if mask_textless:
         mask = TokenText(target_tokenizer, width).text_mask
     else:
         mask = torch.ones(width, dtype=torch.bool)
-    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+    process = dict(checked)
     processing = (f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
                   + (", ids without text removed (hsd_torch)" if mask_textless else ""))
     if not do_sample:
         process = {"temperature": 1.0, "top_k": None, "top_p": None}
         processing = "argmax" + (" over ids with text (hsd_torch)" if mask_textless else "")
-    ids = list(prompt_ids) if prompt_ids is not None else [int(i) for i in target_tokenizer(prompt)["input_ids"]]
+    if prompt_ids is not None:
+        ids = _as_ids(prompt_ids, "prompt_ids has", width)
+        if not ids:
+            raise ValueError("prompt_ids is empty: the target needs at least one id to condition on")
+    else:
+        ids = [int(i) for i in target_tokenizer(prompt)["input_ids"]]
+        if not ids:
+            raise ValueError(f"prompt {prompt!r} encodes to no target ids (the tokenizer adds no BOS): the target has "
+                             "nothing to condition on; give a non-empty prompt, or prompt_ids (e.g. [bos_token_id])")
     eos = _eos_ids(target, target_tokenizer)
     ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
     label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
-    core = audit_sampler(_Draw(sample_fn, prompt, ref), ref.law, n=int(n), alpha=alpha, power=power,
+    core = audit_sampler(_Draw(sample_fn, prompt, ref, width), ref.law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
                          prefixes=list(ref.frequent), name=label,
                          rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}")

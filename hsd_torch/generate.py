@@ -50,11 +50,13 @@ from typing import Any
 
 import torch
 
-from .laws import process_logits
+from ._args import as_int
+from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
 from .methods.slem import retokenize
 from .rounds import GenerateOutput, Generation, RowStats
-from .runner import model_device
+from .runner import check_model, refuse_meta
+from .text import check_tokenizer
 
 __all__ = ["METHODS", "GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
 
@@ -77,7 +79,7 @@ def generate(
     seed: int | torch.Generator | None = 0,
     drafter_temperature: float | None = None,
     record_uniforms: bool = False,
-    lookbehind: int = 4,
+    lookbehind: int | None = None,
     progress: Callable[[int], None] | None = None,
     min_path_prob: float | None = None,
     proposal_map: str | None = None,
@@ -85,35 +87,49 @@ def generate(
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
-    ``target``, ``drafter``: Hugging Face causal LMs in eval mode on one device (``drafter`` may be
-    None for ``method="ar"``); ``prompts``: a str or a list of str, encoded by each tokenizer with
-    its own special prefix (a BOS; an empty prompt starts from the BOS) and no other special
-    token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring; "slrs" beyond
-    ``lookahead=1`` needs ``proposal_map="longest_prefix"`` and ``min_path_prob``, the bounded
-    procedure's probability stop; greedy needs no stop; ``max_tokens``: bounded SLRS's proposed target ids per
-    round, verified against psi conditioned on the ones before, None: up to the budget); ``lookahead``: drafts
-    per round; ``lookbehind``: SLEM's re-tokenization
-    look-behind (SLRS uses 0); ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness;
-    ``temperature``, ``top_k``, ``top_p``: the processing of both models' laws
-    (:func:`process_logits`; ``drafter_temperature``, if given, replaces ``temperature`` for the
-    drafter: its processing is free, the target's defines the law); ``seed``: an int, a ``torch.Generator`` (one int is drawn from it)
-    or None (fresh entropy). ``record_uniforms=True`` fills ``GenerateOutput.uniforms``.
-    ``progress``, if given, is called after every round with the number of rows that finished in
-    it (for a progress bar).
+    ``target``, ``drafter``: Hugging Face causal LMs in eval mode (every module), each on one device,
+    both on the same one (``drafter`` may be None for ``method="ar"``); ``target_tokenizer``,
+    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str or a list of str,
+    encoded by each tokenizer with its own special prefix (a BOS; an empty prompt starts from the
+    BOS) and no other special token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module
+    docstring). Options, each refused (``ValueError``) with a method that does not use it:
 
+    - ``lookahead``: drafts per round (default 4; every method but AR, which accepts and ignores it);
+    - ``lookbehind``: SLEM's re-tokenization look-behind (None: 4; SLRS uses 0);
+    - ``proposal_map``, ``min_path_prob``: SLRS's; "slrs" beyond ``lookahead=1`` needs
+      ``proposal_map="longest_prefix"`` and ``min_path_prob``, the bounded procedure's probability
+      stop (greedy needs no stop), which one-token SLRS does not take;
+    - ``max_tokens``: bounded SLRS's proposed target ids per round, verified against psi conditioned
+      on the ones before (default 1, accepted by every method; None: up to the budget).
+
+    ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness; ``temperature``,
+    ``top_k``, ``top_p``: the processing of both models' laws (:func:`process_logits`; temperatures
+    in :data:`hsd_torch.laws.TEMPERATURE_RANGE`, 1e-3 to 1e3; ``drafter_temperature``, if given,
+    replaces ``temperature`` for the drafter: its processing is free, the target's defines the law);
+    ``seed``: an int, a ``torch.Generator`` (one int is drawn from it) or None (fresh entropy).
+    Wherever an int is asked, a numpy integer is one too (a bool is not). ``record_uniforms=True``
+    fills ``GenerateOutput.uniforms``. ``progress``, if given, is called after every round with the
+    number of rows that finished in it (for a progress bar).
+
+    Every argument is checked before any work (``TypeError`` / ``ValueError`` /
+    ``NotImplementedError`` naming it: ``docs/generate.md``, "What generate refuses, and why").
     Returns :class:`GenerateOutput`. The models are never modified (no attribute, weight, config
     or generation config is written); everything runs under ``torch.inference_mode``.
     """
     t_start = time.perf_counter()
+    prompts = _check_prompts(prompts)
+    lookahead = as_int("lookahead", lookahead, 1)
+    max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
+    process = check_processing(temperature, top_k, top_p)
+    d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
+                     else check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens)
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    _check_arguments(target, drafter, prompts, drafter_tokenizer, m.name,
-                     lookahead=lookahead, max_new_tokens=max_new_tokens, lookbehind=lookbehind, do_sample=do_sample,
-                     temperature=temperature, top_k=top_k, top_p=top_p, drafter_temperature=drafter_temperature,
-                     needs_drafter=m.needs_drafter)
-    process = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p}
-    d_process = dict(process, temperature=float(temperature if drafter_temperature is None else drafter_temperature))
+    _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     run = Generation(m, target, drafter if m.needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms)
@@ -122,36 +138,38 @@ def generate(
     return run.output(time.perf_counter() - t_start)
 
 
-def _check_arguments(target: Any, drafter: Any, prompts: list[Any], drafter_tokenizer: Any, method: str, *,
-                     lookahead: Any, max_new_tokens: Any, lookbehind: Any, do_sample: Any, temperature: Any,
-                     top_k: Any, top_p: Any, drafter_temperature: Any, needs_drafter: bool) -> None:
-    """``generate``'s arguments beyond the method's options, checked before any work
-    (``TypeError`` / ``ValueError`` naming the argument). ``drafter`` is None for a method without one."""
-    if not prompts or not all(isinstance(p, str) for p in prompts):
+def _check_prompts(prompts: Any) -> list[str]:
+    """``prompts`` as a non-empty list of str that UTF-8 can encode (``TypeError``; ``ValueError``
+    naming the prompt with a lone surrogate, which no tokenizer can encode)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    elif isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
+        raise TypeError(f"prompts must be a str or a non-empty list of str, got {type(prompts).__name__}")
+    out = list(prompts)
+    if not out or not all(isinstance(p, str) for p in out):
         raise TypeError("prompts must be a str or a non-empty list of str")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-        raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if isinstance(lookbehind, bool) or not isinstance(lookbehind, int) or lookbehind < 0:
-        raise ValueError(f"lookbehind must be an int >= 0, got {lookbehind!r}")
-    if not isinstance(do_sample, bool):
-        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
-    for role, model in (("target", target), ("drafter", drafter)):
-        if model is not None and getattr(model, "training", False):
-            raise ValueError(f"the {role} is in training mode (dropout would make its law random); "
-                             "call .eval() on it first (generate never changes the models itself)")
-    if needs_drafter and (drafter is None or drafter_tokenizer is None):
-        raise ValueError(f"method {method!r} needs a drafter and a drafter_tokenizer")
-    dev = model_device(target)
-    if needs_drafter and model_device(drafter) != dev:
-        raise ValueError(f"the target is on {dev} and the drafter on {model_device(drafter)}: put both models on "
-                         "one device")
-    if drafter_temperature is not None and not drafter_temperature > 0:
-        raise ValueError(f"drafter_temperature must be > 0, got {drafter_temperature!r}")
+    for i, p in enumerate(out):
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"prompt {i} ({p!r}) is not text UTF-8 can encode: it has a lone surrogate "
+                             f"{p[e.start]!r} at character {e.start} (half of a surrogate pair; decode the text "
+                             "it came from with errors='replace', or remove it)") from None
+    return out
+
+
+def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_tokenizer: Any, method: str, *,
+                  needs_drafter: bool) -> None:
+    """The models and tokenizers (:func:`hsd_torch.runner.check_model`,
+    :func:`hsd_torch.text.check_tokenizer`; a drafter is checked only for a method that drafts),
+    then their devices: one for both, not the meta device."""
+    dev = check_model(target, "target")
+    check_tokenizer(target_tokenizer, "target_tokenizer")
+    if needs_drafter:
+        if drafter is None or drafter_tokenizer is None:
+            raise ValueError(f"method {method!r} needs a drafter and a drafter_tokenizer")
+        d_dev = check_model(drafter, "drafter")
+        check_tokenizer(drafter_tokenizer, "drafter_tokenizer")
+        if d_dev != dev:
+            raise ValueError(f"the target is on {dev} and the drafter on {d_dev}: put both models on one device")
+    refuse_meta(dev, "target")

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._cache import IdentityCache
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
 from .text import TokenText
@@ -121,6 +122,11 @@ class Verdicts:
     uniforms: list[list[float]]
 
 
+_BRIDGES: IdentityCache[VocabBridge] = IdentityCache(16)
+"""The bridge of a pair of texts on a device: a :class:`TokenText` is built once per tokenizer object,
+width and state, so this skips the bridge's own check of both tokenizers' states on every call."""
+
+
 def seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
     """``generate``'s ``seed`` as the root of the rows' streams: an int >= 0 (numpy integers too),
     a ``torch.Generator`` (one int drawn from it) or None (fresh entropy); else ``ValueError``."""
@@ -179,9 +185,9 @@ class Generation:
         if drafter is not None:
             vd = logit_width(drafter)
             dt = self.dt = TokenText.get(drafter_tokenizer, vd)
-            self.bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=vt,
-                                      drafter_vocab_size=vd, target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id,
-                                      device=dev)
+            self.bridge = _BRIDGES.get((tt, dt), (str(dev),), lambda: VocabBridge(
+                target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
+                target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev))
             self.d_drop = ~dt.text_mask.to(dev)
             self.d_start = [dt.start(p) for p in prompts]
             self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i]) for i in range(batch)]

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from . import kernels
 
-__all__ = ["Runner", "common_prefix", "logit_width", "max_positions", "model_device", "window_view"]
+__all__ = ["Runner", "check_model", "common_prefix", "logit_width", "max_positions", "model_device",
+           "refuse_meta", "window_view"]
 
 
 def max_positions(config: Any) -> int | None:
@@ -44,6 +45,61 @@ def model_device(model: Any) -> torch.device:
     """The device of a model's (first) parameters."""
     dev: torch.device = next(model.parameters()).device
     return dev
+
+
+def check_model(model: Any, role: str) -> torch.device:
+    """The device of ``model`` (``role``: "target" or "drafter"), checked before any work:
+    ``TypeError`` for anything but a ``torch.nn.Module`` with an output embedding (a Hugging Face
+    causal LM); ``ValueError`` for a model without parameters, with parameters on more than one
+    device (hsd runs each model on one device: ``device_map="auto"`` splits are not supported), or
+    with the model or any of its modules in training mode (named: a block put back in ``.train()``
+    runs its dropout, and the law is no longer the model's), except the ``torch.nn`` modules whose
+    forward never reads the mode (:func:`_mode_free_modules`: a head replaced by a fresh
+    ``nn.Linear``, which is created in training mode, changes nothing). The meta device is the
+    caller's to refuse (:func:`refuse_meta`), after it compares the two models' devices."""
+    if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "get_output_embeddings", None)):
+        got = "None" if model is None else type(model).__name__
+        raise TypeError(f"{role} must be a Hugging Face causal LM (a torch.nn.Module, e.g. "
+                        f"transformers.AutoModelForCausalLM.from_pretrained(...)), got {got}")
+    devices = {p.device for p in model.parameters()}
+    if not devices:
+        raise ValueError(f"the {role} has no parameters")
+    if len(devices) > 1:
+        where = ", ".join(sorted(map(str, devices)))
+        raise ValueError(f"the {role}'s parameters are on more than one device ({where}): hsd runs each model on one "
+                         f"device; move the {role} with .to(device) (a model split with device_map='auto' is not "
+                         "supported)")
+    free = _mode_free_modules()
+    for name, module in model.named_modules():
+        if module.training and (not name or type(module) not in free):
+            what = f"the {role}" if not name else f"the {role}'s module {name!r}"
+            raise ValueError(f"{what} is in training mode (dropout would make its law random); call .eval() on the "
+                             f"{role} first (generate never changes the models itself)")
+    return devices.pop()
+
+
+_MODE_FREE = (
+    "Linear", "Bilinear", "Identity", "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "RMSNorm",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Flatten", "Unflatten",
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "GLU", "Sigmoid", "Tanh",
+    "Hardsigmoid", "Hardswish", "Hardtanh", "Hardshrink", "Softshrink", "Softplus", "Softsign", "Tanhshrink",
+    "LogSigmoid", "Threshold", "Softmax", "Softmin", "LogSoftmax",
+)
+
+
+def _mode_free_modules() -> frozenset[type]:
+    """The ``torch.nn`` module classes whose forward does not depend on training mode (exact
+    classes: a subclass may read it): linear maps, embeddings, layer/group/RMS norms, convolutions,
+    shape changes and activations. Not dropout, batch/instance norms (batch statistics), ``RReLU``
+    (random slopes in training), RNNs or ``MultiheadAttention``, nor any model-specific class."""
+    return frozenset(getattr(torch.nn, n) for n in _MODE_FREE if hasattr(torch.nn, n))
+
+
+def refuse_meta(dev: torch.device, role: str) -> None:
+    """``ValueError`` when a model's parameters are on the meta device (no weights to run)."""
+    if dev.type == "meta":
+        raise ValueError(f"the {role}'s parameters are on the meta device (shapes without weights): load its "
+                         "weights first (from_pretrained without device='meta', or .to_empty() and load_state_dict)")
 
 
 def logit_width(model: Any) -> int:

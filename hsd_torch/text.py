@@ -29,11 +29,29 @@ from typing import Any
 import torch
 
 from ._cache import IdentityCache
-from .vocab import token_bytes
+from .vocab import token_bytes, tokenizer_state
 
-__all__ = ["TokenText"]
+__all__ = ["TokenText", "check_tokenizer"]
 
 _INVALID = re.compile("([\udc80-\udcff])")
+
+
+def check_tokenizer(tokenizer: Any, role: str) -> None:
+    """``tokenizer`` (the argument ``role``, e.g. ``"target_tokenizer"``) is a Hugging Face
+    ``transformers`` tokenizer; ``TypeError`` naming ``role`` otherwise, with the fix for a raw
+    ``tokenizers.Tokenizer`` (which has no EOS, BOS or special-token map of its own)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+
+    if isinstance(tokenizer, Tokenizer):
+        raise TypeError(
+            f"{role} is a raw tokenizers.Tokenizer; hsd needs a Hugging Face transformers tokenizer (its EOS, BOS "
+            "and special tokens): wrap it, e.g. transformers.PreTrainedTokenizerFast(tokenizer_object=tok, "
+            "eos_token=..., bos_token=...)")
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        got = "None" if tokenizer is None else type(tokenizer).__name__
+        raise TypeError(f"{role} must be a Hugging Face tokenizer (transformers.AutoTokenizer.from_pretrained(...)), "
+                        f"got {got}")
 
 
 class TokenText:
@@ -73,10 +91,14 @@ class TokenText:
 
     @classmethod
     def get(cls, tokenizer: Any, vocab_size: int) -> TokenText:
-        """``TokenText(tokenizer, vocab_size)``, built once per tokenizer object (and its length and
-        EOS, so a tokenizer that gained tokens is rebuilt): building reads the whole vocabulary
-        (milliseconds at 4k ids, more at 150k), which a call of ``generate`` must not pay again."""
-        key = (vocab_size, getattr(tokenizer, "eos_token_id", None), len(tokenizer))
+        """``TokenText(tokenizer, vocab_size)``, built once per tokenizer object **and state**
+        (:func:`hsd_torch.vocab.tokenizer_state`: its added tokens, normalizer, pre-tokenizer,
+        post-processor, decoder, special ids, ...), so a tokenizer changed in place (a BOS template
+        set on its post-processor, tokens added) is read again, as a fresh object with that state
+        would be: building reads the whole vocabulary (milliseconds at 4k ids, more at 150k), which a
+        call of ``generate`` must not pay again; the state costs 0.1-1 ms for real tokenizers.
+        Everything cached per :class:`TokenText` (text spaces, column maps, bridges, tries) follows."""
+        key = (vocab_size, tokenizer_state(tokenizer))
         return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
 
     def _encode_str(self, s: str) -> list[int]:

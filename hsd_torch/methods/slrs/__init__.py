@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..._args import is_int, is_real
 from ..._cache import IdentityCache
 from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
 from ...laws import TextSpace, process_with_drop
@@ -59,8 +60,9 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
     lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
-    name what would make psi finish."""
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+    name what would make psi finish; ``ValueError`` for a value out of range (numpy numbers are
+    numbers; bools are not), and for ``min_path_prob`` with the one-token SLRS, which does not use it."""
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
     if max_tokens != 1 and proposal_map != "longest_prefix":
         raise NotImplementedError(
@@ -68,8 +70,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
             "and min_path_prob=tau, issue 11): multi-token proposals with the re-tokenizing map are not implemented")
     if proposal_map not in (None, "retokenize", "longest_prefix"):
         raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
-    if min_path_prob is not None and (isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float))
-                                      or not 0 < min_path_prob <= 1):
+    if min_path_prob is not None and (not is_real(min_path_prob) or not 0 < min_path_prob <= 1):
         raise ValueError(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
     if proposal_map == "longest_prefix":
         if lookahead > 1 and min_path_prob is None and not greedy:
@@ -89,6 +90,11 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
             f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure of issue 11, "
             "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
             "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
+    if min_path_prob is not None:
+        raise ValueError(
+            "min_path_prob is an option of bounded SLRS (method 'slrs' with proposal_map='longest_prefix') only; "
+            f"one-token SLRS (proposal_map={proposal_map!r}, lookahead 1: psi is exact, nothing to stop) does not "
+            f"use it (got min_path_prob={min_path_prob!r})")
     return False
 
 
@@ -131,8 +137,9 @@ class FirstTargetMap:
 
     @classmethod
     def get(cls, tt: TokenText, dt: TokenText) -> FirstTargetMap:
-        """The map for this pair of tokenizers (built once per pair and widths)."""
-        return cls._cache.get((tt.tokenizer, dt.tokenizer), (tt.vocab_size, dt.vocab_size), lambda: cls(tt, dt))
+        """The map for this pair of texts (built once per pair: a :class:`TokenText` is built once per
+        tokenizer object, width and state, so a tokenizer changed in place gets a new map)."""
+        return cls._cache.get((tt, dt), (), lambda: cls(tt, dt))
 
 
 
