@@ -28,17 +28,10 @@ from typing import Any
 
 from hsd_core.extensions import Command
 
-METHODS = ("ar", "sd", "tli", "slem", "slrs")
+from . import cli_args as ca
 
+METHODS = ca.METHODS
 
-def _max_tokens(text: str) -> int | None:
-    """``--max-tokens``: an int >= 1, or ``all`` (None: up to the budget)."""
-    if text.lower() in ("all", "none"):
-        return None
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsd generate",
@@ -53,20 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
            "--min-path-prob TAU (bounded SLRS)")
     a("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     a("--prompts-file", metavar="FILE", help="one prompt per line (\\n escapes are expanded)")
-    a("--max-new-tokens", type=int, default=64, metavar="N", help="default 64")
-    a("--lookahead", type=int, default=None, metavar="K", help="drafts per round (default 4; 1 for slrs)")
+    a("--max-new-tokens", type=ca.positive_int, default=64, metavar="N", help="default 64")
+    a("--lookahead", type=ca.positive_int, default=None, metavar="K", help="drafts per round (default 4; 1 for slrs)")
     a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
-    a("--min-path-prob", type=float, default=None, metavar="TAU",
+    a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="bounded SLRS: stop drafting a path below this drafter probability")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
       help="SLRS's map from drafted text to the proposed target id (bounded SLRS: longest_prefix)")
-    a("--max-tokens", type=_max_tokens, default=1, metavar="M",
+    a("--max-tokens", type=ca.max_tokens, default=1, metavar="M",
       help="bounded SLRS: target ids proposed per round, each verified against psi given the ones before "
            "(default 1; 'all': up to the budget)")
-    a("--temperature", type=float, default=1.0)
-    a("--top-k", type=int, default=None)
-    a("--top-p", type=float, default=None)
-    a("--seed", type=int, default=0, metavar="S", help="default 0")
+    a("--temperature", type=ca.temperature, default=1.0,
+      help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
+    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (K >= 1)")
+    a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
+    a("--seed", type=ca.seed, default=0, metavar="S", help="default 0 (an int >= 0)")
     a("--device", default="cpu", help="torch device for both models (default cpu)")
     a("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     a("--stats", action="store_true", help="print the per-prompt stats table at the end")
@@ -124,7 +118,34 @@ class _Progress:
             print(file=sys.stderr)
 
 
-def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any, Any, Any]:
+def _read_prompts(path: str) -> list[str]:
+    """``--prompts-file``: one prompt per non-blank line (``\\n`` expanded), UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ca.Refusal(f"--prompts-file {path!r}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ca.Refusal(f"--prompts-file {path!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): "
+                         "save it as UTF-8") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as text mode reads them
+    return [line.replace("\\n", "\n") for line in lines if line.strip()]
+
+
+def _problem_before_loading(args: argparse.Namespace) -> str | None:
+    """What stops the run before any model is loaded: a folder that holds no checkpoint or no
+    tokenizer, a device this machine cannot use (None if nothing)."""
+    drafter = args.drafter if args.method != "ar" else None
+    problem = ca.folders_problem(args.target, drafter, args.target_tokenizer, args.drafter_tokenizer)
+    if problem is not None:
+        return problem
+    return ca.device_problem(args.device)
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,19 +155,17 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[An
     dtype = getattr(torch, args.dtype)
 
     def model(path: str, role: str) -> Any:
-        if not os.path.isdir(path):
-            parser.error(f"--{role} {path!r} is not a folder (a save_pretrained checkpoint)")
         try:
             m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except (OSError, ValueError) as e:
-            parser.error(f"cannot load the {role} from {path!r}: {e}")
+            raise ca.Refusal(f"cannot load the {role} from --{role} {path!r}: {ca.one_line(e)}") from None
         return m.to(args.device).eval()
 
     def tokenizer(path: str, role: str) -> Any:
         try:
             return AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as e:
-            parser.error(f"cannot load the {role} tokenizer from {path!r}: {e}")
+            raise ca.Refusal(f"cannot load the {role} tokenizer from {path!r}: {ca.one_line(e)}") from None
 
     target = model(args.target, "target")
     tt = tokenizer(args.target_tokenizer or args.target, "target")
@@ -158,32 +177,52 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[An
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``hsd generate ...``; returns the exit status."""
+    """``hsd generate ...``; returns the exit status.
+
+    Every bad argument is refused before any model is loaded, with exit status 2: a range, a
+    choice or a missing option while parsing (:mod:`hsd_torch.cli_args`: argparse's usage and one
+    ``error:`` line), then the prompts file, the method's options, the folders and the device (one
+    ``error:`` line, :class:`~hsd_torch.cli_args.Refusal`). A checkpoint that does not load, and a
+    ``ValueError`` or ``NotImplementedError`` from :func:`hsd_torch.generate` (the library refusing
+    an argument or an input it cannot go on with), are one ``error:`` line too, exit status 2. Any
+    other exception (``TypeError``, ``AssertionError``, ``RuntimeError``, ...) is a bug or a failure
+    of the machine, not of the command line, and keeps its traceback."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(args, parser)
+    except ca.Refusal as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prompts = list(args.prompt)
     if args.prompts_file:
-        try:
-            with open(args.prompts_file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-        except OSError as e:
-            parser.error(f"--prompts-file {args.prompts_file!r}: {e.strerror or e}")
+        prompts += _read_prompts(args.prompts_file)
     if not prompts:
         parser.error("give at least one --prompt or a --prompts-file")
     if args.method != "ar" and not args.drafter:
         parser.error(f"--method {args.method} needs --drafter DIR")
-    if args.max_new_tokens < 1:
-        parser.error("--max-new-tokens needs N >= 1")
     lookahead = args.lookahead if args.lookahead is not None else (1 if args.method == "slrs" else 4)
 
     import torch
 
     from .generate import generate
+    from .methods import make
 
+    try:  # the method's options, as generate checks them first (lookbehind None: its default)
+        make(args.method, lookahead=lookahead, greedy=args.greedy, lookbehind=None, min_path_prob=args.min_path_prob,
+             proposal_map=args.proposal_map, max_tokens=args.max_tokens)
+    except (ValueError, NotImplementedError) as e:
+        raise ca.Refusal(ca.one_line(e)) from None
+    problem = _problem_before_loading(args)
+    if problem is not None:
+        raise ca.Refusal(problem)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     t0 = time.perf_counter()
-    target, tt, drafter, dt = _load(args, parser)
+    target, tt, drafter, dt = _load(args)
     load_s = time.perf_counter() - t0
     bar = _Progress(len(prompts)) if len(prompts) > 1 else None
     try:
@@ -192,13 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map,
                        max_tokens=args.max_tokens)
-    except (ValueError, NotImplementedError, TypeError) as e:
+    except (ValueError, NotImplementedError) as e:  # not TypeError & co.: the CLI typed every value
+        raise ca.Refusal(ca.one_line(e)) from None
+    finally:
         if bar is not None:
             bar.close()
-        print(f"hsd generate: {e}", file=sys.stderr)
-        return 2
-    if bar is not None:
-        bar.close()
     for i, text in enumerate(out.texts):
         if len(prompts) > 1:
             print(f"=== [{i}] {prompts[i]!r} ===")

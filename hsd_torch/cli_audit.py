@@ -26,6 +26,7 @@ import torch
 
 from hsd_core.extensions import AuditImpl
 
+from . import cli_args as ca
 from .audit import GenerateAuditReport, audit_generate
 
 
@@ -33,31 +34,87 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hsd audit --impl transformers|hsd_torch`` (``--impl`` is ``hsd_core.cli``'s)."""
     a = p.add_argument
     a("--target", metavar="DIR", help="target checkpoint (with --impl)")
-    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl)")
+    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl; not needed for --impl hsd_torch "
+                                        "--method ar)")
     a("--target-tokenizer", metavar="DIR", help="default: --target")
     a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
     a("--prompt", help="the prompt (with --impl)")
-    a("--samples", type=int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
-    a("--positions", type=int, default=2, help="new tokens audited (default 2)")
+    a("--samples", type=ca.positive_int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
+    a("--positions", type=ca.positive_int, default=2, help="new tokens audited (default 2)")
     a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
-    a("--method", default="tli", help="hsd_torch method: ar, sd, tli, slem, slrs (default tli)")
-    a("--min-path-prob", type=float, default=None, metavar="TAU", help="hsd_torch bounded SLRS's probability stop")
+    a("--method", default="tli", choices=ca.METHODS, help="hsd_torch method (default tli)")
+    a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
+      help="hsd_torch bounded SLRS's probability stop")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
       help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
-    a("--lookahead", type=int, default=2, help="hsd_torch drafts per round (default 2)")
-    a("--temperature", type=float, default=1.0)
-    a("--top-k", type=int, default=None)
-    a("--top-p", type=float, default=None)
-    a("--alpha", type=float, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
-    a("--seed", type=int, default=0)
+    a("--lookahead", type=ca.positive_int, default=2, help="hsd_torch drafts per round (default 2)")
+    a("--temperature", type=ca.temperature, default=1.0,
+      help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
+    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (K >= 1)")
+    a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
+    a("--alpha", type=ca.alpha, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
+    a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bar per checkpoint (as hsd generate)
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(tokenizer_path or path)
+
+
+def _uses_drafter(args: argparse.Namespace) -> bool:
+    """transformers' assisted generation always has an assistant; hsd_torch's ``ar`` has none."""
+    return not (args.impl == "hsd_torch" and args.method == "ar")
+
+
+def problem_before_loading(args: argparse.Namespace) -> str | None:
+    """What stops ``hsd audit --impl`` before any model is loaded (None if nothing): a missing
+    option, a folder that holds no checkpoint or no tokenizer, hsd_torch method options that
+    ``generate`` would refuse. The ranges were checked while parsing (:mod:`hsd_torch.cli_args`)."""
+    if args.target is None:
+        return f"--impl {args.impl} needs --target DIR"
+    if _uses_drafter(args) and args.drafter is None:
+        if args.impl == "hsd_torch":
+            return f"--method {args.method} needs --drafter DIR (only --method ar runs without a drafter)"
+        return f"--impl {args.impl} needs --drafter DIR (the assistant model of assisted generation)"
+    if args.prompt is None:
+        return f"--impl {args.impl} needs --prompt"
+    drafter = args.drafter if _uses_drafter(args) else None
+    problem = ca.folders_problem(args.target, drafter, args.target_tokenizer, args.drafter_tokenizer)
+    if problem is not None:
+        return problem
+    if args.impl == "hsd_torch":
+        from .methods import make
+
+        try:  # the method's options, as generate checks them first (lookbehind None: its default)
+            make(args.method, lookahead=args.lookahead, greedy=args.greedy, lookbehind=None,
+                 min_path_prob=args.min_path_prob, proposal_map=args.proposal_map, max_tokens=1)
+        except (ValueError, NotImplementedError) as e:
+            return ca.one_line(e)
+    return None
+
+
+class _LazyBar:
+    """tqdm, opened at the first draw: an error raised before any draw is the only line on stderr."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw = kw
+        self.bar: Any = None
+
+    def update(self, k: int) -> None:
+        if self.bar is None:
+            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+            self.bar = tqdm(**self.kw)
+        self.bar.update(k)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Sampler:
@@ -91,26 +148,47 @@ class _Sampler:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the audit; print the verdict; write the report; 1 on "lossy", 0 otherwise."""
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    """Run the audit; print the verdict; write the report; 1 on "lossy", 0 otherwise.
 
-    for name in ("target", "drafter", "prompt"):
-        if getattr(args, name) is None:
-            print(f"hsd audit: --impl needs --{name}", file=sys.stderr)
-            return 2
-    if args.samples < 1 or args.positions < 1:
-        print("hsd audit: --samples and --positions must be >= 1", file=sys.stderr)
+    Exit status 2 with one ``hsd audit: error:`` line: a problem found before loading
+    (:func:`problem_before_loading`), a checkpoint that does not load, or a ``ValueError`` /
+    ``NotImplementedError`` from the sampler or :func:`~hsd_torch.audit.audit_generate` (the
+    library refusing an argument, or a test that cannot give an answer:
+    ``hsd_core.stats.InvalidTest``). Any other exception is a bug and keeps its traceback."""
+
+    def error(message: str) -> int:
+        print(f"hsd audit: error: {message}", file=sys.stderr)
         return 2
+
+    problem = problem_before_loading(args)
+    if problem is not None:
+        return error(problem)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    target, tt = load(args.target, args.target_tokenizer)
-    drafter, dt = load(args.drafter, args.drafter_tokenizer)
-    same = len(tt) == len(dt) and tt.get_vocab() == dt.get_vocab()
-    with tqdm(total=args.samples, desc=f"sampling {args.impl}", unit="draw", file=sys.stderr) as bar:
-        sampler = _Sampler(args, target, tt, drafter, None if (same and args.impl == "transformers") else dt, bar)
-        rep: GenerateAuditReport = audit_generate(
-            sampler, target, tt, args.prompt, n=args.samples, positions=args.positions, do_sample=not args.greedy,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
-            mask_textless=args.impl == "hsd_torch", name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+    loaded: dict[str, tuple[Any, Any]] = {"drafter": (None, None)}
+    for role, path, tok in (("target", args.target, args.target_tokenizer),
+                            ("drafter", args.drafter if _uses_drafter(args) else None, args.drafter_tokenizer)):
+        if path is None:
+            continue
+        try:
+            loaded[role] = load(path, tok)
+        except (OSError, ValueError) as e:
+            return error(f"cannot load the {role} (--{role} {path!r}"
+                         + (f", --{role}-tokenizer {tok!r}" if tok else "") + f"): {ca.one_line(e)}")
+    (target, tt), (drafter, dt) = loaded["target"], loaded["drafter"]
+    same = dt is not None and len(tt) == len(dt) and tt.get_vocab() == dt.get_vocab()
+    bar = _LazyBar(total=args.samples, desc=f"sampling {args.impl}", unit="draw", file=sys.stderr)
+    sampler = _Sampler(args, target, tt, drafter, None if (same and args.impl == "transformers") else dt, bar)
+    try:
+        try:
+            rep: GenerateAuditReport = audit_generate(
+                sampler, target, tt, args.prompt, n=args.samples, positions=args.positions, do_sample=not args.greedy,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
+                mask_textless=args.impl == "hsd_torch",
+                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+        finally:
+            bar.close()
+    except (ValueError, NotImplementedError) as e:  # not TypeError & co.: argparse typed every value
+        return error(ca.one_line(e))
     det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
     print(f"{rep.name}: {rep.verdict} (n={rep.n}, alpha={rep.alpha:.3g}, detectable TV {det}, "
           f"plug-in TV {rep.tv_estimate:.4g}, bias-corrected 95% interval [{rep.tv_ci[0]:.4g}, {rep.tv_ci[1]:.4g}], "

@@ -357,19 +357,52 @@ def save_tiny_pair(out: str | os.PathLike[str], *, seed: int = 0) -> tuple[Path,
     return folders
 
 
+def out_problem(out: Path) -> str | None:
+    """Why ``python -m hsd_torch.tiny --out out`` cannot write ``out/target`` and ``out/drafter``
+    (a file in the way, a folder that cannot be created or written); None if it can. Creates the
+    two folders (as the command would) and writes and removes an empty probe file in each."""
+    for path in (out, out / "target", out / "drafter"):
+        if path.exists() and not path.is_dir():
+            return f"--out {str(out)!r}: {str(path)!r} is a file; give a folder (created if missing)"
+    try:
+        for folder in (out / "target", out / "drafter"):
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".hsd-write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+    except OSError as e:
+        return f"--out {str(out)!r} cannot be written ({e.strerror or type(e).__name__}); give a folder you can write"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hsd_torch.tiny --out DIR``: write a tiny target/drafter pair to ``DIR``."""
+    """``python -m hsd_torch.tiny --out DIR``: write a tiny target/drafter pair to ``DIR``. A
+    folder that cannot be written is one ``error:`` line on stderr, exit status 2, before any model
+    is built; so is a failure to write (a full disk) while saving."""
     import argparse
+    import sys
     import time
+
+    from .cli_args import seed
 
     ap = argparse.ArgumentParser(prog="python -m hsd_torch.tiny",
                                  description="Build a tiny random-init target (Llama, byte-level BPE) and drafter "
                                              "(GPT-2, Unigram + byte fallback) and save them for hsd generate.")
     ap.add_argument("--out", required=True, metavar="DIR", help="writes DIR/target and DIR/drafter")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed, default=0, help="default 0; an int >= 0")
     args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    t, d = save_tiny_pair(args.out, seed=args.seed)
+    out = Path(args.out)
+    problem = out_problem(out)
+    if problem is None:
+        t0 = time.perf_counter()
+        try:
+            t, d = save_tiny_pair(out, seed=args.seed)
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+            problem = f"writing to --out {args.out!r} failed ({why}); free space or give another folder"
+    if problem is not None:
+        print(f"{ap.prog}: error: {problem}", file=sys.stderr)
+        return 2
     print(f"target: {t}\ndrafter: {d}\n({time.perf_counter() - t0:.1f} s)")
     return 0
 

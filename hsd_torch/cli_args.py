@@ -1,0 +1,213 @@
+"""Argument checks shared by ``hsd generate`` and ``hsd audit --impl`` (issue 22): every bad value
+is refused with one line that names the argument and the fix, exit status 2, before any model is
+loaded.
+
+- Ranges are ``argparse`` ``type=`` functions (:func:`positive_int`, :func:`temperature`, ...):
+  argparse refuses the value while parsing, as ``hsd generate: error: argument --top-k: ...``.
+- Folders (:func:`folders_problem`) and the torch device (:func:`device_problem`) are checked
+  after parsing and before the first model is loaded; a problem found after parsing is one line
+  (:class:`Refusal`), without argparse's usage, which is about the command line's syntax.
+- :func:`one_line` turns the message of an exception from a loader or from the library into one
+  line.
+
+What the commands catch once work has started (documented in each): ``ValueError`` and
+``NotImplementedError``, the library's way of refusing an argument or an input it cannot go on
+with (``hsd_torch.generate``, ``audit_generate``, ``hsd_core.stats.InvalidTest``), are printed as
+one ``error:`` line with exit status 2. Anything else (``TypeError``, ``AssertionError``,
+``RuntimeError``, ...) is a bug or a failure of the machine, not of the command line (argparse has
+already given every value its type), and surfaces with its traceback (exit status 1).
+
+The temperature range is the library's (:data:`hsd_torch.laws.TEMPERATURE_RANGE`), so the
+commands refuse exactly what ``generate`` and ``audit_generate`` refuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+
+from .laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
+
+METHODS = ("ar", "sd", "tli", "slem", "slrs")
+"""``hsd_torch.generate``'s methods (``--method``)."""
+
+ArgType = Callable[[str], int]
+
+
+class Refusal(Exception):
+    """A problem found after parsing (a file, a folder, the device, a checkpoint that does not
+    load, a value the library refuses): the command prints ``PROG: error: MESSAGE`` on one line,
+    without the usage, and exits with status 2."""
+
+
+def _int(text: str, fix: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}") from None
+
+
+def int_at_least(lo: int, what: str = "an int", hint: str = "") -> ArgType:
+    """An argparse ``type=``: an int ``>= lo`` (the message: ``needs <what> >= lo, got '...'`` and
+    ``hint``)."""
+
+    def parse(text: str) -> int:
+        fix = f"needs {what} >= {lo}" + (f" ({hint})" if hint else "")
+        value = _int(text, fix)
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int_at_least_{lo}"
+    return parse
+
+
+positive_int = int_at_least(1)
+"""An int >= 1 (``--samples``, ``--positions``, ``--lookahead``, ``--max-new-tokens``)."""
+
+seed = int_at_least(0, "an int", "a seed of numpy's SeedSequence")
+"""``--seed``: an int >= 0."""
+
+top_k = int_at_least(1, "an int", "leave --top-k out for no top-k")
+"""``--top-k``: an int >= 1."""
+
+
+def _float(text: str, fix: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}") from None
+
+
+def temperature(text: str) -> float:
+    """``--temperature``: a number in :data:`hsd_torch.laws.TEMPERATURE_RANGE` (why: its docstring)."""
+    lo, hi = TEMPERATURE_RANGE
+    fix = f"needs a number in [{lo:g}, {hi:g}] (for argmax decoding use --greedy)"
+    value = _float(text, fix)
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
+
+
+def top_p(text: str) -> float:
+    """``--top-p``: a number in (0, 1]."""
+    fix = "needs a number in (0, 1] (leave --top-p out for no top-p)"
+    value = _float(text, fix)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
+
+
+def min_path_prob(text: str) -> float:
+    """``--min-path-prob``: a number in (0, 1]."""
+    fix = "needs a number in (0, 1] (bounded SLRS's probability stop, e.g. 0.05)"
+    value = _float(text, fix)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
+
+
+def alpha(text: str) -> float:
+    """``--alpha``: a number strictly between 0 and 1."""
+    fix = "needs a number strictly between 0 and 1 (the family-wise false-fail rate, e.g. 1e-3)"
+    value = _float(text, fix)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
+
+
+def max_tokens(text: str) -> int | None:
+    """``--max-tokens``: an int >= 1, or ``all`` (None: up to the budget)."""
+    if text.lower() in ("all", "none"):
+        return None
+    fix = "needs an int >= 1 or 'all'"
+    value = _int(text, fix)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
+
+
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """``str(e)`` on one line (its lines joined, runs of blanks collapsed), cut at ``limit``
+    characters; the type's name if the message is empty."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _nothing_or_file(path: str) -> str:
+    return "a file" if os.path.exists(path) else "nothing is there"
+
+
+def checkpoint_problem(option: str, path: str) -> str | None:
+    """Why ``path`` (given to ``option``) is not a ``save_pretrained`` model folder; None if it
+    may be one (the load may still fail: its error is reported by the caller)."""
+    if not os.path.isdir(path):
+        return f"{option} {path!r} is not a folder ({_nothing_or_file(path)}): give a save_pretrained checkpoint folder"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"{option} {path!r} holds no model (no config.json): give a save_pretrained checkpoint folder"
+    return None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""One of them is in every folder a tokenizer's ``save_pretrained`` writes."""
+
+
+def tokenizer_problem(option: str, path: str, default_of: str | None = None) -> str | None:
+    """Why ``path`` (given to ``option``) is not a tokenizer folder; None if it may be one (the
+    load may still fail). ``default_of``: the option (``--target-tokenizer``) that was not given,
+    so that the checkpoint folder of ``option`` is also the tokenizer's."""
+    if not os.path.isdir(path):
+        return (f"{option} {path!r} is not a folder ({_nothing_or_file(path)}): give a tokenizer folder "
+                "(save_pretrained)")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        fix = f"give {default_of} DIR" if default_of else "give a tokenizer folder (save_pretrained)"
+        return f"{option} {path!r} holds no tokenizer (no {' or '.join(TOKENIZER_FILES)}): {fix}"
+    return None
+
+
+def folders_problem(target: str, drafter: str | None, target_tokenizer: str | None,
+                    drafter_tokenizer: str | None) -> str | None:
+    """The first of :func:`checkpoint_problem` / :func:`tokenizer_problem` for the folders of
+    ``--target``, ``--drafter`` (None: no drafter is used, and its tokenizer is not checked) and
+    their tokenizers (None: the checkpoint's folder), in that order; None if there is none."""
+    roles = [("target", target, target_tokenizer)] + ([("drafter", drafter, drafter_tokenizer)] if drafter else [])
+    for role, path, _ in roles:
+        if (problem := checkpoint_problem(f"--{role}", path)) is not None:
+            return problem
+    for role, path, tok in roles:
+        if tok is not None:
+            problem = tokenizer_problem(f"--{role}-tokenizer", tok)
+        else:
+            problem = tokenizer_problem(f"--{role}", path, default_of=f"--{role}-tokenizer")
+        if problem is not None:
+            return problem
+    return None
+
+
+def device_problem(text: str) -> str | None:
+    """Why ``--device text`` cannot hold the models here; None if it can (a tensor was placed on
+    it). Imports torch."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"--device {text!r} is not a torch device: use cpu, cuda, cuda:N or mps (or another torch device type)"
+    if dev.type == "meta":
+        return "--device meta holds no data; use cpu, cuda, cuda:N or mps"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return (f"--device {text!r}: no CUDA device is usable here (torch {torch.__version__}, "
+                    f"torch.cuda.is_available() is False); use --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            return f"--device {text!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return f"--device {text!r}: MPS is not available here; use --device cpu"
+    try:
+        torch.empty(1, device=dev)
+    except Exception as e:  # noqa: BLE001  any failure to place a tensor there (a backend this torch lacks)
+        return f"--device {text!r} cannot be used here ({type(e).__name__}: {one_line(e, 160)}); use --device cpu"
+    return None

@@ -1,0 +1,244 @@
+"""Issue 22 (hardening, part 2), the command line: every bad input to ``hsd audit --impl
+transformers|hsd_torch`` and ``hsd generate`` is one ``error:`` line on stderr that names the
+argument, exit status 2, no traceback, and (but for the errors of the library, which come after)
+before any model or tokenizer is loaded.
+
+The commands run in this process (``hsd_core.cli.main``): an exception that escapes fails the test,
+so "no traceback" is checked twice. Ranges are refused while parsing (argparse prints its usage
+above the error line); the problems found after parsing (folders, device, prompts file, method
+options, the library's refusals) are the error line alone. ``ValueError`` / ``NotImplementedError``
+from the library become that line; any other exception keeps its traceback (checked with injected
+errors).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hsd_core.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``ckpt/m``: a tiny GPT-2 with its byte-level BPE tokenizer (target and drafter alike);
+    ``ckpt/empty``: a folder without a model; ``ckpt/config_only``: a model's config.json alone."""
+    from hsd_torch import tiny
+
+    root = tmp_path_factory.mktemp("ckpt")
+    tok = tiny.train_byte_bpe(["def foo(x):\n    return x + 1\n", "import os\nprint('hello')\n"] * 10, 300)
+    model = tiny.tiny_gpt2(tok, n_layer=1, n_embd=16, n_head=1, n_positions=64)
+    model.save_pretrained(root / "m")
+    tok.save_pretrained(root / "m")
+    (root / "empty").mkdir()
+    (root / "config_only").mkdir()
+    (root / "config_only" / "config.json").write_text((root / "m" / "config.json").read_text())
+    return root
+
+
+@pytest.fixture
+def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model or a tokenizer fails the test: the refusal must come first."""
+
+    def boom(*a: Any, **kw: Any) -> Any:
+        raise AssertionError(f"a model or tokenizer was loaded ({a}) before the bad argument was refused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+
+
+def hsd(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run ``hsd ARGV``; (exit status, stderr)."""
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse
+        rc = e.code if isinstance(e.code, int) else 1
+    return rc, capsys.readouterr().err
+
+
+def assert_refused(rc: int, err: str, *names: str) -> str:
+    """Exit status 2; stderr is one ``error:`` line naming each of ``names`` (under argparse's
+    usage, if any); no traceback. Returns the line."""
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    usage = [i for i, line in enumerate(lines) if line.startswith("usage:")]
+    if usage:  # argparse: "usage: ..." and its indented continuation lines, then the error line
+        assert usage == [0] and all(line.startswith(" ") for line in lines[1:-1]), err
+        lines = lines[-1:]
+    assert len(lines) == 1 and ": error: " in lines[0], err
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def with_option(argv: list[str], option: str, value: str) -> list[str]:
+    """``argv`` with ``option``'s value replaced by ``value`` (appended if it is not there)."""
+    if option not in argv:
+        return [*argv, option, value]
+    i = argv.index(option) + 1
+    return [*argv[:i], value, *argv[i + 1:]]
+
+
+# --------------------------------------------------------------------------------------------
+# hsd audit --impl transformers|hsd_torch
+
+BAD_AUDIT_VALUES = [
+    ("--method", "bogus"), ("--top-k", "0"), ("--top-p", "1.5"), ("--top-p", "0"), ("--alpha", "2"),
+    ("--alpha", "0"), ("--temperature", "0"), ("--temperature", "inf"), ("--temperature", "nan"),
+    ("--temperature", "1e-45"), ("--temperature", "5e-4"), ("--temperature", "1e4"), ("--samples", "-1"), ("--positions", "-1"), ("--lookahead", "-1"),
+    ("--seed", "-1"), ("--min-path-prob", "2"), ("--samples", "many"),
+]
+
+
+def audit(ckpt: Path, impl: str, *extra: str, drafter: bool = True) -> list[str]:
+    return ["audit", "--impl", impl, "--target", str(ckpt / "m"), *(["--drafter", str(ckpt / "m")] if drafter else []),
+            "--prompt", "def", "--samples", "50", *extra]
+
+
+@pytest.mark.parametrize("impl", ["hsd_torch", "transformers"])
+@pytest.mark.parametrize(("option", "value"), BAD_AUDIT_VALUES)
+def test_audit_bad_value(ckpt: Path, impl: str, option: str, value: str, no_loading: None,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(*hsd(audit(ckpt, impl, option, value), capsys), option)
+
+
+NOTHING = "is not a folder (nothing is there)"
+
+
+@pytest.mark.parametrize("impl", ["hsd_torch", "transformers"])
+@pytest.mark.parametrize(("option", "folder", "says"), [
+    ("--target", "missing", NOTHING), ("--target", "empty", "holds no model"), ("--drafter", "empty", "holds no model"),
+    ("--target", "config_only", "holds no tokenizer"), ("--target-tokenizer", "missing", NOTHING),
+    ("--drafter-tokenizer", "empty", "holds no tokenizer"),
+])
+def test_audit_bad_folder(ckpt: Path, impl: str, option: str, folder: str, says: str, no_loading: None,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    line = assert_refused(*hsd(with_option(audit(ckpt, impl), option, str(ckpt / folder)), capsys), option, says)
+    if folder == "config_only":
+        assert "give --target-tokenizer DIR" in line, line
+
+
+def test_audit_refuses_hsd_torch_method_options_before_loading(ckpt: Path, no_loading: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """SLRS beyond lookahead 1 needs the bounded procedure: refused by generate's own check, run
+    before the models are loaded."""
+    assert_refused(*hsd(audit(ckpt, "hsd_torch", "--method", "slrs", "--lookahead", "3"), capsys), "lookahead")
+
+
+def test_audit_transformers_needs_a_drafter(ckpt: Path, no_loading: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(*hsd(audit(ckpt, "transformers", drafter=False), capsys), "--drafter")
+    assert_refused(*hsd(audit(ckpt, "hsd_torch", "--method", "tli", drafter=False), capsys), "--drafter", "--method")
+
+
+def test_audit_hsd_torch_ar_needs_no_drafter(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    loaded: list[str] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(path: Any, *a: Any, **kw: Any) -> Any:
+        loaded.append(str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    rc, err = hsd(audit(ckpt, "hsd_torch", "--method", "ar", "--samples", "5", drafter=False), capsys)
+    assert rc == 0, err
+    assert loaded == [str(ckpt / "m")]  # the target alone
+
+
+def test_audit_library_errors(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ValueError of audit_generate (here hsd_core.stats.InvalidTest, one) is one line, exit 2;
+    an AssertionError (a bug) keeps its traceback."""
+    from hsd_core.stats import InvalidTest
+
+    cli_audit = importlib.import_module("hsd_torch.cli_audit")
+
+    def raising(exc: BaseException) -> Any:
+        def audit_generate(*a: Any, **kw: Any) -> Any:
+            raise exc
+        return audit_generate
+
+    monkeypatch.setattr(cli_audit, "audit_generate", raising(InvalidTest("too few draws:\nincrease --samples")))
+    line = assert_refused(*hsd(audit(ckpt, "hsd_torch", "--samples", "5"), capsys), "--samples")
+    assert line == "hsd audit: error: too few draws: increase --samples"
+    monkeypatch.setattr(cli_audit, "audit_generate", raising(AssertionError("internal")))
+    with pytest.raises(AssertionError, match="internal"):
+        main(audit(ckpt, "hsd_torch", "--samples", "5"))
+
+
+# --------------------------------------------------------------------------------------------
+# hsd generate
+
+
+@pytest.fixture
+def gen(ckpt: Path) -> Iterator[list[str]]:
+    yield ["generate", "--target", str(ckpt / "m"), "--drafter", str(ckpt / "m"), "--prompt", "def",
+           "--max-new-tokens", "2"]
+
+
+BAD_GENERATE_VALUES = [
+    ("--device", "junk"), ("--device", "cuda:99"), ("--device", "meta"), ("--temperature", "0"),
+    ("--temperature", "inf"), ("--temperature", "1e-45"), ("--top-p", "1.5"), ("--top-k", "0"),
+    ("--max-new-tokens", "-1"), ("--lookahead", "-1"), ("--seed", "-1"), ("--max-tokens", "0"),
+    ("--min-path-prob", "2"), ("--method", "bogus"),
+]
+if not torch.cuda.is_available():
+    BAD_GENERATE_VALUES.append(("--device", "cuda"))
+
+
+@pytest.mark.parametrize(("option", "value"), BAD_GENERATE_VALUES)
+def test_generate_bad_value(gen: list[str], option: str, value: str, no_loading: None,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(*hsd([*gen, option, value], capsys), option)
+
+
+@pytest.mark.parametrize(("option", "folder", "says"), [
+    ("--target", "missing", NOTHING), ("--target", "empty", "holds no model"),
+    ("--drafter", "config_only", "holds no tokenizer"), ("--drafter-tokenizer", "missing", NOTHING),
+])
+def test_generate_bad_folder(ckpt: Path, gen: list[str], option: str, folder: str, says: str, no_loading: None,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(*hsd(with_option(gen, option, str(ckpt / folder)), capsys), option, says)
+
+
+def test_generate_prompts_file_not_utf8(gen: list[str], tmp_path: Path, no_loading: None,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"fine\n\xff\xfe latin-1?\n")
+    line = assert_refused(*hsd([*gen, "--prompts-file", str(path)], capsys), "--prompts-file", "UTF-8", "line 2")
+    assert "0xff" in line
+
+
+def test_generate_method_options_before_loading(gen: list[str], no_loading: None,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(*hsd([*gen, "--method", "slrs", "--lookahead", "3"], capsys), "lookahead")
+
+
+def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A ValueError or NotImplementedError of hsd_torch.generate is one line, exit 2; a
+    RuntimeError or a TypeError (bugs: the command line typed every value) keeps its traceback."""
+    g = importlib.import_module("hsd_torch.generate")  # the module (hsd_torch.generate is also the function)
+
+    def raising(exc: BaseException) -> Any:
+        def generate(*a: Any, **kw: Any) -> Any:
+            raise exc
+        return generate
+
+    monkeypatch.setattr(g, "generate", raising(ValueError("temperature must be at most 100, got 1000.0")))
+    line = assert_refused(*hsd([*gen, "--temperature", "1000"], capsys), "temperature")
+    assert line == "hsd generate: error: temperature must be at most 100, got 1000.0"
+    monkeypatch.setattr(g, "generate", raising(NotImplementedError("not\nyet")))
+    assert assert_refused(*hsd(gen, capsys)) == "hsd generate: error: not yet"
+    for exc in (RuntimeError("deep inside"), TypeError("deep inside")):
+        monkeypatch.setattr(g, "generate", raising(exc))
+        with pytest.raises(type(exc), match="deep inside"):
+            main(gen)
