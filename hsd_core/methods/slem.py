@@ -2,7 +2,8 @@
 
 Glossary
     draft       a drafter token, sampled in the drafter's own vocabulary.
-    lookahead   k, the number of drafter tokens drafted per round (fewer if the drafter emits EOS).
+    lookahead   k, the number of drafter tokens drafted per round (fewer near the budget, or if the
+                drafter emits EOS).
     candidate   a target token read off the drafted text by re-tokenizing it for the target.
     accepted    a candidate equal to the target's own sample (greedy: argmax) at its position.
     rejected    the first candidate that differs; the target's own token replaces it.
@@ -13,7 +14,8 @@ Glossary
 Steps of one round
     1. Drafter context = the drafter's encoding of (prompt + decoded emitted ids): it is re-synced
        from the accepted text every round.
-    2. Draft ``k`` drafter tokens (sampling, or argmax when greedy), stopping after drafter EOS.
+    2. Draft ``min(k, budget)`` drafter tokens (sampling, or argmax when greedy), stopping after
+       drafter EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
        the target's EOS if the drafter ended with EOS.
     4. The target takes its own token at every candidate position (sample from ``p_j``, or argmax):
@@ -92,7 +94,7 @@ class SLEM(HeterogeneousMethod):
 
     def candidates(self, target: Model, drafter: Model, state: State, rand: Rand) -> tuple[int, ...]:
         """The round's candidate target ids (steps 1-3)."""
-        return draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy,
+        return draft_candidates(target, drafter, state, rand, min(self.lookahead, state.budget), self.greedy,
                                 self.lookbehind, state.target_context(target))
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:

@@ -2,7 +2,8 @@
 
 Glossary
     draft       a drafter token, sampled in the drafter's vocabulary (as in SLEM).
-    lookahead   k, the number of drafter tokens drafted per round (fewer after drafter EOS).
+    lookahead   k, the number of drafter tokens drafted per round: at most ``min(k, budget)`` (no round
+                drafts more drafter tokens than it can emit target tokens), fewer after drafter EOS.
     proposal    the first ``max_tokens`` candidates that SLEM's procedure reads off the drafted
                 text (target ids; see :func:`~hsd_core.methods.slem.draft_candidates`).
     psi         Psi(s) = the exact probability that the procedure proposes the tuple s; psi_j is
@@ -13,7 +14,7 @@ Glossary
     bonus       a token from p after the last proposal, when every proposal is accepted.
 
 The drafting procedure, exactly: the drafter's context is its encoding of (prompt + decoded
-emitted ids); it drafts ``k`` tokens autoregressively from its own law (argmax when greedy),
+emitted ids); it drafts ``min(k, budget)`` tokens autoregressively from its own law (argmax when greedy),
 stopping after its EOS; the drafted text is re-tokenized for the target after the target
 context with SLEM's look-behind (:func:`~hsd_core.methods.slem.retokenize`), with the target EOS
 appended when the drafter ended; the proposal is the first ``max_tokens`` of those ids (all of
@@ -238,7 +239,8 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         """One draw of the proposal tuple (the procedure in the module docstring)."""
         m = state.budget if self.max_tokens is None else min(self.max_tokens, state.budget)
         if not self.bounded:
-            cands = draft_candidates(target, drafter, state, rand, self.lookahead, self.greedy, self.lookbehind)
+            cands = draft_candidates(target, drafter, state, rand, min(self.lookahead, state.budget), self.greedy,
+                                     self.lookbehind)
             return cands[:m]
         return self._propose_bounded(target, drafter, state, rand, m)
 
@@ -248,7 +250,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         return False
 
     def _propose_bounded(self, target: Model, drafter: Model, state: State, rand: Rand, m: int) -> Proposal:
-        """The bounded procedure: draft until the drafter's EOS, ``lookahead`` tokens, a path
+        """The bounded procedure: draft until the drafter's EOS, ``min(lookahead, budget)`` tokens, a path
         probability below ``min_path_prob``, or (longest-prefix map) a settled proposal; then read
         the first ``m`` target ids off the drafted text (target EOS appended after drafter EOS)."""
         d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
@@ -260,7 +262,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         path: Prob | float = 1
         text = ""
         ended = False
-        for _ in range(self.lookahead):
+        for _ in range(min(self.lookahead, state.budget)):
             q = drafter.next_probs(d_ctx + tuple(drafts))
             d = sample(q, rand, self.greedy)
             drafts.append(d)

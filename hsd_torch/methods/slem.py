@@ -2,8 +2,8 @@
 
 Glossary
     draft       a drafter token, drawn from the drafter's processed law in its own vocabulary.
-    lookahead   k, the number of drafter tokens drafted per round (fewer if the drafter emits EOS
-                or its law has no mass).
+    lookahead   k, the number of drafter tokens drafted per round (fewer near the budget, if the
+                drafter emits EOS, or where its law has no mass).
     candidate   a target token read off the drafted text by re-tokenizing it for the target.
     accepted    a candidate equal to the target's own draw (greedy: argmax) at its position.
     rejected    the first candidate that differs; the target's own token replaces it.
@@ -14,7 +14,8 @@ Glossary
 Steps of one round
     1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
        (:func:`hsd_torch.drafting.drafter_context_from_text`).
-    2. Draft ``k`` drafter tokens (:func:`hsd_torch.drafting.draft_tokens`), stopping after EOS.
+    2. Draft ``min(k, budget)`` drafter tokens (:func:`hsd_torch.drafting.draft_tokens`), stopping
+       after EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
        the target's EOS if the drafter ended with EOS, cut to the budget.
     4. Exact-match verification (:func:`hsd_torch.verification.exact_match`): the target draws its
@@ -69,7 +70,7 @@ class SLEM(Method):
         """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
         assert gen.dt is not None
         drafter_context_from_text(gen, active)
-        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
+        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
         out, drafts_d = draft_tokens(gen, active, k, self.cols)
         tt, t_pos, eos_d = gen.tt, gen.t_space.pos, gen.dt.eos_id
         for i in range(gen.batch):

@@ -150,3 +150,43 @@ def test_psi_cache_is_used() -> None:
     assert other is not first and other.law == first.law and d.calls == 2 * used
     # same settings, different lookahead: a different key
     assert SLRS(lookahead=3).psi(w.target, d, state).law != first.law or d.calls > 2 * used
+
+
+# --------------------------------------------------------------------------------------------
+# issue 22: SLEM's and SLRS's drafting is capped at the budget (no round drafts more drafter
+# tokens than it can emit target tokens)
+
+@pytest.mark.parametrize("method", ["slem", "slrs-retokenize", "slrs-bounded", "slrs-multi"])
+def test_drafting_is_capped_at_the_budget(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round with budget b drafts at most min(lookahead, b) drafter tokens: with lookahead 40 and
+    one token left, the drafter is only ever evaluated at the round's root context (psi's
+    enumeration included), and the method stays lossless with budgets below the lookahead (exact
+    engine)."""
+    from hsd_core import exact
+    from hsd_core.rand import NumpyRand
+
+    world = builtin_world()
+    make = {
+        "slem": lambda k: SLEM(lookahead=k),
+        "slrs-retokenize": lambda k: SLRS(lookahead=k),
+        "slrs-bounded": lambda k: SLRS(lookahead=k, min_path_prob=0.05, proposal_map="longest_prefix"),
+        "slrs-multi": lambda k: SLRS(lookahead=k, max_tokens=None, min_path_prob=0.05,
+                                     proposal_map="longest_prefix"),
+    }[method]
+    seen: list[int] = []
+    cls = type(world.drafter)
+    real = cls.next_probs
+
+    def counted(self: Any, ctx: Any) -> Any:
+        if self is world.drafter:
+            seen.append(len(ctx))
+        return real(self, ctx)
+
+    monkeypatch.setattr(cls, "next_probs", counted)
+    root = len(world.drafter.tokenizer.encode(world.prompt))
+    for seed in range(20):
+        make(40).step(world.target, world.drafter, State(world.prompt, (), 1), NumpyRand(np.random.default_rng(seed)))
+    assert seen and set(seen) == {root}, sorted(set(seen))
+    monkeypatch.undo()
+    for budget in (1, 2):
+        exact.assert_lossless(make(3), world.target, world.drafter, prompt=world.prompt, max_new_tokens=budget)

@@ -104,14 +104,15 @@ def _count_calls(model: Any, limit: int) -> list[int]:
 def test_slrs_psi_cost_is_bounded() -> None:
     """SLRS(lookahead=50) used to hang; it now refuses after max_psi_calls drafter calls (the
     default, 200,000: a few seconds), saying to lower the lookahead. Counted, not timed: the
-    drafter is called at most max_psi_calls times in psi plus one draft of <= lookahead tokens."""
+    drafter is called at most max_psi_calls times in psi plus one draft of <= lookahead tokens.
+    The budget (60) exceeds the lookahead: a round drafts at most min(lookahead, budget) tokens."""
     from hsd_core.methods.slrs import DEFAULT_MAX_PSI_CALLS
 
     w = builtin_world()
     target_calls = _count_calls(w.target, 50)
     drafter_calls = _count_calls(w.drafter, DEFAULT_MAX_PSI_CALLS + 50)
     with pytest.raises(CostLimitError, match="Lower the lookahead"):
-        hc.methods.SLRS(lookahead=50).generate(w.target, w.drafter, w.prompt, 3, rng=0)
+        hc.methods.SLRS(lookahead=50).generate(w.target, w.drafter, w.prompt, 60, rng=0)
     assert DEFAULT_MAX_PSI_CALLS <= drafter_calls[0] <= DEFAULT_MAX_PSI_CALLS + 50, drafter_calls
     assert target_calls[0] <= 50, target_calls
     with pytest.raises(CostLimitError, match="max_psi_calls=10"):

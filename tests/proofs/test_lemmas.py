@@ -412,11 +412,11 @@ def test_slem_any_proposal_is_lossless(w: World, seed: int, n: int, greedy: bool
 
 
 def first_candidate_psi(target: Model, drafter: Model, state: State, k: int, lookbehind: int) -> Law:
-    """psi: law of the first candidate of SLEM's drafting procedure, enumerated from
-    ``draft_candidates`` under the exact Enumerator."""
+    """psi: law of the first candidate of SLEM's drafting procedure (``min(k, budget)`` drafter
+    tokens, proofs/slem.md step 2), enumerated from ``draft_candidates`` under the exact Enumerator."""
 
     def first(rand: Rand) -> int:
-        return draft_candidates(target, drafter, state, rand, k, False, lookbehind)[0]
+        return draft_candidates(target, drafter, state, rand, min(k, state.budget), False, lookbehind)[0]
 
     return vec(Enumerator().law(first), len(target.vocab))
 
@@ -631,7 +631,7 @@ def test_slrs_psi_is_first_candidate_law(data: st.DataObject, k: int, max_tokens
     cut = state.budget if max_tokens is None else min(max_tokens, state.budget)
 
     def proposal(rand: Rand) -> tuple[int, ...]:
-        return draft_candidates(w.target, w.drafter, state, rand, k, False, m.lookbehind)[:cut]
+        return draft_candidates(w.target, w.drafter, state, rand, min(k, state.budget), False, m.lookbehind)[:cut]
 
     assert psi.law == Enumerator().law(proposal)
     assert sum(psi.law.values()) == 1
@@ -742,19 +742,26 @@ def concat_world() -> tuple[Model, Model]:
 
 def test_concat_psi_counterexample() -> None:
     """The hand-sized world of proofs/slrs.md: engine numbers for true psi, concat psi, and the
-    first sequence whose probability SLRSConcatPsi gets wrong."""
+    first sequence whose probability SLRSConcatPsi gets wrong. With one token left a round drafts
+    one drafter token (min(k, budget)), psi is q on (a, b, EOS), and the variant happens to be
+    exact; with two or more the first round drafts two, and it is lossy."""
     target, drafter = concat_world()
-    state = State("", (), 1)
-    assert SLRS(lookahead=2).psi(target, drafter, state).first(4) == (F(3, 8), F(1, 4), F(1, 8), F(1, 4))
+    assert SLRS(lookahead=2).psi(target, drafter, State("", (), 2)).first(4) == (F(3, 8), F(1, 4), F(1, 8), F(1, 4))
+    assert SLRS(lookahead=2).psi(target, drafter, State("", (), 1)).first(4) == (F(1, 2), F(1, 4), F(0), F(1, 4))
     assert [variants.concat_psi(target, drafter, (), t) for t in range(4)] == [F(1, 2), F(1, 4), F(1, 8), F(1, 4)]
-    for n, diff in ((1, ((0,), F(3, 16), F(1, 4))), (2, ((0, 0), F(3, 64), F(1, 16)))):
+    assert exact.output_law(variants.SLRSConcatPsi(lookahead=2), target, drafter, "", 1) == \
+        exact.target_law(target, "", 1)
+    for n, diff in ((2, ((0, 0), F(3, 64), F(1, 16))), (3, ((0, 3), F(3, 64), F(1, 16)))):
         law = exact.output_law(variants.SLRSConcatPsi(lookahead=2), target, drafter, "", n)
         ref = exact.target_law(target, "", n)
         assert exact.first_difference(law, ref) == diff
         assert exact.total_variation(law, ref) == F(1, 16)
         assert exact.output_law(SLRS(lookahead=2), target, drafter, "", n) == ref
-    law1 = exact.output_law(variants.SLRSConcatPsi(lookahead=2), target, drafter, "", 1)
-    assert law1 == {(0,): F(3, 16), (1,): F(1, 4), (2,): F(5, 16), (3,): F(1, 4)}
+    law2 = exact.output_law(variants.SLRSConcatPsi(lookahead=2), target, drafter, "", 2)
+    first: dict[int, F] = {}
+    for seq, pr in law2.items():
+        first[seq[0]] = first.get(seq[0], F(0)) + pr
+    assert first == {0: F(3, 16), 1: F(1, 4), 2: F(5, 16), 3: F(1, 4)}
 
 
 def test_concat_psi_pinned_counterexample() -> None:
@@ -906,15 +913,15 @@ def test_longest_prefix_settled_iff_final(case: tuple[Vocabulary, str, str, int]
 def spec_bounded_proposal(target: Model, drafter: Model, state: State, k: int, tau: Prob | None, proposal_map: str,
                           max_tokens: int | None, greedy: bool = False):  # type: ignore[no-untyped-def]
     """The bounded procedure as proofs/slrs_bounded.md §1 states it, written independently of
-    SLRS and WITHOUT the settled stop: draft until drafter EOS, k tokens or a path probability
-    < tau; read the proposal off the text (longest match, or SLEM's re-tokenization)."""
+    SLRS and WITHOUT the settled stop: draft until drafter EOS, min(k, budget) tokens or a path
+    probability < tau; read the proposal off the text (longest match, or SLEM's re-tokenization)."""
     m = state.budget if max_tokens is None else min(max_tokens, state.budget)
 
     def run(rand: Rand) -> tuple[int, ...]:
         d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
         drafts: list[int] = []
         pr: Prob = F(1)
-        for _ in range(k):
+        for _ in range(min(k, state.budget)):
             q = drafter.next_probs(d_ctx + tuple(drafts))
             d = sample(q, rand, greedy)
             drafts.append(d)

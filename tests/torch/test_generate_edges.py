@@ -408,3 +408,25 @@ def test_qwen2_target(method: str, toks: dict[str, Any], base: dict[str, Any]) -
     prompts = ["def foo(x):\n", "Hello"]
     mirror(method, target, toks["byte_bpe"], base["drafter"], toks["unigram"], prompts, max_new=6)
     greedy_all((method,), target, toks["byte_bpe"], base["drafter"], toks["unigram"], prompts, max_new=6)
+
+
+@pytest.mark.parametrize("kw", [
+    {"method": "slem", "lookahead": 2000},
+    {"method": "slrs", "lookahead": 40, "proposal_map": "longest_prefix", "min_path_prob": 0.05},
+    {"method": "slrs", "lookahead": 40, "proposal_map": "longest_prefix", "min_path_prob": 0.05, "max_tokens": None},
+], ids=["slem", "slrs-bounded", "slrs-multi"])
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_drafting_is_capped_at_the_budget(kw: dict[str, Any], do_sample: bool, toks: dict[str, Any],
+                                          base: dict[str, Any]) -> None:
+    """Issue 22: no round drafts more drafter tokens than it can emit target tokens (``min(lookahead,
+    budget)``, as ``hsd_core``'s SLEM and SLRS). With one new token, lookahead 2000 (SLEM) or 40
+    (bounded SLRS) costs one drafter pass per prompt: the root context's (counted, not timed; it was
+    2,000 drafter calls)."""
+    out = generate(base["target"], base["drafter"], PROMPTS[:3], target_tokenizer=toks["byte_bpe"],
+                   drafter_tokenizer=toks["unigram"], max_new_tokens=1, do_sample=do_sample, seed=0, **kw)
+    assert [len(s) for s in out.sequences] == [1, 1, 1]
+    assert [st.drafter_calls for st in out.stats] == [1, 1, 1]
+    two = generate(base["target"], base["drafter"], PROMPTS[:3], target_tokenizer=toks["byte_bpe"],
+                   drafter_tokenizer=toks["unigram"], max_new_tokens=2, do_sample=do_sample, seed=0, **kw)
+    # two tokens: at most two drafter tokens in the first round (a root pass and one more), then one
+    assert all(st.drafter_calls <= 2 * st.target_calls for st in two.stats)

@@ -5,7 +5,8 @@ with the tree's drafter passes of :mod:`.tree`).
 
 Glossary
     draft       a drafter token, drawn from the drafter's processed law in its own vocabulary.
-    lookahead   k, the number of drafter tokens drafted per round (fewer after drafter EOS).
+    lookahead   k, the number of drafter tokens drafted per round: at most ``min(k, budget)`` (no round
+                drafts more drafter tokens than it can emit target tokens), fewer after drafter EOS.
     proposal    the target id(s) read off the drafted text: one-token SLRS, the first target id of
                 the target's encoding of the draft's text alone (:class:`FirstTargetMap`; the
                 target's EOS for the drafter's); bounded SLRS, the longest target token prefixing
@@ -200,7 +201,7 @@ class BoundedSLRSMethod(Method):
         from the draft tree walked from its context; the drafting uniforms it read are recorded."""
         assert gen.drun is not None and gen.d_drop is not None
         drafter_context_from_text(gen, active)
-        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
+        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
         d_uniforms = drafting_uniforms(gen, k)
         last = feed_drafter(gen, [gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
         rows = [i for i, a in enumerate(active) if a]
@@ -217,10 +218,10 @@ class BoundedSLRSMethod(Method):
         if self.max_tokens != 1:
             mt = self.max_tokens
             multi = self.psi.round_multi(root, us, extend, [budget[i] if mt is None else min(mt, budget[i])
-                                                            for i in rows])
+                                                            for i in rows], depth=[k[i] for i in rows])
             proposals, used, laws = multi.proposals, multi.used, multi.conditionals.unbind(1)
         else:
-            res = self.psi.round(root, us, extend)
+            res = self.psi.round(root, us, extend, depth=[k[i] for i in rows])
             proposals, used, laws = [[p] for p in res.proposal], res.used, (res.psi,)
         out = Drafts.empty(gen.batch)
         for law in laws:

@@ -195,13 +195,14 @@ class BoundedSLRS:
         return self.order.draw(laws.index_select(0, cur_t), u)
 
     def round(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
-              extend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> RoundResult:
+              extend: Callable[[Tensor, Tensor, Tensor], Tensor], depth: Sequence[int] | None = None) -> RoundResult:
         """One round with one proposed target id per row (:class:`.psi_one.OneTokenRound`):
         ``root [R, Vd]``: each row's processed drafter law at its context; ``uniforms[r]``: at
         least ``lookahead`` uniforms (None when greedy); ``extend(parent, tokens, node_row)``: the
         processed laws ``[N, Vd]`` of the next level's nodes (:meth:`TreeCache.extend` followed by
-        the drafter's processing)."""
-        return OneTokenRound(self, root, uniforms, extend).run()
+        the drafter's processing); ``depth[r]``: row ``r`` drafts at most that many tokens (``generate``:
+        ``min(lookahead, budget)``; None: ``lookahead`` for every row)."""
+        return OneTokenRound(self, root, uniforms, extend, depth).run()
 
     def _given_prefix(self, same: Tensor, j: int) -> Tensor:
         """Which kept proposals the conditional law at position ``j`` sums: those that agree with
@@ -225,11 +226,12 @@ class BoundedSLRS:
         return hit[2]
 
     def round_multi(self, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
-                    extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int]) -> MultiRoundResult:
+                    extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int],
+                    depth: Sequence[int] | None = None) -> MultiRoundResult:
         """One round with multi-token proposals (:class:`.psi_multi.MultiTokenRound`): as
         :meth:`round`, with ``m[r]`` (``min(max_tokens, budget)``) target ids proposed per row at
-        most, the settled stop on the first ``m[r]`` ids."""
-        return MultiTokenRound(self, root, uniforms, extend, m).run()
+        most, the settled stop on the first ``m[r]`` ids, and at most ``depth[r]`` drafted tokens."""
+        return MultiTokenRound(self, root, uniforms, extend, m, depth).run()
 
 
 def first_round(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_tokenizer: Any,

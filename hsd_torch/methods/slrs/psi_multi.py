@@ -55,10 +55,12 @@ class MultiTokenRound:
     laws may need; ``pos0 [R, Vt]``: position 0's law (every proposal counts there)."""
 
     def __init__(self, procedure: BoundedSLRS, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
-                 extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int]) -> None:
+                 extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int],
+                 depth: Sequence[int] | None = None) -> None:
         self.p, self.uniforms, self.extend = procedure, uniforms, extend
         dev = self.dev = procedure.device
         r_n = self.r_n = root.shape[0]
+        self.cap = torch.tensor([procedure.k] * r_n if depth is None else list(depth), dtype=torch.long, device=dev)
         self.m_t = torch.tensor(list(m), dtype=torch.long, device=dev)
         self.proposals: list[list[int]] = [[] for _ in range(r_n)]
         self.used = [0] * r_n
@@ -149,7 +151,8 @@ class MultiTokenRound:
             ids, n_ids, f, fpos = self.parse(depth, pn, pc)
             w = self.path.index_select(0, pn) * self.laws[pn, p.db.ids.index_select(0, pc)]
             settled = f >= self.mrem.index_select(0, pn)
-            stop = (settled | (w < p.tau)) if depth < p.k else torch.ones_like(settled)
+            # a child stops when settled, below tau, or at its row's depth cap (min(lookahead, budget))
+            stop = settled | (w < p.tau) | (self.cap.index_select(0, self.node_row.index_select(0, pn)) <= depth)
             full, flen = join(self.u_t, self.u_len, pn, ids, n_ids, self.m_t.index_select(0, self.node_row.index_select(0, pn)))
             if not p.greedy:
                 counted = p._psi_counts(stop, settled, w, depth) & (w > 0)

@@ -52,10 +52,12 @@ class OneTokenRound:
     the node of row ``r``'s own draft (-1: its proposal is decided)."""
 
     def __init__(self, procedure: BoundedSLRS, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
-                 extend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> None:
+                 extend: Callable[[Tensor, Tensor, Tensor], Tensor],
+                 depth: Sequence[int] | None = None) -> None:
         self.p, self.uniforms, self.extend = procedure, uniforms, extend
         dev = self.dev = procedure.device
         r_n = self.r_n = root.shape[0]
+        self.cap = torch.tensor([procedure.k] * r_n if depth is None else list(depth), dtype=torch.long, device=dev)
         self.psi = torch.zeros(r_n, procedure.vt, dtype=torch.float64, device=dev)
         self.proposal = [-1] * r_n
         self.used = [0] * r_n
@@ -146,7 +148,8 @@ class OneTokenRound:
                 prop, end, settled = walk_pairs(p.trie, self.state.index_select(0, pn), self.best.index_select(0, pn),
                                                 pc, p.db, pn, self.state)
             w = self.path.index_select(0, pn) * self.laws[pn, p.db.ids.index_select(0, pc)]
-            stop = (settled | (w < p.tau)) if depth < p.k else torch.ones_like(settled)
+            # a child stops when settled, below tau, or at its row's depth cap (min(lookahead, budget))
+            stop = settled | (w < p.tau) | (self.cap.index_select(0, self.node_row.index_select(0, pn)) <= depth)
             if not p.greedy:
                 counted = p._psi_counts(stop, settled, w, depth)
                 self.psi.view(-1).index_add_(0, self.node_row.index_select(0, pn) * p.vt + prop,
