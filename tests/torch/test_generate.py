@@ -17,7 +17,6 @@ embedding wider than their tokenizer.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from hsd_core.methods import AR, SD, SLEM, SLRS, TLI  # noqa: E402
 from hsd_core.methods.base import Method  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
+from _torch_checks import fingerprint  # noqa: E402
 from hsd_torch import CoreModel, generate, kernels, tiny  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy, target_two_token_law  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
@@ -235,19 +235,6 @@ def test_sampled_law_of_first_two_tokens(method: str, pair: str, toks: dict[str,
 
 # ---------------------------------------------------------------------------------------------
 # the models are never modified; batching; refusals
-
-
-def fingerprint(model: Any) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    for name, prm in model.named_parameters():
-        h.update(f"{name}:{prm.requires_grad}".encode())
-    h.update(model.config.to_json_string().encode())
-    h.update(model.generation_config.to_json_string().encode())
-    h.update(repr((model.training, type(model.get_output_embeddings()).__name__)).encode())
-    return h.hexdigest()
 
 
 def test_models_are_not_modified(toks: dict[str, Any], models: dict[str, Any]) -> None:

@@ -36,7 +36,6 @@ stay as explicit examples of the bad-input property (``found_examples``).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import signal
 import threading
@@ -53,6 +52,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import counting_forwards, fingerprint  # noqa: E402
 from hsd_torch import generate  # noqa: E402
 from hsd_torch.mirror import target_greedy  # noqa: E402
 from hsd_torch.runner import logit_width  # noqa: E402
@@ -145,36 +145,6 @@ def time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-@contextmanager
-def counting_forwards(*mods: Any) -> Iterator[list[int]]:
-    """Counts forward passes of ``mods`` (a global pre-hook: nothing is written on the models)."""
-    count = [0]
-    watched = {id(m) for m in mods if m is not None}
-
-    def hook(module: Any, args: Any) -> None:
-        if id(module) in watched:
-            count[0] += 1
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
-        yield count
-    finally:
-        handle.remove()
-
-
-def fingerprint(model: Any) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    for name, prm in model.named_parameters():
-        h.update(f"{name}:{prm.requires_grad}".encode())
-    h.update(model.config.to_json_string().encode())
-    h.update(model.generation_config.to_json_string().encode())
-    h.update(repr((model.training, type(model.get_output_embeddings()).__name__)).encode())
-    return h.hexdigest()
 
 
 def fingerprints(call: Call, toks: dict[str, Any], models: dict[str, Any]) -> tuple[str, str]:

@@ -30,6 +30,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import counting_forwards  # noqa: E402
 from hsd_torch import generate, tiny  # noqa: E402
 from hsd_torch.audit import audit_generate  # noqa: E402
 
@@ -40,20 +41,9 @@ PROMPTS = ["Hello", "def foo(x):\n"]
 
 @contextmanager
 def no_forward_pass(*mods: Any) -> Iterator[None]:
-    """Fails if any of ``mods`` runs a forward pass inside the block (a global pre-hook: nothing is
-    written on the models)."""
-    count = [0]
-    watched = {id(m) for m in mods if m is not None}
-
-    def hook(module: Any, args: Any) -> None:
-        if id(module) in watched:
-            count[0] += 1
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
+    """Fails if any of ``mods`` runs a forward pass inside the block."""
+    with counting_forwards(*mods) as count:
         yield
-    finally:
-        handle.remove()
     assert count[0] == 0, f"{count[0]} forward passes before the refusal"
 
 

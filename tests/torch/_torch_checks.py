@@ -1,0 +1,45 @@
+"""Checks shared by the generate suites: a forward-pass counter and a model fingerprint.
+
+Imported as ``from _torch_checks import ...`` (pytest puts this folder on ``sys.path``)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+@contextmanager
+def counting_forwards(*mods: Any) -> Iterator[list[int]]:
+    """Counts the forward passes of ``mods`` inside the block in ``count[0]`` (a global pre-hook:
+    nothing is written on the models; None entries are skipped)."""
+    count = [0]
+    watched = {id(m) for m in mods if m is not None}
+
+    def hook(module: Any, args: Any) -> None:
+        if id(module) in watched:
+            count[0] += 1
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+def fingerprint(model: Any) -> str:
+    """A digest of everything generate promises not to modify: weights and buffers, requires_grad,
+    config, generation config, training mode and the output head's type."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    for name, prm in model.named_parameters():
+        h.update(f"{name}:{prm.requires_grad}".encode())
+    h.update(model.config.to_json_string().encode())
+    h.update(model.generation_config.to_json_string().encode())
+    h.update(repr((model.training, type(model.get_output_embeddings()).__name__)).encode())
+    return h.hexdigest()
