@@ -20,9 +20,13 @@ Byte strings (:func:`token_bytes`)
 
     Conventions at the start of a sequence (SentencePiece drops the space of the first token:
     ``Metaspace``'s first-token rule or ``Strip(" ", 1, 0)`` after ``Fuse``) are not part of a
-    token's bytes; :attr:`TokenBytes.leading_strip` records them. Added tokens (special or not),
-    the model's unknown token and the wrapper's special ids have no byte string (``None``): they
-    are out of band. So are ids that the tokenizer does not use (holes, as in cl100k) and ids of a
+    token's bytes; :attr:`TokenBytes.leading_strip` records them. Special added tokens, the
+    model's unknown token and the wrapper's special ids have no byte string (``None``): they are
+    out of band. A non-special added token is text (Gemma's newline and tab runs, ids 107-137 and
+    more, which its tokenizer encodes every newline into): its content's UTF-8 bytes, when it is
+    matched exactly (no ``lstrip``, ``rstrip`` or ``single_word``) and round-trips (encoding its
+    content gives its id alone, decoding its id gives its content: :func:`_added_text`); else it is
+    out of band too. So are ids that the tokenizer does not use (holes, as in cl100k) and ids of a
     model embedding padded wider than the tokenizer.
 
 The bridge (:class:`VocabBridge`)
@@ -289,6 +293,21 @@ def _decode_steps(steps: list[dict[str, Any]], pieces: list[Piece]) -> tuple[lis
     return pieces, kind, leading
 
 
+def _added_text(backend: Any, i: int, token: Any) -> bytes | None:
+    """The byte string of added token ``i`` (``token``: its ``tokenizers.AddedToken``), or None
+    when it is out of band: special, matched with ``lstrip`` / ``rstrip`` / ``single_word``
+    (encoding then eats the text around it), empty, or not round-tripping (encoding its content
+    without special tokens must give ``[i]`` and decoding ``[i]`` its content)."""
+    if token.special or token.lstrip or token.rstrip or token.single_word or not token.content:
+        return None
+    content = str(token.content)
+    if list(backend.encode(content, add_special_tokens=False).ids) != [i]:
+        return None
+    if backend.decode([i], skip_special_tokens=False) != content:
+        return None
+    return content.encode("utf-8")
+
+
 def _compute_token_bytes(tokenizer: Any, vocab_size: int | None) -> TokenBytes:
     backend = _backend(tokenizer)
     decoder = _state(backend.decoder)
@@ -307,7 +326,14 @@ def _compute_token_bytes(tokenizer: Any, vocab_size: int | None) -> TokenBytes:
 
     strings = _id_strings(backend)
     added = backend.get_added_tokens_decoder()
-    special: dict[int, str] = {int(i): str(t.content) for i, t in added.items()}
+    special: dict[int, str] = {}
+    added_text: dict[int, bytes] = {}
+    for i, t in added.items():
+        text = _added_text(backend, int(i), t)
+        if text is None:
+            special[int(i)] = str(t.content)
+        else:
+            added_text[int(i)] = text
     unk = getattr(model, "unk_token", None)
     unk_id = backend.token_to_id(unk) if isinstance(unk, str) else None
     if unk_id is not None:
@@ -315,16 +341,19 @@ def _compute_token_bytes(tokenizer: Any, vocab_size: int | None) -> TokenBytes:
     for i in getattr(tokenizer, "all_special_ids", None) or []:
         if i is not None and int(i) not in special:
             special[int(i)] = str(backend.id_to_token(int(i)))
-    n = max(len(strings), max(special, default=-1) + 1)
+    n = max(len(strings), max(special, default=-1) + 1, max(added_text, default=-1) + 1)
     size = n if vocab_size is None else int(vocab_size)
     if size < n:
         raise ValueError(f"vocab_size {size} is smaller than the tokenizer's {n} ids")
 
-    ids = [i for i, s in enumerate(strings) if s is not None and i not in special]
+    ids = [i for i, s in enumerate(strings) if s is not None and i not in special and i not in added_text]
     pieces, kind, leading = _decode_steps(steps, [strings[i] for i in ids])  # type: ignore[misc]
     out: list[bytes | None] = [None] * size
     for i, v in zip(ids, pieces):
         out[i] = v.encode("utf-8") if isinstance(v, str) else v
+    for i, b in added_text.items():
+        if i not in special:  # the wrapper's special ids and the unknown token stay out of band
+            out[i] = b
     return TokenBytes(tuple(out), kind, dict(sorted(special.items())), leading)
 
 

@@ -166,3 +166,40 @@ def test_hsd_generate_takes_a_real_models_name(loaded: tuple[str, Any, Any], cap
     enc = tok(prompt, return_tensors="pt")
     ref = model.generate(**enc, max_new_tokens=4, do_sample=False)[0, enc.input_ids.shape[1]:]
     assert tok.decode(ref) in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# generate on the real pair (issue 19, section 3; the fast tier's share)
+
+PAIR_METHODS = [
+    ("ar", {}), ("tli", {"lookahead": 3}), ("slem", {"lookahead": 3}),
+    ("slrs", {"lookahead": 3, "proposal_map": "longest_prefix", "min_path_prob": 0.05}),
+]
+
+
+@pytest.fixture(scope="module")
+def pair() -> dict[str, tuple[Any, Any]]:
+    for name in rm.names():
+        need(name)
+    return {name: rm.load(name) for name in rm.names()}
+
+
+@pytest.mark.parametrize("target_name", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_greedy_is_the_targets_own_generate(target_name: str, pair: dict[str, tuple[Any, Any]]) -> None:
+    """Greedy hsd equals ``target.generate(do_sample=False)`` for AR, TLI, SLEM and bounded SLRS,
+    on a code prompt whose continuation has newlines and indentation (Gemma encodes every newline
+    run into its added tokens 107-137, which now have text), both directions of the pair."""
+    from hsd_torch import generate
+
+    torch.set_num_threads(1)
+    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in rm.names() if n != target_name)]
+    prompt, n = "def fib(n):", 10
+    enc = tt(prompt, return_tensors="pt")
+    want = target.generate(**enc, max_new_tokens=n, do_sample=False)[0, enc.input_ids.shape[1]:].tolist()
+    assert tt.decode(want).count("\n") >= 2  # the point of the prompt
+    for method, kw in PAIR_METHODS:
+        out = generate(target, drafter, prompt, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
+                       max_new_tokens=n, do_sample=False, **kw)  # type: ignore[arg-type]
+        assert out.sequences[0] == want, (method, tt.decode(out.sequences[0]), tt.decode(want))
+        if method != "ar":
+            assert out.stats[0].accepted > 0, method  # drafts of one model accepted by the other

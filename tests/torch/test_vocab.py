@@ -450,7 +450,33 @@ def test_cache_reuses_and_notices_added_tokens(corpus: list[str]) -> None:
     b.add_tokens(["zzqqzz"])
     grown = VocabBridge(a, b)
     assert grown._core is not first._core and grown.drafter_vocab_size == 701
-    assert grown.to_target[700].item() == -1  # an added token is out of band
+    # a non-special added token is text; no target token has that text
+    assert token_bytes(b, 701)[700] == b"zzqqzz" and grown.to_target[700].item() == -1
+
+
+def test_added_tokens_have_text_unless_special_or_not_exact(corpus: list[str]) -> None:
+    """Issue 19: a non-special added token is text (its content), unless it is matched with
+    lstrip / rstrip / single_word or does not round-trip; special added tokens stay out of band.
+    Encoding a text with the added token gives its id, and that id now has text."""
+    from tokenizers import AddedToken
+
+    from hsd_torch.text import TokenText
+
+    tok = tiny.train_byte_bpe(corpus[:3], 600)
+    tok.add_tokens([AddedToken("\n\n\n", special=False, normalized=False), AddedToken("<tag>", special=False),
+                    AddedToken("<eat>", special=False, lstrip=True), AddedToken("<one>", special=False, single_word=True)])
+    tok.add_tokens([AddedToken("<ctl>", special=True)], special_tokens=True)
+    ids = {c: tok.convert_tokens_to_ids(c) for c in ["\n\n\n", "<tag>", "<eat>", "<one>", "<ctl>"]}
+    tb = token_bytes(tok, len(tok))
+    assert tb[ids["\n\n\n"]] == b"\n\n\n" and tb[ids["<tag>"]] == b"<tag>"
+    for c in ["<eat>", "<one>", "<ctl>"]:
+        assert tb[ids[c]] is None and tb.special[ids[c]] == c, c
+    tt = TokenText.get(tok, len(tok))
+    enc = tt.encode(b"a\n\n\nb<tag>")
+    assert ids["\n\n\n"] in enc and ids["<tag>"] in enc
+    assert b"".join(tb[i] or b"" for i in enc) == b"a\n\n\nb<tag>"
+    with pytest.raises(ValueError, match="has no text"):
+        tt.encode(b"a <eat> b")
 
 
 def test_real_pairs_invariants_and_resync() -> None:
