@@ -190,7 +190,7 @@ class Generation:
                 target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev))
             self.d_drop = ~dt.text_mask.to(dev)
             self.d_start = [dt.start(p) for p in prompts]
-            self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i]) for i in range(batch)]
+            self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i], free=True) for i in range(batch)]
             self.drun = Runner(drafter, batch, dt.eos_id, "drafter", window=True,
                                n_prefix=[len(x) for x in self.d_start])
             self.d_space = TextSpace.text(dt, dev)

@@ -15,7 +15,10 @@
   tokenizer prepends its ``▁`` as it always does: ``decode(encode(x)) == x`` then holds only
   for text starting with a space). Text that is not valid UTF-8 (drafts often end inside a
   character) is split into maximal valid runs, each encoded as above, and single invalid bytes,
-  each encoded as the lowest id whose text is exactly that byte.
+  each encoded as the lowest id whose text is exactly that byte. A byte with no such id (SmolLM2
+  has none for 0xC0, 0xC1, 0xF5-0xFF and some control characters; a tokenizer without byte
+  fallback lacks many) cannot be encoded: :class:`Unencodable`, or, where the text only feeds a
+  drafter's context (``free=True``: that context only shapes proposals), the byte is left out.
 - ``prefix``: the special ids the tokenizer puts before a text (a BOS), part of every context the
   model sees but not of the text.
 """
@@ -31,9 +34,15 @@ import torch
 from ._cache import IdentityCache
 from .vocab import token_bytes, tokenizer_state
 
-__all__ = ["TokenText", "check_tokenizer"]
+__all__ = ["TokenText", "Unencodable", "check_tokenizer"]
 
 _INVALID = re.compile("([\udc80-\udcff])")
+
+
+class Unencodable(ValueError):
+    """A text the tokenizer cannot encode: a byte no id's text is, or a piece whose encoding gives
+    an id without text. Where a proposal would need it, the text is simply not proposed (SLEM
+    proposes no candidate, one-token SLRS maps such a drafter id to no target id)."""
 
 
 def check_tokenizer(tokenizer: Any, role: str) -> None:
@@ -101,7 +110,7 @@ class TokenText:
         key = (vocab_size, tokenizer_state(tokenizer))
         return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
 
-    def _encode_str(self, s: str) -> list[int]:
+    def _encode_str(self, s: str, free: bool = False) -> list[int]:
         if self._fast is not None:
             ids = list(self._fast([s], add_special_tokens=False)[0].ids)
         elif self._backend is not None:
@@ -110,11 +119,15 @@ class TokenText:
             ids = [int(i) for i in self.tokenizer(s, add_special_tokens=False)["input_ids"]]
         for i in ids:
             if not 0 <= i < self.vocab_size or self.bytes_of[i] is None:
-                raise ValueError(f"encoding {s!r} gave id {i}, which has no text")
+                if free:
+                    return [i for i in ids if 0 <= i < self.vocab_size and self.bytes_of[i] is not None]
+                raise Unencodable(f"encoding {s!r} gave id {i}, which has no text")
         return ids
 
-    def encode(self, data: bytes) -> list[int]:
-        """Ids of ``data`` (the rule of the module docstring); no special ids."""
+    def encode(self, data: bytes, free: bool = False) -> list[int]:
+        """Ids of ``data`` (the rule of the module docstring); no special ids. :class:`Unencodable`
+        (a ``ValueError``) when a part of it cannot be encoded; with ``free=True`` (a drafter's
+        context) that part is left out instead."""
         if not data:
             return []
         s = data.decode("utf-8", errors="surrogateescape")
@@ -124,11 +137,12 @@ class TokenText:
                 continue
             if len(part) == 1 and 0xDC80 <= ord(part) <= 0xDCFF:
                 b = ord(part) - 0xDC00
-                if b not in self.byte_id:
-                    raise ValueError(f"the tokenizer has no token for the byte {b:#04x}")
-                out.append(self.byte_id[b])
+                if b in self.byte_id:
+                    out.append(self.byte_id[b])
+                elif not free:
+                    raise Unencodable(f"the tokenizer has no token for the byte {b:#04x}")
             else:
-                out.extend(self._encode_str(part))
+                out.extend(self._encode_str(part, free))
         return out
 
     def decode(self, ids: Iterable[int]) -> bytes:

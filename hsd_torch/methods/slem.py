@@ -17,7 +17,8 @@ Steps of one round
     2. Draft ``min(k, budget)`` drafter tokens (:func:`hsd_torch.drafting.draft_tokens`), stopping
        after EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
-       the target's EOS if the drafter ended with EOS, cut to the budget.
+       the target's EOS if the drafter ended with EOS, cut to the budget; none when the target
+       cannot encode the text (:class:`~hsd_torch.text.Unencodable`: a byte it has no token for).
     4. Exact-match verification (:func:`hsd_torch.verification.exact_match`): the target draws its
        own token at every candidate position; emit while they equal the candidates, then the first
        that differs or the bonus.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from ..drafting import DraftColumns, draft_tokens, drafter_context_from_text
 from ..rounds import Drafts, Verdicts
-from ..text import TokenText
+from ..text import TokenText, Unencodable
 from ..verification import exact_match
 from .base import Method
 
@@ -77,7 +78,11 @@ class SLEM(Method):
             if not active[i]:
                 continue
             ended = bool(drafts_d[i]) and drafts_d[i][-1] == eos_d
-            cands = retokenize(tt, gen.t_ctx[i][len(gen.t_first[i]):], gen.dt.decode(drafts_d[i]), self.lookbehind)
+            try:
+                cands = retokenize(tt, gen.t_ctx[i][len(gen.t_first[i]):], gen.dt.decode(drafts_d[i]),
+                                   self.lookbehind)
+            except Unencodable:  # text the target cannot encode is not proposed: the target decodes
+                cands, ended = [], False
             if ended:
                 cands = cands + [tt.eos_id]
             out.cols[i] = [t_pos[t] for t in cands[:budget[i]]]

@@ -107,5 +107,5 @@ class TLI(Method):
             if ids is None:
                 b = gen.tt.bytes_of[t]
                 assert b is not None
-                ids = self.resync_memo[t] = gen.dt.encode(b)
+                ids = self.resync_memo[t] = gen.dt.encode(b, free=True)
             d_ctx.extend(ids)

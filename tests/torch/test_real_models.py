@@ -172,7 +172,7 @@ def test_hsd_generate_takes_a_real_models_name(loaded: tuple[str, Any, Any], cap
 # generate on the real pair (issue 19, section 3; the fast tier's share)
 
 PAIR_METHODS = [
-    ("ar", {}), ("tli", {"lookahead": 3}), ("slem", {"lookahead": 3}),
+    ("ar", {}), ("tli", {"lookahead": 3}), ("slem", {"lookahead": 3}), ("slrs", {"lookahead": 1}),
     ("slrs", {"lookahead": 3, "proposal_map": "longest_prefix", "min_path_prob": 0.05}),
 ]
 
@@ -186,7 +186,7 @@ def pair() -> dict[str, tuple[Any, Any]]:
 
 @pytest.mark.parametrize("target_name", ["gemma-3-270m", "smollm2-135m-instruct"])
 def test_greedy_is_the_targets_own_generate(target_name: str, pair: dict[str, tuple[Any, Any]]) -> None:
-    """Greedy hsd equals ``target.generate(do_sample=False)`` for AR, TLI, SLEM and bounded SLRS,
+    """Greedy hsd equals ``target.generate(do_sample=False)`` for AR, TLI, SLEM, one-token and bounded SLRS,
     on a code prompt whose continuation has newlines and indentation (Gemma encodes every newline
     run into its added tokens 107-137, which now have text), both directions of the pair."""
     from hsd_torch import generate
@@ -203,3 +203,24 @@ def test_greedy_is_the_targets_own_generate(target_name: str, pair: dict[str, tu
         assert out.sequences[0] == want, (method, tt.decode(out.sequences[0]), tt.decode(want))
         if method != "ar":
             assert out.stats[0].accepted > 0, method  # drafts of one model accepted by the other
+
+
+def test_gemma_byte_tokens_propose_nothing_to_smollm2(pair: dict[str, tuple[Any, Any]]) -> None:
+    """SmolLM2 has no token for the byte 0xC0 (nor 0xC1, 0xF5-0xFF): Gemma's byte tokens for them
+    are unmappable in one-token SLRS's first-target map (they raised before), and every other Gemma
+    id with text has a first SmolLM2 id with text."""
+    from hsd_torch.methods.slrs import FirstTargetMap
+    from hsd_torch.runner import logit_width
+    from hsd_torch.text import TokenText, Unencodable
+
+    (smol, st), (gemma, gt) = pair["smollm2-135m-instruct"], pair["gemma-3-270m"]
+    t, d = TokenText.get(st, logit_width(smol)), TokenText.get(gt, logit_width(gemma))
+    with pytest.raises(Unencodable, match="0xc0"):
+        t.encode(b"\xc0")
+    m = FirstTargetMap.get(t, d)
+    lacking = {b for b in range(256) if b not in t.byte_id}
+    assert {0xC0, 0xC1} | set(range(0xF5, 0x100)) <= lacking
+    for b in lacking:
+        assert d.byte_id[b] in m.unmappable, hex(b)
+    assert all(t.bytes_of[f] is not None or f == t.eos_id for f in m.first if f >= 0)
+    assert len(m.unmappable) < 100, len(m.unmappable)

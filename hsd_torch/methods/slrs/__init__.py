@@ -41,7 +41,7 @@ from ..._cache import IdentityCache
 from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
 from ...laws import TextSpace, process_with_drop
 from ...rounds import Drafts, Verdicts
-from ...text import TokenText
+from ...text import TokenText, Unencodable
 from ...verification import rejection
 from ...vocab import _Push
 from ..base import Method
@@ -106,10 +106,14 @@ class FirstTargetMap:
     ``first[d]``: for a drafter id with text, the first id of the target's encoding of that text
     alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0, so the
     map does not depend on the context and is built once); the target's EOS for the drafter's EOS;
-    -1 for ids without text (they never carry mass). psi, the law of the first target id of the
-    draft's text, is the pushforward of the drafter's law along it (:class:`_Push`: the masses of
-    all drafter ids with one first target id add up). Built with one batched tokenizer call over
-    the ids whose text is valid UTF-8 and :meth:`TokenText.encode` for the rest (partial
+    -1 for ids without text (they never carry mass) and for ids whose text the target cannot encode
+    (:class:`~hsd_torch.text.Unencodable`: SmolLM2 has no token for the byte 0xC0, a Gemma byte
+    token), that it encodes to nothing (SmolLM2's tokenizer drops ``"\\x04"``) or whose first target
+    id has no text: such an id proposes nothing (:attr:`unmappable`). psi, the law of the first
+    target id of the draft's text given that there is one, is the pushforward of the drafter's law
+    along the map (:class:`_Push`: the masses of all drafter ids with one first target id add up),
+    divided by its total when some ids with text propose nothing. Built with one batched tokenizer
+    call over the ids whose text is valid UTF-8 and :meth:`TokenText.encode` for the rest (partial
     characters)."""
 
     _cache: IdentityCache[FirstTargetMap] = IdentityCache()
@@ -126,15 +130,19 @@ class FirstTargetMap:
                 texts.append(b.decode("utf-8"))
                 valid.append(d)
             except UnicodeDecodeError:
-                first[d] = tt.encode(b)[0]
+                try:
+                    first[d] = tt.encode(b)[0]
+                except (Unencodable, IndexError):
+                    pass
         if texts:
             enc = tt.tokenizer(texts, add_special_tokens=False)["input_ids"]
             for d, ids in zip(valid, enc):
-                first[d] = int(ids[0])
+                f = int(ids[0]) if len(ids) else -1
+                first[d] = f if 0 <= f < tt.vocab_size and tt.bytes_of[f] is not None else -1
         first[dt.eos_id] = tt.eos_id
-        if any(not 0 <= f < tt.vocab_size or (tt.bytes_of[f] is None and f != tt.eos_id) for f in first if f >= 0):
-            raise ValueError("a drafter token's text encodes to a target id without text")
         self.first: list[int] = first
+        self.unmappable: list[int] = [d for d, b in enumerate(dt.bytes_of) if b is not None and first[d] < 0]
+        """The drafter ids with text that propose no target id (see the class docstring)."""
 
     @classmethod
     def get(cls, tt: TokenText, dt: TokenText) -> FirstTargetMap:
@@ -151,7 +159,7 @@ def slrs_columns(tt: TokenText, dt: TokenText, t_space: TextSpace, d_space: Text
     pair of spaces and device)."""
     def build() -> tuple[list[int], _Push]:
         first = FirstTargetMap.get(tt, dt).first
-        dst = [t_space.pos[first[d]] for d in d_space.ids]
+        dst = [t_space.pos[first[d]] if first[d] >= 0 else -1 for d in d_space.ids]
         return dst, _Push(dst, t_space.n, device)
     out: tuple[list[int], _Push] = _COLUMNS.get((tt, dt, t_space, d_space), ("slrs", str(device)), build)
     return out
@@ -167,17 +175,28 @@ class SLRS(Method):
         assert gen.dt is not None and gen.d_space is not None
         dst, self.push = slrs_columns(gen.tt, gen.dt, gen.t_space, gen.d_space, gen.dev)
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, dst, stop_on_empty=False)
+        self.partial = -1 in dst  # some drafter ids with text propose nothing: psi is renormalized
 
     def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
-        """One drafter token per active row, proposing its first target id."""
+        """One drafter token per active row, proposing its first target id; a draft that maps to no
+        target id (:attr:`FirstTargetMap.unmappable`) proposes nothing (its uniform is consumed):
+        the row's round is the target's own token."""
         drafter_context_from_text(gen, active)
         k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
-        return draft_tokens(gen, active, k, self.cols)[0]
+        out = draft_tokens(gen, active, k, self.cols)[0]
+        for i in range(gen.batch):
+            if out.cols[i] and out.cols[i][0] < 0:
+                out.cols[i], out.n[i] = [], 0
+        return out
 
     def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
-        """Rejection verification against psi, the drafter's law pushed along the first-target map."""
+        """Rejection verification against psi, the drafter's law pushed along the first-target map
+        (given a proposal: divided by its total when some drafter ids propose nothing)."""
         def q_of(kmax: int) -> Tensor:
-            return self.push(torch.stack(drafts.laws[:kmax], dim=1))
+            q = self.push(torch.stack(drafts.laws[:kmax], dim=1))
+            if self.partial:  # rows read here proposed an id, whose mass is in the total: it is > 0
+                q = q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+            return q
         return rejection(gen, active, budget, drafts, q_of)
 
 

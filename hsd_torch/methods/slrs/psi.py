@@ -272,7 +272,7 @@ def _first(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_
     dev = next(drafter.parameters()).device
     bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=1 if m is None else m)
     starts = [dt.start(p) for p in prompts]
-    ctx = [starts[i] + dt.encode(p.encode("utf-8")) for i, p in enumerate(prompts)]
+    ctx = [starts[i] + dt.encode(p.encode("utf-8"), free=True) for i, p in enumerate(prompts)]
     runner = Runner(drafter, len(prompts), dt.eos_id, "drafter", window=True, n_prefix=[len(s) for s in starts])
     drop = ~dt.text_mask.to(dev)
 
