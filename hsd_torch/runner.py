@@ -188,24 +188,33 @@ class Runner:
         self.n_prefix = list(n_prefix) if n_prefix else [0] * batch
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" in params
 
     def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
         rows dropped from the cache must have empty blocks); returns the logits ``[B, width, V]``
         at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows;
-        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone."""
+        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone.
+
+        The model's head runs only at the block columns some row reads (``logits_to_keep``, where the
+        model takes it): a prompt's prefill computes logits at its last position, not at every one
+        (on Gemma's 262,144 ids, 1 MB per position in float32)."""
         one = width is None
         width = 1 if width is None else width
         live = self.live
         start = self.width
         dev = self.device
+        width_in = max(1, max(len(blocks[r]) for r in live)) if self.use_mask or not blocks[0] else len(blocks[0])
+        hi = width_in - 1
+        read = [[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live]
+        keep = sorted({c for r in read for c in r})
+        kw: dict[str, Any] = {self._cache_kw: self.cache}
+        if self._keep_kw and len(keep) < width_in:
+            kw["logits_to_keep"] = kernels._host_tensor(keep, torch.long, dev)
         if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
             row = self._record(0, blocks[0], start)
-            width_in = len(row)
-            out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True,
-                             **{self._cache_kw: self.cache})
+            out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True, **kw)
         else:
-            width_in = max(1, max(len(blocks[r]) for r in live))
             # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
             toks: list[int] = []
             pos: list[int] = []
@@ -225,18 +234,21 @@ class Runner:
             ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, dev).view(
                 3, len(live), width_in).unbind(0)
             mask = torch.cat([self.mask, new_mask], dim=1)
-            out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in,
-                             use_cache=True, **{self._cache_kw: self.cache})
+            out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in, use_cache=True, **kw)
             self._mask = mask
         self.width = start + width_in
         logits: Tensor = out.logits
-        hi = width_in - 1
-        first = {min(max(starts[i], 0), hi) for i in live}
-        if len(first) == 1 and (c := first.pop()) + width - 1 <= hi:
+        if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
+            if logits.shape[1] != len(keep):
+                raise AssertionError(f"the {self.name} returned logits at {logits.shape[1]} columns, asked for "
+                                     f"{len(keep)} of {width_in}")
+            rank = {c: k for k, c in enumerate(keep)}
+            read = [[rank[c] for c in r] for r in read]
+        c = read[0][0]
+        if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
             got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
         else:
-            idx = torch.tensor([[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live],
-                               dtype=torch.long, device=dev)
+            idx = torch.tensor(read, dtype=torch.long, device=dev)
             got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
             got = got[:, 0] if one else got
         if len(live) == self.batch:

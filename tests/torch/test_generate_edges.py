@@ -430,3 +430,24 @@ def test_drafting_is_capped_at_the_budget(kw: dict[str, Any], do_sample: bool, t
                    drafter_tokenizer=toks["unigram"], max_new_tokens=2, do_sample=do_sample, seed=0, **kw)
     # two tokens: at most two drafter tokens in the first round (a root pass and one more), then one
     assert all(st.drafter_calls <= 2 * st.target_calls for st in two.stats)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_head_runs_only_where_a_round_reads(batch: int, toks: dict[str, Any], base: dict[str, Any]) -> None:
+    """Logits only at the positions a round reads (``logits_to_keep``; issue 19, "Memory on a large
+    vocabulary"): a long prompt's prefill runs the head at one position per distinct prompt end,
+    not at every prompt position; and the tokens are the target's own greedy ones all the same."""
+    target, tok = base["target"], toks["byte_bpe"]
+    prompts = ["def foo(x):\n    return x + 1\n\nclass A:\n    pass\n", "import os\nimport sys\n", "x = 1"][:batch]
+    widths: list[int] = []
+    hook = target.get_output_embeddings().register_forward_hook(lambda m, i, o: widths.append(int(i[0].shape[1])))
+    try:
+        out = generate(target, None, prompts, target_tokenizer=tok, method="ar", max_new_tokens=4, do_sample=False)
+    finally:
+        hook.remove()
+    longest = max(len(TokenText.get(tok, len(tok)).prompt_ids(p)) for p in prompts)
+    assert longest >= 10
+    assert widths[0] == batch < longest  # the prefill: one column per row's prompt end (distinct lengths)
+    assert all(w == 1 for w in widths[1:])  # AR: one position per row and round, the same column
+    for p, seq in zip(prompts, out.sequences):
+        assert seq == target_greedy(target, tok, p, 4)
