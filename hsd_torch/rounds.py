@@ -157,7 +157,7 @@ class Generation:
         batch = self.batch = len(prompts)
         self.prompt_bytes = [p.encode("utf-8") for p in prompts]
         self.t_first = [tt.start(p) for p in prompts]
-        self.t_ctx = [self.t_first[i] + tt.encode(self.prompt_bytes[i]) for i in range(batch)]
+        self.t_ctx = [self.t_first[i] + tt.encode_prompt(prompts[i]) for i in range(batch)]
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):

@@ -8,8 +8,9 @@
 - ``text_mask [V]``: ids a generated law may put mass on: ids with text, and EOS. Every other id
   is removed from the laws (:func:`hsd_torch.generate.process_logits`), so every emitted id has
   text or ends the sequence;
-- :meth:`TokenText.encode`: the **one** encoding rule used for prompts, for TLI's re-sync of a
-  token the drafter lacks, for SLEM's drafter context and for SLEM's re-tokenization, by
+- :meth:`TokenText.encode`: the **one** encoding rule used for text (a drafter's prompt; the
+  target's prompt goes through :meth:`TokenText.encode_prompt`, the same ids for a prompt without
+  special-token text), for TLI's re-sync of a token the drafter lacks, for SLEM's drafter context and for SLEM's re-tokenization, by
   :func:`hsd_torch.generate` and by the mirror :class:`hsd_torch.mirror.CoreModel` alike. On
   valid UTF-8 it is the tokenizer's own encoding without special tokens (so a SentencePiece
   tokenizer prepends its ``▁`` as it always does: ``decode(encode(x)) == x`` then holds only
@@ -21,6 +22,14 @@
   drafter's context (``free=True``: that context only shapes proposals), the byte is left out.
 - ``prefix``: the special ids the tokenizer puts before a text (a BOS), part of every context the
   model sees but not of the text.
+
+Text is text. :meth:`TokenText.encode` reads a special token's text inside a text (a model that
+writes ``</s>`` or ``<|im_end|>`` as ordinary bytes, a drafter's text equal to a special token) as
+text, never as the special id (``encode_special_tokens`` on a copy of the backend). Prompts are
+the exception (:meth:`TokenText.encode_prompt`): the target's context is exactly what transformers
+feeds, ``tokenizer(prompt, add_special_tokens=False)``, so a chat template's special tokens are its
+special ids; a drafter reads the prompt as text through :meth:`TokenText.encode` (its context only
+shapes proposals).
 """
 
 from __future__ import annotations
@@ -91,6 +100,9 @@ class TokenText:
         self._backend: Any = backend if callable(getattr(backend, "encode", None)) else None
         fast = getattr(backend, "encode_batch_fast", None) if self._backend is not None else None
         self._fast: Any = fast if callable(fast) else None
+        self._plain_backend: Any = None  # the backend copy that reads special-token text as text (built once needed)
+        specials = sorted({t for t in tb.special.values() if t}, key=len, reverse=True)
+        self._special_re = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
         with_special = list(tokenizer("a", add_special_tokens=True)["input_ids"])
         plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
         n = len(with_special) - len(plain)
@@ -110,6 +122,22 @@ class TokenText:
         key = (vocab_size, tokenizer_state(tokenizer))
         return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
 
+    def _textless(self, ids: Sequence[int]) -> bool:
+        return any(not 0 <= i < self.vocab_size or self.bytes_of[i] is None for i in ids)
+
+    def _encode_plain(self, s: str) -> list[int]:
+        """``s`` encoded with special-token text read as text (``encode_special_tokens`` on a copy of
+        the backend: the user's tokenizer is not touched; ``split_special_tokens=True`` without one)."""
+        if self._backend is None:
+            return [int(i) for i in self.tokenizer(s, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+        if self._plain_backend is None:
+            from tokenizers import Tokenizer
+
+            copy = Tokenizer.from_str(self._backend.to_str())
+            copy.encode_special_tokens = True
+            self._plain_backend = copy
+        return list(self._plain_backend.encode(s, add_special_tokens=False).ids)
+
     def _encode_str(self, s: str, free: bool = False) -> list[int]:
         if self._fast is not None:
             ids = list(self._fast([s], add_special_tokens=False)[0].ids)
@@ -117,6 +145,22 @@ class TokenText:
             ids = list(self._backend.encode(s, add_special_tokens=False).ids)
         else:
             ids = [int(i) for i in self.tokenizer(s, add_special_tokens=False)["input_ids"]]
+        if self._textless(ids):
+            # a special token's text inside the text (a model writing "</s>" as bytes): read it as text.
+            # An encoding with no special id matched no special token, so it is already that encoding
+            ids = self._encode_plain(s)
+            if self._textless(ids) and self._special_re is not None:
+                # the model's own segmentation picks the special piece (a Unigram vocabulary holding
+                # "</s>" with the top score): each special token's text as its single-byte ids
+                ids = []
+                for k, part in enumerate(self._special_re.split(s)):
+                    if k % 2 == 0:
+                        ids.extend(self._encode_plain(part) if part else [])
+                        continue
+                    for b in part.encode("utf-8"):
+                        if b not in self.byte_id:
+                            raise Unencodable(f"the tokenizer has no token for the byte {b:#04x} of {part!r}")
+                        ids.append(self.byte_id[b])
         for i in ids:
             if not 0 <= i < self.vocab_size or self.bytes_of[i] is None:
                 if free:
@@ -155,7 +199,7 @@ class TokenText:
         tokenizer adds no prefix and ``prompt`` encodes to no ids (an empty prompt), its BOS, so
         that the model has something to condition on (as ``model.generate`` does without input
         ids). ``ValueError`` when it has no BOS either."""
-        if self.prefix or self.encode(prompt.encode("utf-8")):
+        if self.prefix or self.encode_prompt(prompt):
             return list(self.prefix)
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if bos is None:
@@ -165,9 +209,24 @@ class TokenText:
                 "tokenizer with a BOS")
         return [int(bos)]
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The target's ids for ``prompt`` as transformers feeds them: the tokenizer's own encoding
+        without its special prefix, ``tokenizer(prompt, add_special_tokens=False)``, special tokens
+        parsed (a chat template's ``<|im_start|>`` is its special id). ``ValueError`` for an id
+        outside the model's ``vocab_size`` columns."""
+        if self._backend is not None:
+            ids = list(self._backend.encode(prompt, add_special_tokens=False).ids)
+        else:
+            ids = [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {prompt!r} encodes to id {bad[0]}, outside the model's {self.vocab_size} "
+                             "logit columns")
+        return ids
+
     def prompt_ids(self, prompt: str) -> list[int]:
-        """:meth:`start` followed by :meth:`encode` of the prompt's UTF-8 (never empty)."""
-        return self.start(prompt) + self.encode(prompt.encode("utf-8"))
+        """:meth:`start` followed by :meth:`encode_prompt` (never empty)."""
+        return self.start(prompt) + self.encode_prompt(prompt)
 
     def ids_without_prefix(self, ids: Sequence[int]) -> list[int]:
         """``ids`` with the leading :attr:`prefix` removed."""

@@ -224,3 +224,24 @@ def test_gemma_byte_tokens_propose_nothing_to_smollm2(pair: dict[str, tuple[Any,
         assert d.byte_id[b] in m.unmappable, hex(b)
     assert all(t.bytes_of[f] is not None or f == t.eos_id for f in m.first if f >= 0)
     assert len(m.unmappable) < 100, len(m.unmappable)
+
+
+def test_chat_prompt_greedy_is_the_targets_own_and_ends_its_turn(pair: dict[str, tuple[Any, Any]]) -> None:
+    """A chat prompt (SmolLM2's own template, with its special tokens) with the SmolLM2 target and the
+    Gemma drafter: the target's context is ``tokenizer(text, add_special_tokens=False)``, and greedy
+    AR, TLI, SLEM and one-token SLRS emit the target's own ``generate`` tokens, ending the turn
+    with ``<|im_end|>`` (its EOS)."""
+    from hsd_torch import generate
+
+    torch.set_num_threads(1)
+    (target, tt), (drafter, dt) = pair["smollm2-135m-instruct"], pair["gemma-3-270m"]
+    prompt = tt.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True,
+                                    tokenize=False)
+    enc = tt(prompt, add_special_tokens=False, return_tensors="pt")
+    assert tt.convert_tokens_to_ids("<|im_start|>") in enc.input_ids[0].tolist()
+    want = target.generate(**enc, max_new_tokens=24, do_sample=False)[0, enc.input_ids.shape[1]:].tolist()
+    assert want[-1] == tt.eos_token_id == tt.convert_tokens_to_ids("<|im_end|>")  # the turn ends in the budget
+    for method, kw in [("ar", {}), ("tli", {"lookahead": 3}), ("slem", {"lookahead": 3}), ("slrs", {"lookahead": 1})]:
+        out = generate(target, drafter, prompt, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
+                       max_new_tokens=24, do_sample=False, **kw)  # type: ignore[arg-type]
+        assert out.sequences[0] == want, (method, tt.decode(out.sequences[0]), tt.decode(want))

@@ -136,9 +136,13 @@ class FirstTargetMap:
                     pass
         if texts:
             enc = tt.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            for d, ids in zip(valid, enc):
-                f = int(ids[0]) if len(ids) else -1
-                first[d] = f if 0 <= f < tt.vocab_size and tt.bytes_of[f] is not None else -1
+            for d, ids, text in zip(valid, enc, texts):
+                if any(not 0 <= i < tt.vocab_size or tt.bytes_of[i] is None for i in ids):
+                    try:  # a special token's text: read as text (TokenText.encode), as re-encoding does
+                        ids = tt.encode(text.encode("utf-8"))
+                    except Unencodable:
+                        ids = []
+                first[d] = int(ids[0]) if len(ids) else -1
         first[dt.eos_id] = tt.eos_id
         self.first: list[int] = first
         self.unmappable: list[int] = [d for d, b in enumerate(dt.bytes_of) if b is not None and first[d] < 0]
