@@ -667,6 +667,34 @@ def test_verification_needs_the_true_law(pair: tuple[Law, Law], pick: int) -> No
     assert vec(Enumerator().law(run_true), n) == p
 
 
+@MANY
+@given(st.integers(2, 4).flatmap(lambda n: st.tuples(laws(n), st.integers(2, 6).flatmap(
+    lambda m: st.tuples(laws(m), st.lists(st.integers(-1, n - 1), min_size=m, max_size=m))))))
+def test_slrs_map_with_holes_is_lossless(case: tuple[Law, tuple[Law, list[int]]]) -> None:
+    """Lemma 9 of proofs/slrs.md: a draft ``d ~ q`` whose map ``f[d]`` is -1 (text the target cannot
+    encode) proposes nothing and the target draws its own token; else ``f[d]`` is verified against
+    psi given a proposal (the pushforward divided by its total). The emitted law is exactly ``p``."""
+    p, (q, f) = case
+    n = len(p)
+    psi = [ZERO] * n
+    for d, t in enumerate(f):
+        if t >= 0:
+            psi[t] += q[d]
+    total = sum(psi, ZERO)
+    if total == 0:
+        return  # every draft with mass is a hole: the round is the target's own token
+    cond = tuple(x / total for x in psi)
+    target = target_of(p)
+
+    def run(rand: Rand) -> int:
+        d = rand.categorical(q)
+        if f[d] < 0:
+            return rand.categorical(p)
+        return RejectionVerifier().verify(target, (), [f[d]], [cond], rand, budget=1).tokens[0]
+
+    assert vec(Enumerator().law(run), n) == p
+
+
 @SOME
 @given(st.data(), st.integers(1, 2), st.booleans())
 def test_slrs_round_is_target_chain(data: st.DataObject, k: int, greedy: bool) -> None:

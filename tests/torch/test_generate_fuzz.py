@@ -477,7 +477,14 @@ def test_any_call_generates_or_refuses_cleanly_long(call: Call, toks: dict[str, 
 
 
 @pytest.mark.parametrize("special", SPECIAL_STRINGS)
-def test_special_token_strings_in_a_prompt_are_refused_before_any_work(special: str, toks: dict[str, Any],
-                                                                       models: dict[str, Any]) -> None:
+def test_special_token_strings_in_a_prompt_are_the_tokenizers_own_ids(special: str, toks: dict[str, Any],
+                                                                      models: dict[str, Any]) -> None:
+    """Issue 19 ("Chat prompts"): a prompt with a special token's text is encoded as transformers
+    feeds it (``tokenizer(text, add_special_tokens=False)``, the special id in the target's
+    context), no longer refused; the output keeps every invariant."""
     call = Call("bpe<-unigram", True, [f"a{special}b"], {"method": "tli", "max_new_tokens": 2})
-    assert isinstance(check_any_call(call, toks, models), ValueError)
+    out = check_any_call(call, toks, models)
+    assert not isinstance(out, BaseException), out
+    tt = call.models(toks, models)[1]
+    ids = TokenText.get(tt, logit_width(call.models(toks, models)[0])).prompt_ids(f"a{special}b")
+    assert tt.convert_tokens_to_ids(special) in ids
