@@ -74,48 +74,38 @@ top_k = int_at_least(1, "an int", "leave --top-k out for no top-k")
 """``--top-k``: an int >= 1."""
 
 
-def _float(text: str, fix: str) -> float:
+def _float(text: str, fix: str, ok: Callable[[float], bool] = lambda v: True) -> float:
+    """``text`` as a float for which ``ok`` holds; else ``argparse.ArgumentTypeError`` saying ``fix``."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{fix}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
+    return value
 
 
 def temperature(text: str) -> float:
     """``--temperature``: a number in :data:`hsd_torch.laws.TEMPERATURE_RANGE` (why: its docstring)."""
     lo, hi = TEMPERATURE_RANGE
-    fix = f"needs a number in [{lo:g}, {hi:g}] (for argmax decoding use --greedy)"
-    value = _float(text, fix)
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
-    return value
+    return _float(text, f"needs a number in [{lo:g}, {hi:g}] (for argmax decoding use --greedy)",
+                  lambda v: math.isfinite(v) and lo <= v <= hi)
 
 
 def top_p(text: str) -> float:
     """``--top-p``: a number in (0, 1]."""
-    fix = "needs a number in (0, 1] (leave --top-p out for no top-p)"
-    value = _float(text, fix)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
-    return value
+    return _float(text, "needs a number in (0, 1] (leave --top-p out for no top-p)", lambda v: 0 < v <= 1)
 
 
 def min_path_prob(text: str) -> float:
     """``--min-path-prob``: a number in (0, 1]."""
-    fix = "needs a number in (0, 1] (bounded SLRS's probability stop, e.g. 0.05)"
-    value = _float(text, fix)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
-    return value
+    return _float(text, "needs a number in (0, 1] (bounded SLRS's probability stop, e.g. 0.05)", lambda v: 0 < v <= 1)
 
 
 def alpha(text: str) -> float:
     """``--alpha``: a number strictly between 0 and 1."""
-    fix = "needs a number strictly between 0 and 1 (the family-wise false-fail rate, e.g. 1e-3)"
-    value = _float(text, fix)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{fix}, got {text!r}")
-    return value
+    return _float(text, "needs a number strictly between 0 and 1 (the family-wise false-fail rate, e.g. 1e-3)",
+                  lambda v: 0 < v < 1)
 
 
 def max_tokens(text: str) -> int | None:
