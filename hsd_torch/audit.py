@@ -4,7 +4,8 @@
 ``model.generate`` with an assistant, :func:`hsd_torch.generate`, third-party code). The reference
 is the law of the first ``positions`` new tokens, computed exactly (float64) from the target's own
 forward passes, processed by :func:`hsd_torch.generate.process_logits` (temperature, top-k, top-p;
-with ``mask_textless=True`` also hsd_torch's removal of ids without text other than EOS), so the
+with ``mask_textless=True`` also the removal of ids without text other than EOS and the end ids,
+as ``hsd_torch.generate(mask_textless=True)`` does), so the
 processed law is defined in one place. The statistics are :func:`hsd_core.audit.audit_sampler`'s.
 
 Large vocabularies (up to ~150k ids) are handled by expanding only the prefixes that matter.
@@ -384,16 +385,19 @@ def audit_generate(
     checked = check_processing(temperature, top_k, top_p)  # the same checks as generate's
     refuse_meta(check_model(target, "target"), "target")
     width = _width(target)
-    if mask_textless:
-        mask = TokenText(target_tokenizer, width).text_mask
+    if mask_textless:  # hsd_torch.generate(mask_textless=True)'s law: ids with text, EOS and the end ids
+        mask = TokenText(target_tokenizer, width).text_mask.clone()
+        for e in _eos_ids(target, target_tokenizer):
+            if 0 <= e < width:
+                mask[e] = True
     else:
         mask = torch.ones(width, dtype=torch.bool)
     process = dict(checked)
     processing = (f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
-                  + (", ids without text removed (hsd_torch)" if mask_textless else ""))
+                  + (", ids without text removed (mask_textless)" if mask_textless else ""))
     if not do_sample:
         process = {"temperature": 1.0, "top_k": None, "top_p": None}
-        processing = "argmax" + (" over ids with text (hsd_torch)" if mask_textless else "")
+        processing = "argmax" + (" over ids with text (mask_textless)" if mask_textless else "")
     if prompt_ids is not None:
         ids = _as_ids(prompt_ids, "prompt_ids has", width)
         if not ids:

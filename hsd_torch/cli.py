@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (K >= 1)")
     a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
     a("--seed", type=ca.seed, default=0, metavar="S", help="default 0 (an int >= 0)")
+    a("--mask-textless", action="store_true",
+      help="remove ids without text (specials but EOS and the end ids) from the target's law; default: its own law")
     a("--device", default="cpu", help="torch device for both models (default cpu)")
     a("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     a("--stats", action="store_true", help="print the per-prompt stats table at the end")
@@ -238,7 +240,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        lookahead=lookahead, max_new_tokens=args.max_new_tokens, do_sample=not args.greedy,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map,
-                       max_tokens=args.max_tokens)
+                       max_tokens=args.max_tokens, mask_textless=args.mask_textless)
     except (ValueError, NotImplementedError) as e:  # not TypeError & co.: the CLI typed every value
         raise ca.Refusal(ca.one_line(e)) from None
     finally:

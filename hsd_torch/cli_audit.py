@@ -9,7 +9,8 @@ tokenizer=tt, assistant_tokenizer=dt, ...)`` (universal assisted generation; wit
 tokenizer, plain assisted generation), seeded by ``torch.manual_seed(seed)`` per draw; its law is
 the target's plain law (no id removed), and ``top_k`` unset is passed as ``top_k=0`` (transformers
 otherwise applies its default top-k 50). ``--impl hsd_torch`` samples :func:`hsd_torch.generate`
-(``--method``), whose law removes ids without text (``mask_textless=True``). Both are asked for
+(``--method``), whose law is the target's own over every id too (``generate``'s default,
+``mask_textless=False``). Both are asked for
 one token more than ``--positions`` (the audit reads the first ``--positions``), so that every
 audited token comes out of a round with room to draft: transformers drafts nothing for the last
 new token, so ``--positions 1`` with ``max_new_tokens=1`` would audit no speculation at all.
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
             rep: GenerateAuditReport = audit_generate(
                 sampler, target, tt, args.prompt, n=args.samples, positions=args.positions, do_sample=not args.greedy,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
-                mask_textless=args.impl == "hsd_torch",
+                mask_textless=False,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
         finally:
             bar.close()

@@ -20,9 +20,10 @@ each under :mod:`hsd_torch.methods`, each opening with its ``hsd_core`` twin's g
   verified against psi conditioned on the first ``j``. Deeper lookaheads without them are refused
   (``NotImplementedError``: psi would enumerate every drafter path).
 
-The law every method is lossless for is the target's **processed** law (:func:`process_logits`:
-ids without text other than EOS removed, then temperature, top-k, top-p); the drafter's laws are
-processed the same way. The machinery the methods share, each in a file named for what it is:
+The law every method is lossless for is the target's **processed** law: its logits over every id
+(with ``mask_textless=True``, ids without text other than EOS and the end ids removed), then
+temperature, top-k, top-p (:func:`process_logits`); the drafter's laws are processed the same way
+over its ids with text. The machinery the methods share, each in a file named for what it is:
 
 - :mod:`hsd_torch.laws`: processing and the text spaces every law lives on (ids with text in
   ``hsd_core``'s order, EOS last, so no draw needs a permutation and no column is masked);
@@ -84,6 +85,7 @@ def generate(
     min_path_prob: float | None = None,
     proposal_map: str | None = None,
     max_tokens: int | None = 1,
+    mask_textless: bool = False,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -107,6 +109,13 @@ def generate(
     in :data:`hsd_torch.laws.TEMPERATURE_RANGE`, 1e-3 to 1e3; ``drafter_temperature``, if given,
     replaces ``temperature`` for the drafter: its processing is free, the target's defines the law);
     ``seed``: an int, a ``torch.Generator`` (one int is drawn from it) or None (fresh entropy).
+    ``mask_textless``: False (default), the target's law is its own over every id of its logits
+    (special tokens, a padded embedding's ids included: greedy is ``target.generate``'s argmax);
+    True, ids without text other than EOS and the end ids are removed from it (what ``hsd_core``'s
+    vocabularies can represent: the mirror's and the golden outputs' setting). The drafter's laws
+    keep only ids with text either way (its processing is free), except SD's, which drafts over the
+    target's columns. A row ends at EOS or at any other id of the target's
+    ``generation_config.eos_token_id`` (:func:`hsd_torch.rounds.end_ids`).
     Wherever an int is asked, a numpy integer is one too (a bool is not). ``record_uniforms=True``
     fills ``GenerateOutput.uniforms``. ``progress``, if given, is called after every round with the
     number of rows that finished in it (for a progress bar).
@@ -120,10 +129,7 @@ def generate(
     prompts = _check_prompts(prompts)
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    if not isinstance(do_sample, bool):
-        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
+    _check_flags(do_sample=do_sample, mask_textless=mask_textless, progress=progress)
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
@@ -132,10 +138,19 @@ def generate(
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     run = Generation(m, target, drafter if m.needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
-                     d_process=d_process, seed=seed, record_uniforms=record_uniforms)
+                     d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless)
     while not all(run.finished):
         run.round(progress)
     return run.output(time.perf_counter() - t_start)
+
+
+def _check_flags(*, do_sample: Any, mask_textless: Any, progress: Any) -> None:
+    """``do_sample`` and ``mask_textless`` are bools, ``progress`` None or a callable (``TypeError``)."""
+    for name, value in (("do_sample", do_sample), ("mask_textless", mask_textless)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
 
 
 def _check_prompts(prompts: Any) -> list[str]:

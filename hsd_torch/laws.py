@@ -171,6 +171,31 @@ class TextSpace:
                        device)
         return cls._cache.get((text,), (str(device),), build)
 
+    @classmethod
+    def law(cls, text: TokenText, device: torch.device, *, keep_all: bool, ends: frozenset[int] = frozenset()
+            ) -> TextSpace:
+        """The columns of a target's law in ``generate``: with ``keep_all`` (``mask_textless=False``,
+        the default) every id of the model's logits, the target's own law; else the ids with text,
+        the end ids ``ends`` (a generation config's end-of-turn ids, which may have no text) and EOS
+        (:meth:`text` when ``ends`` adds nothing). Ids increasing, EOS last (built once per text,
+        mode, end set and device)."""
+        extra = sorted(e for e in ends if 0 <= e < text.vocab_size and e != text.eos_id)
+        if not keep_all and all(bool(text.text_mask[e]) for e in extra):
+            return cls.text(text, device)
+
+        def build() -> TextSpace:
+            mask = text.text_mask.tolist()
+            ok = set(extra)
+            return cls([i for i, m in enumerate(mask) if (keep_all or m or i in ok) and i != text.eos_id]
+                       + [text.eos_id], text.vocab_size, device)
+        return cls._cache.get((text,), ("law", keep_all, tuple(extra), str(device)), build)
+
+    def drop_mask(self) -> Tensor:
+        """``[v]`` bool on the space's device: True at the ids outside the space (the removed ids)."""
+        drop = torch.ones(self.v, dtype=torch.bool, device=self.cols.device)
+        drop[self.cols] = False
+        return drop
+
     def select(self, x: Tensor) -> Tensor:
         """``x [..., v]`` at the space's columns: ``[..., n]`` (a view when they form one run)."""
         if self._run is not None:

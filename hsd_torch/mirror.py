@@ -41,6 +41,7 @@ import torch
 from hsd_core.vocab import Vocabulary
 
 from .laws import TextSpace, process_logits, space_law
+from .rounds import end_ids
 from .runner import logit_width, max_positions, model_device, window_view
 from .text import TokenText
 
@@ -144,18 +145,23 @@ class CoreModel:
         return law
 
 
-def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> list[int]:
+def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, *, mask_textless: bool = True
+                  ) -> list[int]:
     """The target's own greedy decoding, ``model.generate(do_sample=False)``, of ``prompt`` as
-    :func:`hsd_torch.generate` encodes it (:meth:`TokenText.prompt_ids`), with the ids that
-    ``generate`` removes from every law (no text, not EOS) suppressed: the new ids, ending after
-    EOS. Every method of :func:`hsd_torch.generate` with ``do_sample=False`` must return exactly
-    these (the greedy identity the tests and ``bench/gpu_check_generate.py`` check)."""
+    :func:`hsd_torch.generate` encodes it (:meth:`TokenText.prompt_ids`): the new ids, ending after
+    an end id. With ``mask_textless=True`` (this helper's default: the mirror's setting) the ids
+    that ``generate(mask_textless=True)`` removes from every law (no text, not EOS nor an end id)
+    are suppressed; with False nothing is. Every method of :func:`hsd_torch.generate` with
+    ``do_sample=False`` and the same ``mask_textless`` must return exactly these (the greedy
+    identity the tests and ``bench/gpu_check_generate.py`` check)."""
     text = TokenText.get(tokenizer, logit_width(model))
-    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok]
+    ends = end_ids(model, text)
+    suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok and i not in ends] if mask_textless else []
     ids = torch.tensor([text.prompt_ids(prompt)], device=model_device(model))
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, suppress_tokens=suppress, pad_token_id=text.eos_id)
+                             max_new_tokens=max_new_tokens, suppress_tokens=suppress or None,
+                             pad_token_id=text.eos_id)
     new: list[int] = out[0, ids.shape[1]:].tolist()
     return new
 

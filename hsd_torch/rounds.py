@@ -46,7 +46,7 @@ from .vocab import VocabBridge
 if TYPE_CHECKING:
     from .methods.base import Method
 
-__all__ = ["Drafts", "GenerateOutput", "Generation", "RowStats", "Verdicts", "seed_sequence"]
+__all__ = ["Drafts", "GenerateOutput", "Generation", "RowStats", "Verdicts", "end_ids", "seed_sequence"]
 
 
 @dataclass
@@ -127,6 +127,19 @@ _BRIDGES: IdentityCache[VocabBridge] = IdentityCache(16)
 width and state, so this skips the bridge's own check of both tokenizers' states on every call."""
 
 
+def end_ids(target: Any, tt: TokenText) -> frozenset[int]:
+    """The ids a row of ``generate`` ends at: the tokenizer's EOS and the target's
+    ``generation_config.eos_token_id`` (an int or a list, as Llama-3 and instruct models ship; ids
+    outside the model's logits are ignored)."""
+    ends = {tt.eos_id}
+    e = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if e is not None:
+        for x in ([e] if isinstance(e, int) else list(e)):
+            if isinstance(x, int) and 0 <= x < tt.vocab_size:
+                ends.add(int(x))
+    return frozenset(ends)
+
+
 def seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
     """``generate``'s ``seed`` as the root of the rows' streams: an int >= 0 (numpy integers too),
     a ``torch.Generator`` (one int drawn from it) or None (fresh entropy); else ``ValueError``."""
@@ -147,13 +160,13 @@ class Generation:
     def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str], target_tokenizer: Any,
                  drafter_tokenizer: Any, *, lookahead: int, max_new_tokens: int, greedy: bool,
                  process: dict[str, Any], d_process: dict[str, Any], seed: int | torch.Generator | None,
-                 record_uniforms: bool) -> None:
+                 record_uniforms: bool, mask_textless: bool = False) -> None:
         dev = self.dev = model_device(target)
         self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
-        self.process, self.d_process = process, d_process
+        self.process, self.d_process, self.mask_textless = process, d_process, mask_textless
         vt = self.vt = logit_width(target)
         tt = self.tt = TokenText.get(target_tokenizer, vt)
-        self.t_drop = ~tt.text_mask.to(dev)
+        self.ends: frozenset[int] = end_ids(target, tt)
         batch = self.batch = len(prompts)
         self.prompt_bytes = [p.encode("utf-8") for p in prompts]
         self.t_first = [tt.start(p) for p in prompts]
@@ -173,7 +186,8 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
-        t_space = self.t_space = TextSpace.text(tt, dev)
+        t_space = self.t_space = TextSpace.law(tt, dev, keep_all=not mask_textless, ends=self.ends)
+        self.t_drop = t_space.drop_mask()
         self.t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
         self.dt: TokenText | None = None
         self.drun: Runner | None = None
@@ -218,11 +232,14 @@ class Generation:
         """Each active row emits its tokens (target columns ``verdicts.emitted``): contexts,
         statistics, recorded uniforms, finished rows, and the method's re-sync of the drafter's
         context for the rows that go on."""
-        t_ids, eos = self.t_space.ids, self.tt.eos_id
+        t_ids, ends = self.t_space.ids, self.ends
         for i in range(self.batch):
             if not active[i]:
                 continue
             out = [t_ids[c] for c in verdicts.emitted[i]]
+            ended = next((j for j, t in enumerate(out) if t in ends), None)
+            if ended is not None:  # an end id other than EOS (the kernels stop at EOS): the row ends there
+                out = out[:ended + 1]
             if not self.greedy:
                 self.record(i, verdicts.uniforms[i])
             self.emitted[i].extend(out)
@@ -230,8 +247,8 @@ class Generation:
             st = self.stats[i]
             st.target_calls += 1
             st.proposed += n_d[i]
-            st.accepted += verdicts.accepted[i]
-            if (out and out[-1] == eos) or len(self.emitted[i]) >= self.max_new_tokens:
+            st.accepted += min(verdicts.accepted[i], len(out))
+            if ended is not None or len(self.emitted[i]) >= self.max_new_tokens:
                 self.finished[i] = True
             else:
                 self.method.resync(self, i, out)

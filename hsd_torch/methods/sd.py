@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..drafting import DraftColumns, draft_tokens
+from ..laws import TextSpace
 from ..rounds import Drafts, Verdicts
 from ..verification import rejection
 from .base import Method
@@ -50,8 +51,15 @@ class SD(Method):
         if not gen.bridge.same_tokenizer:
             raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
                              "text); use 'tli' or 'slem' for different tokenizers")
-        if gen.d_space.ids != gen.t_space.ids:  # pragma: no cover - same tokenizer, same ids with text
-            raise AssertionError("the SD drafter's ids with text differ from the target's")
+        if gen.d_space.ids != gen.t_space.ids:  # the target's law keeps ids without text: so does the drafter's
+            vd = gen.d_space.v
+            if max(gen.t_space.ids) >= vd:
+                raise ValueError(
+                    f"method 'sd' drafts over the target's columns, and the target's law keeps every one of its "
+                    f"{gen.vt} ids (mask_textless=False) while the drafter has {vd} logit columns: pass "
+                    "mask_textless=True (ids without text removed from both laws) or a drafter of the target's width")
+            gen.d_space = TextSpace(gen.t_space.ids, vd, gen.dev)
+            gen.d_drop = gen.d_space.drop_mask()
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, list(range(gen.d_space.n)), stop_on_empty=False)
 
     def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:

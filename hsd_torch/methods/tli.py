@@ -95,7 +95,7 @@ class TLI(Method):
 
     def resync(self, gen: Generation, i: int, out: list[int]) -> None:
         """Each emitted target id becomes the drafter id with its string, else the drafter's encoding
-        of its text (context-free: memoized per id)."""
+        of its text (context-free: memoized per id; an id without text adds nothing)."""
         assert gen.bridge is not None and gen.dt is not None
         to_d, d_ctx = gen.bridge.to_drafter_list, gen.d_ctx[i]
         for t in out:
@@ -105,7 +105,6 @@ class TLI(Method):
                 continue
             ids = self.resync_memo.get(t)
             if ids is None:
-                b = gen.tt.bytes_of[t]
-                assert b is not None
-                ids = self.resync_memo[t] = gen.dt.encode(b, free=True)
+                b = gen.tt.bytes_of[t]  # None: an id without text (the target's own law keeps them): no text
+                ids = self.resync_memo[t] = [] if b is None else gen.dt.encode(b, free=True)
             d_ctx.extend(ids)

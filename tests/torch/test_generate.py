@@ -17,6 +17,8 @@ embedding wider than their tokenizer.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +36,7 @@ from _torch_checks import fingerprint  # noqa: E402
 from hsd_torch import CoreModel, generate, kernels, tiny  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy, target_two_token_law  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 

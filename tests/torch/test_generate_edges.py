@@ -17,6 +17,8 @@ more, greedy against the target's own ``model.generate``:
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from hsd_torch.runner import window_view  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 from hsd_torch.vocab import VocabBridge  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 F64 = torch.float64

@@ -36,6 +36,8 @@ stay as explicit examples of the bad-input property (``found_examples``).
 
 from __future__ import annotations
 
+import functools
+
 import math
 import signal
 import threading
@@ -57,6 +59,7 @@ from hsd_torch import generate  # noqa: E402
 from hsd_torch.mirror import target_greedy  # noqa: E402
 from hsd_torch.runner import logit_width  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 

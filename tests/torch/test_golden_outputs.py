@@ -80,7 +80,7 @@ def run(pair: str, kw: dict[str, Any], sample: bool, batch: int, toks: dict[str,
     out = generate(models[t], None if kw["method"] == "ar" else models[d], PROMPTS[:batch],
                    target_tokenizer=toks[tt], drafter_tokenizer=None if kw["method"] == "ar" else toks[dt],
                    max_new_tokens=MAX_NEW, do_sample=sample, seed=7, drafter_temperature=dtemp,
-                   record_uniforms=sample, **kw)
+                   record_uniforms=sample, mask_textless=True, **kw)  # recorded with ids without text removed
     stats = [{k: v for k, v in asdict(s).items() if k != "wall_time"} for s in out.stats]
     uniforms = None if out.uniforms is None else [[float(u).hex() for u in row] for row in out.uniforms]
     return {"sequences": out.sequences, "stats": stats, "uniforms": uniforms}

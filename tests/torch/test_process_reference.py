@@ -38,6 +38,8 @@ the drafter processed with the target's temperature instead of ``drafter_tempera
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -65,6 +67,7 @@ from hsd_torch import generate  # noqa: E402
 from hsd_torch.generate import process_logits  # noqa: E402
 from hsd_torch.mirror import CoreTokenizer, core_text  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 

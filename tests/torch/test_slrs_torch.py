@@ -19,6 +19,8 @@ paths after one or two drafter tokens; min_path_prob 0.01 keeps enough paths for
 
 from __future__ import annotations
 
+import functools
+
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +40,7 @@ from hsd_torch import CoreModel, generate, tiny  # noqa: E402
 from hsd_torch import slrs as tslrs  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy, target_two_token_law  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 

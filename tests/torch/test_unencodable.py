@@ -22,6 +22,8 @@ variant is caught.
 
 from __future__ import annotations
 
+import functools
+
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +39,7 @@ from hsd_torch._cache import IdentityCache  # noqa: E402
 from hsd_torch.generate import process_logits  # noqa: E402
 from hsd_torch.methods.slrs import SLRS, FirstTargetMap  # noqa: E402
 from hsd_torch.text import TokenText, Unencodable  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 

@@ -29,6 +29,8 @@ faithfully and passes them. Two tests see it:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +50,7 @@ from hsd_torch import generate  # noqa: E402
 from hsd_torch.generate import process_logits  # noqa: E402
 from hsd_torch.mirror import CoreTokenizer  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 torch.set_num_threads(1)
 
