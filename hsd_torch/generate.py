@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from ._args import as_int
+from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
 from .methods.slem import retokenize
@@ -86,15 +87,16 @@ def generate(
     proposal_map: str | None = None,
     max_tokens: int | None = 1,
     mask_textless: bool = False,
+    generation_config: Any = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
     ``target``, ``drafter``: Hugging Face causal LMs in eval mode (every module), each on one device,
     both on the same one (``drafter`` may be None for ``method="ar"``); ``target_tokenizer``,
-    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str or a list of str,
-    encoded by each tokenizer with its own special prefix (a BOS; an empty prompt starts from the
-    BOS) and no other special token. ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module
-    docstring). Options, each refused (``ValueError``) with a method that does not use it:
+    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str or a list of str (a
+    chat template's text too: the target's context is its special prefix, then ``tokenizer(prompt,
+    add_special_tokens=False)``; :class:`hsd_torch.text.TokenText`). ``method`` in {"ar", "sd",
+    "tli", "slem", "slrs"} (module docstring). Options, each refused (``ValueError``) with a method that does not use it:
 
     - ``lookahead``: drafts per round (default 4; every method but AR, which accepts and ignores it);
     - ``lookbehind``: SLEM's re-tokenization look-behind (None: 4; SLRS uses 0);
@@ -109,13 +111,10 @@ def generate(
     in :data:`hsd_torch.laws.TEMPERATURE_RANGE`, 1e-3 to 1e3; ``drafter_temperature``, if given,
     replaces ``temperature`` for the drafter: its processing is free, the target's defines the law);
     ``seed``: an int, a ``torch.Generator`` (one int is drawn from it) or None (fresh entropy).
-    ``mask_textless``: False (default), the target's law is its own over every id of its logits
-    (special tokens, a padded embedding's ids included: greedy is ``target.generate``'s argmax);
-    True, ids without text other than EOS and the end ids are removed from it (what ``hsd_core``'s
-    vocabularies can represent: the mirror's and the golden outputs' setting). The drafter's laws
-    keep only ids with text either way (its processing is free), except SD's, which drafts over the
-    target's columns. A row ends at EOS or at any other id of the target's
-    ``generation_config.eos_token_id`` (:func:`hsd_torch.rounds.end_ids`).
+    ``mask_textless``: False (default), the target's law is its own over every id of its logits;
+    True, ids without text but EOS and the end ids are removed (``hsd_core``'s setting: the mirror's).
+    ``generation_config`` (None: the target's): a row ends at EOS or any id of its ``eos_token_id``;
+    fields that change the law are refused, sampling fields are not taken (:mod:`hsd_torch.genconfig`).
     Wherever an int is asked, a numpy integer is one too (a bool is not). ``record_uniforms=True``
     fills ``GenerateOutput.uniforms``. ``progress``, if given, is called after every round with the
     number of rows that finished in it (for a progress bar).
@@ -136,12 +135,30 @@ def generate(
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
+    config = _check_config(target, generation_config)
     run = Generation(m, target, drafter if m.needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
-                     d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless)
+                     d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
+                     generation_config=config)
     while not all(run.finished):
         run.round(progress)
     return run.output(time.perf_counter() - t_start)
+
+
+def _check_config(target: Any, config: Any) -> Any:
+    """The generation config that applies (``config``, or the target's own when None), checked
+    (:func:`hsd_torch.genconfig.check_generation_config`); ``TypeError`` for a config that is not a
+    ``transformers.GenerationConfig``."""
+    from transformers import GenerationConfig
+
+    if config is None:
+        own = getattr(target, "generation_config", None)
+        check_generation_config(own, "the target's generation_config")
+        return own
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"generation_config must be None or a transformers.GenerationConfig, got {type(config).__name__}")
+    check_generation_config(config, "generation_config")
+    return config
 
 
 def _check_flags(*, do_sample: Any, mask_textless: Any, progress: Any) -> None:

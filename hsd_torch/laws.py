@@ -1,9 +1,11 @@
 """The laws every method draws from and verifies against: a model's processed law
-(:func:`process_logits`: ids without text removed, then temperature, top-k, top-p) and the
-columns it lives on (:class:`TextSpace`: the ids with text in ``hsd_core``'s order, EOS last).
+(:func:`process_logits`: the removed ids at 0, then temperature, top-k, top-p) and the columns it
+lives on (:class:`TextSpace`: the ids it may put mass on in ``hsd_core``'s order, EOS last).
 
-The law every method is lossless for is the target's **processed** law; the drafter's laws are
-processed the same way (with its own temperature, if given). Every draw (inverse CDF, and argmax
+The law every method is lossless for is the target's **processed** law, over every id of its
+logits by default (:meth:`TextSpace.law`; ``mask_textless=True``: the ids with text, EOS and the end
+ids); the drafter's laws are processed the same way over its ids with text (with its own
+temperature, if given). Every draw (inverse CDF, and argmax
 ties) reads a law's columns in ``hsd_core``'s order: ids increasing with EOS moved last, which is
 the text space's order, so a law over a text space needs no permutation before a draw.
 """

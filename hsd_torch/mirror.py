@@ -155,7 +155,7 @@ def target_greedy(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, 
     ``do_sample=False`` and the same ``mask_textless`` must return exactly these (the greedy
     identity the tests and ``bench/gpu_check_generate.py`` check)."""
     text = TokenText.get(tokenizer, logit_width(model))
-    ends = end_ids(model, text)
+    ends = end_ids(getattr(model, "generation_config", None), text)
     suppress = [i for i, ok in enumerate(text.text_mask.tolist()) if not ok and i not in ends] if mask_textless else []
     ids = torch.tensor([text.prompt_ids(prompt)], device=model_device(model))
     with torch.inference_mode():

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ._cache import IdentityCache
+from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
 from .text import TokenText
@@ -127,17 +128,11 @@ _BRIDGES: IdentityCache[VocabBridge] = IdentityCache(16)
 width and state, so this skips the bridge's own check of both tokenizers' states on every call."""
 
 
-def end_ids(target: Any, tt: TokenText) -> frozenset[int]:
-    """The ids a row of ``generate`` ends at: the tokenizer's EOS and the target's
-    ``generation_config.eos_token_id`` (an int or a list, as Llama-3 and instruct models ship; ids
-    outside the model's logits are ignored)."""
-    ends = {tt.eos_id}
-    e = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if e is not None:
-        for x in ([e] if isinstance(e, int) else list(e)):
-            if isinstance(x, int) and 0 <= x < tt.vocab_size:
-                ends.add(int(x))
-    return frozenset(ends)
+def end_ids(config: Any, tt: TokenText) -> frozenset[int]:
+    """The ids a row of ``generate`` ends at: the tokenizer's EOS and the generation config's
+    ``eos_token_id`` (``config``: the target's ``generation_config`` or the caller's; an int or a
+    list, as Llama-3 and instruct models ship; ids outside the model's logits are ignored)."""
+    return frozenset([tt.eos_id] + [e for e in end_ids_of(config) if 0 <= e < tt.vocab_size])
 
 
 def seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
@@ -160,13 +155,14 @@ class Generation:
     def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str], target_tokenizer: Any,
                  drafter_tokenizer: Any, *, lookahead: int, max_new_tokens: int, greedy: bool,
                  process: dict[str, Any], d_process: dict[str, Any], seed: int | torch.Generator | None,
-                 record_uniforms: bool, mask_textless: bool = False) -> None:
+                 record_uniforms: bool, mask_textless: bool = False, generation_config: Any = None) -> None:
         dev = self.dev = model_device(target)
         self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
         self.process, self.d_process, self.mask_textless = process, d_process, mask_textless
         vt = self.vt = logit_width(target)
         tt = self.tt = TokenText.get(target_tokenizer, vt)
-        self.ends: frozenset[int] = end_ids(target, tt)
+        config = getattr(target, "generation_config", None) if generation_config is None else generation_config
+        self.ends: frozenset[int] = end_ids(config, tt)
         batch = self.batch = len(prompts)
         self.prompt_bytes = [p.encode("utf-8") for p in prompts]
         self.t_first = [tt.start(p) for p in prompts]

@@ -5,9 +5,9 @@
 - ``bytes_of[i]``: the byte string id ``i`` adds in the middle of a sequence
   (:func:`hsd_torch.vocab.token_bytes`), ``None`` for ids without text (special tokens, ids of a
   padded embedding, EOS, empty strings);
-- ``text_mask [V]``: ids a generated law may put mass on: ids with text, and EOS. Every other id
-  is removed from the laws (:func:`hsd_torch.generate.process_logits`), so every emitted id has
-  text or ends the sequence;
+- ``text_mask [V]``: the ids with text, and EOS: the ids a drafter's law may put mass on, and a
+  target's with ``mask_textless=True`` (with the end ids; by default a target's law keeps every
+  id: :meth:`hsd_torch.laws.TextSpace.law`);
 - :meth:`TokenText.encode`: the **one** encoding rule used for text (a drafter's prompt; the
   target's prompt goes through :meth:`TokenText.encode_prompt`, the same ids for a prompt without
   special-token text), for TLI's re-sync of a token the drafter lacks, for SLEM's drafter context and for SLEM's re-tokenization, by
