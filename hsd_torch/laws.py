@@ -54,7 +54,7 @@ def check_temperature(value: Any, name: str = "temperature") -> float:
         raise TypeError(msg)
     t = float(value)
     if not (math.isfinite(t) and lo <= t <= hi):
-        raise ValueError(msg + (": for greedy decoding use do_sample=False" if 0 < t < lo else ""))
+        raise ValueError(msg + (": for greedy decoding use do_sample=False" if 0 <= t < lo else ""))
     return t
 
 

@@ -182,6 +182,8 @@ def test_temperatures_outside_the_range_are_refused(arg: str, value: float, top_
     msg = refused(pair, ValueError, rf"{arg} must be a number in \[0\.001, 1000(\.0)?\]",
                   **{arg: value, "top_p": top_p})
     assert repr(value) in msg
+    # temperature 0 (transformers' users' spelling of greedy) and tiny ones point to do_sample=False
+    assert ("use do_sample=False" in msg) == (0 <= value < 1e-3)
 
 
 @pytest.mark.parametrize("value", [True, "1.0", [1.0]])
