@@ -245,3 +245,20 @@ def test_chat_prompt_greedy_is_the_targets_own_and_ends_its_turn(pair: dict[str,
         out = generate(target, drafter, prompt, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
                        max_new_tokens=24, do_sample=False, **kw)  # type: ignore[arg-type]
         assert out.sequences[0] == want, (method, tt.decode(out.sequences[0]), tt.decode(want))
+
+
+def test_sampled_bounded_slrs_with_bytes_the_target_lacks_is_refused_up_front(
+        pair: dict[str, tuple[Any, Any]]) -> None:
+    """SmolLM2 target, Gemma drafter: Gemma's <0xC0> & co. start no SmolLM2 token, which bounded
+    SLRS's psi cannot place (it crashed with an IndexError inside psi): refused before any forward
+    pass, naming the bytes. Greedy bounded SLRS runs (test above)."""
+    from _torch_checks import counting_forwards
+
+    from hsd_torch import generate
+
+    (target, tt), (drafter, dt) = pair["smollm2-135m-instruct"], pair["gemma-3-270m"]
+    with counting_forwards(target, drafter) as forwards:
+        with pytest.raises(ValueError, match="start with a byte that starts no target token.*0xc0"):
+            generate(target, drafter, "def f(x):", target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
+                     lookahead=4, proposal_map="longest_prefix", min_path_prob=0.05, max_new_tokens=4)
+    assert forwards[0] == 0

@@ -153,6 +153,17 @@ class BoundedSLRS:
                 BoundedSLRS._root_walks.clear()
             hit = BoundedSLRS._root_walks[key] = (self.trie, self.db, walked)
         self.root_walk: tuple[Tensor, Tensor, Tensor] = hit[2]
+        if not greedy:
+            lost = torch.nonzero(self.root_walk[0] < 0).flatten().tolist()
+            if lost:  # psi would need a proposal for them: refused before any forward pass
+                ids = [int(self.db.ids[c]) for c in lost[:8]]
+                firsts = sorted({b[:1].hex() for b in (drafter.bytes_of[d] for d in ids) if b})
+                raise ValueError(
+                    f"bounded SLRS (proposal_map='longest_prefix') cannot sample with this pair: {len(lost)} drafter "
+                    f"tokens (ids {ids}{', ...' if len(lost) > 8 else ''}) start with a byte that starts no target "
+                    f"token (0x{', 0x'.join(firsts)}: the target's tokenizer has no token for it), so they would "
+                    "propose nothing, which bounded SLRS's psi does not handle yet; use one-token SLRS (lookahead=1), "
+                    "TLI or SLEM, or greedy decoding")
 
     def _continuing(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Pairs (node, drafter column) whose first byte is a child byte of the node's trie state."""
