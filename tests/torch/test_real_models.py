@@ -251,14 +251,17 @@ def test_sampled_bounded_slrs_with_bytes_the_target_lacks_is_refused_up_front(
         pair: dict[str, tuple[Any, Any]]) -> None:
     """SmolLM2 target, Gemma drafter: Gemma's <0xC0> & co. start no SmolLM2 token, which bounded
     SLRS's psi cannot place (it crashed with an IndexError inside psi): refused before any forward
-    pass, naming the bytes. Greedy bounded SLRS runs (test above)."""
-    from _torch_checks import counting_forwards
+    pass, naming the bytes; neither model is modified (fingerprints before and after). Greedy
+    bounded SLRS runs (test above)."""
+    from _torch_checks import counting_forwards, fingerprint
 
     from hsd_torch import generate
 
     (target, tt), (drafter, dt) = pair["smollm2-135m-instruct"], pair["gemma-3-270m"]
+    before = fingerprint(target), fingerprint(drafter)
     with counting_forwards(target, drafter) as forwards:
         with pytest.raises(ValueError, match="start with a byte that starts no target token.*0xc0"):
             generate(target, drafter, "def f(x):", target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
                      lookahead=4, proposal_map="longest_prefix", min_path_prob=0.05, max_new_tokens=4)
     assert forwards[0] == 0
+    assert (fingerprint(target), fingerprint(drafter)) == before
