@@ -88,6 +88,7 @@ def generate(
     max_tokens: int | None = 1,
     mask_textless: bool = False,
     generation_config: Any = None,
+    streamer: Any = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -115,6 +116,7 @@ def generate(
     True, ids without text but EOS and the end ids are removed (``hsd_core``'s setting: the mirror's).
     ``generation_config`` (None: the target's): a row ends at EOS or any id of its ``eos_token_id``;
     fields that change the law are refused, sampling fields are not taken (:mod:`hsd_torch.genconfig`).
+    ``streamer`` (one prompt): a transformers streamer, fed as transformers does (``Generation.run``).
     Wherever an int is asked, a numpy integer is one too (a bool is not). ``record_uniforms=True``
     fills ``GenerateOutput.uniforms``. ``progress``, if given, is called after every round with the
     number of rows that finished in it (for a progress bar).
@@ -128,7 +130,7 @@ def generate(
     prompts = _check_prompts(prompts)
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(do_sample=do_sample, mask_textless=mask_textless, progress=progress)
+    _check_flags(do_sample, mask_textless, progress, streamer, len(prompts))
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
@@ -140,8 +142,7 @@ def generate(
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
                      generation_config=config)
-    while not all(run.finished):
-        run.round(progress)
+    run.run(progress, streamer)
     return run.output(time.perf_counter() - t_start)
 
 
@@ -161,13 +162,21 @@ def _check_config(target: Any, config: Any) -> Any:
     return config
 
 
-def _check_flags(*, do_sample: Any, mask_textless: Any, progress: Any) -> None:
-    """``do_sample`` and ``mask_textless`` are bools, ``progress`` None or a callable (``TypeError``)."""
+def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: Any, n_prompts: int) -> None:
+    """``do_sample`` and ``mask_textless`` are bools, ``progress`` None or a callable, ``streamer``
+    None or an object with ``put`` and ``end`` (``TypeError``), and with one prompt only
+    (``ValueError``: a streamer takes one sequence, as transformers' do)."""
     for name, value in (("do_sample", do_sample), ("mask_textless", mask_textless)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
+    if streamer is not None:
+        if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+            raise TypeError(f"streamer must be None or a transformers streamer (put and end), got {type(streamer).__name__}")
+        if n_prompts != 1:
+            raise ValueError(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
+                             "call generate once per prompt to stream, or leave the streamer out")
 
 
 def _check_prompts(prompts: Any) -> list[str]:

@@ -211,6 +211,20 @@ class Generation:
         if self.used is not None:
             self.used[i].extend(float(v) for v in values)
 
+    def run(self, progress: Callable[[int], None] | None, streamer: Any = None) -> None:
+        """Rounds until every row has finished. ``streamer`` (one row): ``put`` the row's target
+        context (its prompt's ids, ``[1, L]``), then each round's new ids (``[1, n]``), then ``end()``:
+        what transformers' ``generate`` gives its streamers."""
+        if streamer is not None:
+            streamer.put(torch.tensor([self.t_ctx[0]], dtype=torch.long))
+        while not all(self.finished):
+            n0 = len(self.emitted[0])
+            self.round(progress)
+            if streamer is not None and len(self.emitted[0]) > n0:
+                streamer.put(torch.tensor([self.emitted[0][n0:]], dtype=torch.long))
+        if streamer is not None:
+            streamer.end()
+
     def round(self, progress: Callable[[int], None] | None) -> None:
         """One round: one target forward pass for every unfinished row."""
         active = [not f for f in self.finished]
