@@ -39,6 +39,14 @@ def models(toks: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(scope="module")
+def llama_uni(toks: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The tiny Llama target (byte-level BPE) and GPT-2 drafter (Unigram, padded embedding) as a dict:
+    ``target``, ``tt`` (its tokenizer), ``drafter``, ``dt``."""
+    return {"target": models["llama_bpe"], "tt": toks["byte_bpe"], "drafter": models["gpt2_uni_pad"],
+            "dt": toks["unigram"]}
+
+
 @pytest.fixture(scope="session")
 def bench_module() -> Callable[[str], ModuleType]:
     """Loads ``bench/<name>.py`` as a module (with ``bench/`` importable while it loads, for the
