@@ -48,7 +48,8 @@ from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
 
 from ._args import as_int, is_int
 from .generate import process_logits
-from .laws import check_processing
+from .genconfig import end_ids_of
+from .laws import TextSpace, check_processing
 from .runner import check_model, refuse_meta
 from .text import TokenText
 
@@ -101,16 +102,10 @@ class Reference:
 
 
 def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
+    """The tokenizer's EOS and the target's ``generation_config.eos_token_id`` (the end set of
+    :func:`hsd_torch.rounds.end_ids`, before its cut to the model's logits)."""
     e = getattr(tokenizer, "eos_token_id", None)
-    if e is not None:
-        ids.add(int(e))
-    g = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if isinstance(g, int):
-        ids.add(g)
-    elif isinstance(g, (list, tuple)):
-        ids.update(int(x) for x in g)
-    return frozenset(ids)
+    return frozenset(([] if e is None else [int(e)]) + end_ids_of(getattr(target, "generation_config", None)))
 
 
 def _width(model: Any) -> int:
@@ -385,11 +380,10 @@ def audit_generate(
     checked = check_processing(temperature, top_k, top_p)  # the same checks as generate's
     refuse_meta(check_model(target, "target"), "target")
     width = _width(target)
-    if mask_textless:  # hsd_torch.generate(mask_textless=True)'s law: ids with text, EOS and the end ids
-        mask = TokenText(target_tokenizer, width).text_mask.clone()
-        for e in _eos_ids(target, target_tokenizer):
-            if 0 <= e < width:
-                mask[e] = True
+    eos = _eos_ids(target, target_tokenizer)
+    if mask_textless:  # the columns of hsd_torch.generate(mask_textless=True)'s law: ids with text, EOS, end ids
+        space = TextSpace.law(TokenText.get(target_tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
+        mask = ~space.drop_mask()
     else:
         mask = torch.ones(width, dtype=torch.bool)
     process = dict(checked)
@@ -407,7 +401,6 @@ def audit_generate(
         if not ids:
             raise ValueError(f"prompt {prompt!r} encodes to no target ids (the tokenizer adds no BOS): the target has "
                              "nothing to condition on; give a non-empty prompt, or prompt_ids (e.g. [bos_token_id])")
-    eos = _eos_ids(target, target_tokenizer)
     ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
     label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
     core = audit_sampler(_Draw(sample_fn, prompt, ref, width), ref.law, n=int(n), alpha=alpha, power=power,

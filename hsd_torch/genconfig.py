@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._args import is_int
+
 __all__ = ["REFUSED", "check_generation_config", "end_ids_of"]
 
 REFUSED: dict[str, tuple[object, ...]] = {
@@ -80,9 +82,10 @@ def check_generation_config(config: Any, where: str) -> None:
 
 
 def end_ids_of(config: Any) -> list[int]:
-    """``config.eos_token_id`` as a list of ints (empty when unset)."""
+    """``config.eos_token_id`` (an int or a list of them; numpy integers too) as a list of ints
+    (empty when unset)."""
     e = getattr(config, "eos_token_id", None)
     if e is None:
         return []
-    values = [e] if isinstance(e, int) else list(e)
-    return [int(x) for x in values if isinstance(x, int) and not isinstance(x, bool)]
+    values = [e] if is_int(e) else list(e)
+    return [int(x) for x in values if is_int(x)]

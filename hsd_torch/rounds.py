@@ -161,8 +161,7 @@ class Generation:
         self.process, self.d_process, self.mask_textless = process, d_process, mask_textless
         vt = self.vt = logit_width(target)
         tt = self.tt = TokenText.get(target_tokenizer, vt)
-        config = getattr(target, "generation_config", None) if generation_config is None else generation_config
-        self.ends: frozenset[int] = end_ids(config, tt)
+        self.ends: frozenset[int] = end_ids(generation_config, tt)  # the config generate resolved and checked
         batch = self.batch = len(prompts)
         self.prompt_bytes = [p.encode("utf-8") for p in prompts]
         self.t_first = [tt.start(p) for p in prompts]

@@ -122,8 +122,21 @@ class TokenText:
         key = (vocab_size, tokenizer_state(tokenizer))
         return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
 
+    def has_text(self, i: int) -> bool:
+        """Whether id ``i`` is one of the model's ids and has text (``bytes_of[i]`` is not None)."""
+        return 0 <= i < self.vocab_size and self.bytes_of[i] is not None
+
     def _textless(self, ids: Sequence[int]) -> bool:
-        return any(not 0 <= i < self.vocab_size or self.bytes_of[i] is None for i in ids)
+        return not all(self.has_text(i) for i in ids)
+
+    def _own_ids(self, s: str) -> list[int]:
+        """``tokenizer(s, add_special_tokens=False)["input_ids"]``: one call of its tokenizers
+        backend when it has one (special tokens parsed, as the tokenizer itself does)."""
+        if self._fast is not None:
+            return list(self._fast([s], add_special_tokens=False)[0].ids)
+        if self._backend is not None:
+            return list(self._backend.encode(s, add_special_tokens=False).ids)
+        return [int(i) for i in self.tokenizer(s, add_special_tokens=False)["input_ids"]]
 
     def _encode_plain(self, s: str) -> list[int]:
         """``s`` encoded with special-token text read as text (``encode_special_tokens`` on a copy of
@@ -139,12 +152,7 @@ class TokenText:
         return list(self._plain_backend.encode(s, add_special_tokens=False).ids)
 
     def _encode_str(self, s: str, free: bool = False) -> list[int]:
-        if self._fast is not None:
-            ids = list(self._fast([s], add_special_tokens=False)[0].ids)
-        elif self._backend is not None:
-            ids = list(self._backend.encode(s, add_special_tokens=False).ids)
-        else:
-            ids = [int(i) for i in self.tokenizer(s, add_special_tokens=False)["input_ids"]]
+        ids = self._own_ids(s)
         if self._textless(ids):
             # a special token's text inside the text (a model writing "</s>" as bytes): read it as text.
             # An encoding with no special id matched no special token, so it is already that encoding
@@ -161,12 +169,12 @@ class TokenText:
                         if b not in self.byte_id:
                             raise Unencodable(f"the tokenizer has no token for the byte {b:#04x} of {part!r}")
                         ids.append(self.byte_id[b])
-        for i in ids:
-            if not 0 <= i < self.vocab_size or self.bytes_of[i] is None:
-                if free:
-                    return [i for i in ids if 0 <= i < self.vocab_size and self.bytes_of[i] is not None]
-                raise Unencodable(f"encoding {s!r} gave id {i}, which has no text")
-        return ids
+        bad = next((i for i in ids if not self.has_text(i)), None)
+        if bad is None:
+            return ids
+        if free:
+            return [i for i in ids if self.has_text(i)]
+        raise Unencodable(f"encoding {s!r} gave id {bad}, which has no text")
 
     def encode(self, data: bytes, free: bool = False) -> list[int]:
         """Ids of ``data`` (the rule of the module docstring); no special ids. :class:`Unencodable`
@@ -214,10 +222,7 @@ class TokenText:
         without its special prefix, ``tokenizer(prompt, add_special_tokens=False)``, special tokens
         parsed (a chat template's ``<|im_start|>`` is its special id). ``ValueError`` for an id
         outside the model's ``vocab_size`` columns."""
-        if self._backend is not None:
-            ids = list(self._backend.encode(prompt, add_special_tokens=False).ids)
-        else:
-            ids = [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+        ids = self._own_ids(prompt)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"prompt {prompt!r} encodes to id {bad[0]}, outside the model's {self.vocab_size} "

@@ -137,7 +137,7 @@ class FirstTargetMap:
         if texts:
             enc = tt.tokenizer(texts, add_special_tokens=False)["input_ids"]
             for d, ids, text in zip(valid, enc, texts):
-                if any(not 0 <= i < tt.vocab_size or tt.bytes_of[i] is None for i in ids):
+                if not all(tt.has_text(i) for i in ids):
                     try:  # a special token's text: read as text (TokenText.encode), as re-encoding does
                         ids = tt.encode(text.encode("utf-8"))
                     except Unencodable:
