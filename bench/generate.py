@@ -405,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
                 greedy[key(impl, m, mode, b)] = bench.last_sequences
         runs.append({key(*c): res[key(*c)] for c in cfgs})
         print(f"repeat {r + 1}/{args.repeats}: {time.perf_counter() - t1:.0f} s", flush=True)
+        if args.json and r + 1 < args.repeats:  # a run cut short (a device's time limit) keeps its finished repeats
+            part = summarize(runs)
+            part["partial"] = {"repeats_done": r + 1, "repeats_asked": args.repeats}
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(part, indent=1))
     summary = summarize(runs)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)

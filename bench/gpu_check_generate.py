@@ -6,7 +6,7 @@ On the first CUDA device (or the CPU when there is none, to check the script its
    own ``model.generate(do_sample=False)``; sampled output on the device equals the CPU run with
    the same seed for most rows (CUDA's scans add in another order, so a draw within rounding of a
    boundary may differ: the count is printed, not asserted).
-2. Sampled, float32 (the dtype users run), on the device, batched (``--samples`` rows of one
+2. Sampled, float32 (the dtype users run; ``--dtype bfloat16`` for the other one), on the device, batched (``--samples`` rows of one
    prompt per method, 20,000 by default, in chunks of ``--chunk`` rows: rows are independent
    samples, row i seeded by ``(seed, i)``, each chunk its own seed), processed with top-k 8
    (``--top-k``; 0: the full vocabulary, with far less power per sample): the first two new tokens
@@ -14,7 +14,10 @@ On the first CUDA device (or the CPU when there is none, to check the script its
    method; each line prints the TV detectable with power 0.99: 0.036 at 20,000 samples and top-k
    8). This runs the device's sampling paths (draws, residuals, pushforwards, batched caches with
    masks and dropped rows). A lossy control (TLI drafting and verifying at temperature 1.5,
-   audited as temperature 1: TV about 0.15) must be rejected.
+   audited as temperature 1: TV about 0.15) must be rejected. In bfloat16 the audit's reference law is
+   the same bfloat16 model's one-row, uncached forward pass, while generate's rows run batched with a
+   KV cache: the two differ by bfloat16 rounding, so a bfloat16 rejection says
+   "lossy or rounding", and the float32 run is the one that judges the method.
 
 Exits non-zero on a greedy mismatch, a rejected method or an accepted lossy control. About a
 minute on this project's CPU (where it checks the script itself).
@@ -52,9 +55,10 @@ def build(tb: Any, tu: Any, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
             "s": tiny.tiny_gpt2(tb, seed=3, dtype=dtype)}
 
 
-def sampled(dev: torch.device, tb: Any, tu: Any, n: int, chunk: int, top_k: int | None) -> int:
+def sampled(dev: torch.device, tb: Any, tu: Any, n: int, chunk: int, top_k: int | None,
+            dtype: torch.dtype = torch.float32) -> int:
     """Part 2 (module docstring): returns the number of failures."""
-    t, d, s = (m.to(dev) for m in build(tb, tu, torch.float32).values())
+    t, d, s = (m.to(dev) for m in build(tb, tu, dtype).values())
     prompt = PROMPTS[0]
     configs: list[tuple[str, Any, Any, dict[str, Any], bool]] = [
         ("ar", None, None, {}, True), ("sd", s, tb, {}, True), ("tli", d, tu, {}, True), ("slem", d, tu, {}, True),
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=2000, help="rows per generate call")
     ap.add_argument("--top-k", type=int, default=8,
                     help="top-k of the sampled part (0: the full vocabulary, less power per sample)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the sampled part's dtype")
     ap.add_argument("--skip-greedy", action="store_true")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -99,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         bad = greedy(dev, tb, tu)
     n = args.samples
     top_k = args.top_k or None
-    print(f"sampled, float32 on {dev}, top-k {top_k}: first two new tokens against the target's law (alpha 1e-3 "
-          "each)")
-    fails = sampled(dev, tb, tu, n, args.chunk, top_k)
+    print(f"sampled, {args.dtype} on {dev}, top-k {top_k}: first two new tokens against the target's law "
+          "(alpha 1e-3 each)")
+    fails = sampled(dev, tb, tu, n, args.chunk, top_k, getattr(torch, args.dtype))
     print("FAIL" if bad or fails else "OK")
     return 1 if bad or fails else 0
 

@@ -91,3 +91,38 @@ def test_pair_rebuilds_the_tli_drafter_alone_and_diagnoses(tmp_path: Path, monke
         torch.set_num_threads(threads)
     assert 0 <= d["target_tokens_outside_intersection"] <= 1 and d["target_tokens"] > 0
     assert all(v > 0 for v in d["nll_per_char"].values())
+
+
+def test_generate_bench_keeps_finished_repeats_when_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped during its second repeat (as a device's time limit stops it) leaves the first
+    repeat's figures in --json, marked partial; a finished run's file has no such mark."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+
+    threads = torch.get_num_threads()
+    gen = _load("generate")
+    out = tmp_path / "r.json"
+    real = gen.Bench.run_hsd
+
+    def cut_in_repeat_two(self, method, mode, b, seed, **kw):  # type: ignore[no-untyped-def]
+        if seed == 1:
+            raise KeyboardInterrupt("cut")  # what a timeout's signal looks like from inside
+        return real(self, method, mode, b, seed, **kw)
+
+    monkeypatch.setattr(gen.Bench, "run_hsd", cut_in_repeat_two)
+    args = ["--quick", "--fast-pair", "--pair", str(tmp_path / "pair"), "--prompts", "1", "--new", "3",
+            "--repeats", "2", "--batches", "1", "--extra-layers", "1", "--no-transformers", "--json", str(out)]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gen.main(args)
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads(out.read_text())
+    assert res["partial"] == {"repeats_done": 1, "repeats_asked": 2}
+    assert res["methods"]["hsd:tli-greedy@b1"]["new_tokens"] == 3
+    monkeypatch.setattr(gen.Bench, "run_hsd", real)
+    try:
+        assert gen.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "partial" not in json.loads(out.read_text())
