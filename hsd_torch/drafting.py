@@ -44,11 +44,13 @@ class DraftColumns:
 
 def drafter_context_from_text(gen: Generation, active: Sequence[bool]) -> None:
     """Each active row's drafter context becomes its encoding of (prompt + emitted text) after its
-    special prefix: the drafter is re-synced from the accepted text (SLEM, SLRS). What the drafter
+    special prefix (and its own chat template's ids of a conversation, ``gen.d_head``): the drafter
+    is re-synced from the accepted text (SLEM, SLRS). What the drafter
     cannot encode is left out (``TokenText.encode(free=True)``: its context only shapes proposals)."""
     dt, tt = gen.dt, gen.tt
     assert dt is not None
-    gen.d_ctx = [gen.d_start[i] + dt.encode(gen.prompt_bytes[i] + tt.decode(gen.emitted[i]), free=True)
+    gen.d_ctx = [gen.d_start[i] + gen.d_head[i] + dt.encode(gen.prompt_bytes[i] + tt.decode(gen.emitted[i]),
+                                                            free=True)
                  if active[i] else gen.d_ctx[i] for i in range(gen.batch)]
 
 

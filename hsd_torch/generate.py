@@ -56,6 +56,7 @@ from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
 from .methods.slem import retokenize
+from .prompts import check_prompts, render
 from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, refuse_meta
 from .text import check_tokenizer
@@ -67,7 +68,7 @@ __all__ = ["METHODS", "GenerateOutput", "RowStats", "generate", "process_logits"
 def generate(
     target: Any,
     drafter: Any = None,
-    prompts: str | Sequence[str] = (),
+    prompts: str | Sequence[Any] = (),
     *,
     target_tokenizer: Any,
     drafter_tokenizer: Any = None,
@@ -94,9 +95,13 @@ def generate(
 
     ``target``, ``drafter``: Hugging Face causal LMs in eval mode (every module), each on one device,
     both on the same one (``drafter`` may be None for ``method="ar"``); ``target_tokenizer``,
-    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str or a list of str (a
-    chat template's text too: the target's context is its special prefix, then ``tokenizer(prompt,
-    add_special_tokens=False)``; :class:`hsd_torch.text.TokenText`). ``method`` in {"ar", "sd",
+    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str, a conversation
+    (a list of chat messages, dicts with "role" and "content") or a list of those (:mod:`hsd_torch.prompts`).
+    A str is the target's text (a chat template's text too: the target's context is its special
+    prefix, unless the text already begins with it, then ``tokenizer(prompt,
+    add_special_tokens=False)``); a conversation is rendered by the target's chat template as
+    ``apply_chat_template(add_generation_prompt=True)`` renders it, and by the drafter's own one
+    where it has one. ``method`` in {"ar", "sd",
     "tli", "slem", "slrs"} (module docstring). Options, each refused (``ValueError``) with a method that does not use it:
 
     - ``lookahead``: drafts per round (default 4; every method but AR, which accepts and ignores it);
@@ -127,10 +132,10 @@ def generate(
     or generation config is written); everything runs under ``torch.inference_mode``.
     """
     t_start = time.perf_counter()
-    prompts = _check_prompts(prompts)
+    items = check_prompts(prompts)
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(do_sample, mask_textless, progress, streamer, len(prompts))
+    _check_flags(do_sample, mask_textless, progress, streamer, len(items))
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
@@ -138,7 +143,8 @@ def generate(
              proposal_map=proposal_map, max_tokens=max_tokens)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     config = _check_config(target, generation_config)
-    run = Generation(m, target, drafter if m.needs_drafter else None, prompts, target_tokenizer, drafter_tokenizer,
+    rendered = render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None)
+    run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
                      generation_config=config)
@@ -177,26 +183,6 @@ def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: An
         if n_prompts != 1:
             raise ValueError(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
                              "call generate once per prompt to stream, or leave the streamer out")
-
-
-def _check_prompts(prompts: Any) -> list[str]:
-    """``prompts`` as a non-empty list of str that UTF-8 can encode (``TypeError``; ``ValueError``
-    naming the prompt with a lone surrogate, which no tokenizer can encode)."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    elif isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
-        raise TypeError(f"prompts must be a str or a non-empty list of str, got {type(prompts).__name__}")
-    out = list(prompts)
-    if not out or not all(isinstance(p, str) for p in out):
-        raise TypeError("prompts must be a str or a non-empty list of str")
-    for i, p in enumerate(out):
-        try:
-            p.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"prompt {i} ({p!r}) is not text UTF-8 can encode: it has a lone surrogate "
-                             f"{p[e.start]!r} at character {e.start} (half of a surrogate pair; decode the text "
-                             "it came from with errors='replace', or remove it)") from None
-    return out
 
 
 def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_tokenizer: Any, method: str, *,

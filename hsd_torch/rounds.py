@@ -41,6 +41,7 @@ from ._cache import IdentityCache
 from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
+from .prompts import Prompts
 from .text import TokenText
 from .vocab import VocabBridge
 
@@ -152,7 +153,7 @@ class Generation:
     rows' contexts, randomness and statistics, and :meth:`round`. ``method`` is the method object
     (:mod:`hsd_torch.methods`), set up here once the spaces exist."""
 
-    def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str], target_tokenizer: Any,
+    def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str] | Prompts, target_tokenizer: Any,
                  drafter_tokenizer: Any, *, lookahead: int, max_new_tokens: int, greedy: bool,
                  process: dict[str, Any], d_process: dict[str, Any], seed: int | torch.Generator | None,
                  record_uniforms: bool, mask_textless: bool = False, generation_config: Any = None) -> None:
@@ -162,10 +163,13 @@ class Generation:
         vt = self.vt = logit_width(target)
         tt = self.tt = TokenText.get(target_tokenizer, vt)
         self.ends: frozenset[int] = end_ids(generation_config, tt)  # the config generate resolved and checked
-        batch = self.batch = len(prompts)
-        self.prompt_bytes = [p.encode("utf-8") for p in prompts]
-        self.t_first = [tt.start(p) for p in prompts]
-        self.t_ctx = [self.t_first[i] + tt.encode_prompt(prompts[i]) for i in range(batch)]
+        rendered = prompts if isinstance(prompts, Prompts) else Prompts.of_text(prompts)
+        batch = self.batch = len(rendered.target)
+        # the drafter's prompt text read as text (empty where its own chat template's ids are in d_start)
+        self.prompt_bytes = [b"" if parsed else p.encode("utf-8")
+                             for p, parsed in zip(rendered.drafter, rendered.drafter_parsed)]
+        self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
+        self.t_ctx = [self.t_first[i] + tt.encode_prompt(rendered.target[i]) for i in range(batch)]
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):
@@ -188,7 +192,8 @@ class Generation:
         self.drun: Runner | None = None
         self.bridge: VocabBridge | None = None
         self.d_ctx: list[list[int]] = []
-        self.d_start: list[list[int]] = []
+        self.d_start: list[list[int]] = []  # the drafter's special prefix per row (kept by its window)
+        self.d_head: list[list[int]] = []  # then its own chat template's ids of the prompt (else empty)
         self.d_drop: Tensor | None = None
         self.d_space: TextSpace | None = None  # the drafter's text space: its laws' columns
         if drafter is not None:
@@ -198,8 +203,11 @@ class Generation:
                 target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
                 target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev))
             self.d_drop = ~dt.text_mask.to(dev)
-            self.d_start = [dt.start(p) for p in prompts]
-            self.d_ctx = [self.d_start[i] + dt.encode(self.prompt_bytes[i], free=True) for i in range(batch)]
+            self.d_start = [dt.start(p, parsed=parsed) for p, parsed in zip(rendered.drafter, rendered.drafter_parsed)]
+            self.d_head = [dt.encode_prompt(p) if parsed else [] for p, parsed in zip(rendered.drafter,
+                                                                                    rendered.drafter_parsed)]
+            self.d_ctx = [self.d_start[i] + self.d_head[i] + dt.encode(self.prompt_bytes[i], free=True)
+                          for i in range(batch)]
             self.drun = Runner(drafter, batch, dt.eos_id, "drafter", window=True,
                                n_prefix=[len(x) for x in self.d_start])
             self.d_space = TextSpace.text(dt, dev)

@@ -202,11 +202,16 @@ class TokenText:
         bs = self.bytes_of
         return b"".join(b for b in (bs[i] for i in ids) if b is not None)
 
-    def start(self, prompt: str) -> list[int]:
+    def start(self, prompt: str, parsed: bool = False) -> list[int]:
         """The special ids a context for ``prompt`` starts with: :attr:`prefix`; or, when the
         tokenizer adds no prefix and ``prompt`` encodes to no ids (an empty prompt), its BOS, so
         that the model has something to condition on (as ``model.generate`` does without input
-        ids). ``ValueError`` when it has no BOS either."""
+        ids). ``ValueError`` when it has no BOS either. ``parsed=True`` (the target's prompt, read
+        by :meth:`encode_prompt`): a prompt whose own ids already begin with the prefix (a chat
+        template's text begins with ``<bos>`` or ``<|begin_of_text|>``) gets no second one, as
+        ``apply_chat_template`` feeds it."""
+        if parsed and self.prefix and self.encode_prompt(prompt)[:len(self.prefix)] == list(self.prefix):
+            return []
         if self.prefix or self.encode_prompt(prompt):
             return list(self.prefix)
         bos = getattr(self.tokenizer, "bos_token_id", None)
@@ -230,8 +235,9 @@ class TokenText:
         return ids
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """:meth:`start` followed by :meth:`encode_prompt` (never empty)."""
-        return self.start(prompt) + self.encode_prompt(prompt)
+        """The target's context for ``prompt``: :meth:`start` (``parsed=True``) followed by
+        :meth:`encode_prompt` (never empty)."""
+        return self.start(prompt, parsed=True) + self.encode_prompt(prompt)
 
     def ids_without_prefix(self, ids: Sequence[int]) -> list[int]:
         """``ids`` with the leading :attr:`prefix` removed."""

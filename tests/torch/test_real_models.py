@@ -230,7 +230,7 @@ def test_chat_prompt_greedy_is_the_targets_own_and_ends_its_turn(pair: dict[str,
     """A chat prompt (SmolLM2's own template, with its special tokens) with the SmolLM2 target and the
     Gemma drafter: the target's context is ``tokenizer(text, add_special_tokens=False)``, and greedy
     AR, TLI, SLEM and one-token SLRS emit the target's own ``generate`` tokens, ending the turn
-    with ``<|im_end|>`` (its EOS)."""
+    with ``<|im_end|>`` (its EOS); the conversation given as messages does the same."""
     from hsd_torch import generate
 
     torch.set_num_threads(1)
@@ -245,6 +245,14 @@ def test_chat_prompt_greedy_is_the_targets_own_and_ends_its_turn(pair: dict[str,
         out = generate(target, drafter, prompt, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
                        max_new_tokens=24, do_sample=False, **kw)  # type: ignore[arg-type]
         assert out.sequences[0] == want, (method, tt.decode(out.sequences[0]), tt.decode(want))
+    # the same conversation as messages: rendered by SmolLM2's template (Gemma-3-270M, a base model, has
+    # none: its drafter reads the rendering as text); and refused with the Gemma target, which has none
+    conv = [{"role": "user", "content": "What is 2+2?"}]
+    out = generate(target, drafter, conv, target_tokenizer=tt, drafter_tokenizer=dt, method="slem", lookahead=3,
+                   max_new_tokens=24, do_sample=False)
+    assert out.sequences[0] == want
+    with pytest.raises(ValueError, match="no chat template"):
+        generate(drafter, target, conv, target_tokenizer=dt, drafter_tokenizer=tt, method="tli", max_new_tokens=2)
 
 
 def test_sampled_bounded_slrs_with_bytes_the_target_lacks_is_refused_up_front(
