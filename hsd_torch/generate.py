@@ -56,10 +56,10 @@ from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
 from .methods.slem import retokenize
-from .prompts import check_prompts, render
+from .prompts import _as_rows, check_prompts, from_ids, render
 from .rounds import GenerateOutput, Generation, RowStats
-from .runner import check_model, refuse_meta
-from .text import check_tokenizer
+from .runner import check_model, logit_width, refuse_meta
+from .text import TokenText, check_tokenizer
 
 __all__ = ["METHODS", "GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
 
@@ -90,6 +90,8 @@ def generate(
     mask_textless: bool = False,
     generation_config: Any = None,
     streamer: Any = None,
+    input_ids: Any = None,
+    attention_mask: Any = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -101,7 +103,9 @@ def generate(
     prefix, unless the text already begins with it, then ``tokenizer(prompt,
     add_special_tokens=False)``); a conversation is rendered by the target's chat template as
     ``apply_chat_template(add_generation_prompt=True)`` renders it, and by the drafter's own one
-    where it has one. ``method`` in {"ar", "sd",
+    where it has one. ``input_ids`` (``[B, L]`` ids, a tensor or lists; ``attention_mask`` of the same
+    shape, one run of ones per row), in place of ``prompts``: each row's target context is exactly
+    its ids, transformers' convention (the drafter reads their decoded text). ``method`` in {"ar", "sd",
     "tli", "slem", "slrs"} (module docstring). Options, each refused (``ValueError``) with a method that does not use it:
 
     - ``lookahead``: drafts per round (default 4; every method but AR, which accepts and ignores it);
@@ -128,14 +132,23 @@ def generate(
 
     Every argument is checked before any work (``TypeError`` / ``ValueError`` /
     ``NotImplementedError`` naming it: ``docs/generate.md``, "What generate refuses, and why").
-    Returns :class:`GenerateOutput`. The models are never modified (no attribute, weight, config
+    Returns :class:`GenerateOutput` (lists; :meth:`GenerateOutput.tensors` gives transformers'
+    padded tensors). The models are never modified (no attribute, weight, config
     or generation config is written); everything runs under ``torch.inference_mode``.
     """
     t_start = time.perf_counter()
-    items = check_prompts(prompts)
+    if input_ids is None:
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
+        items: list[Any] = check_prompts(prompts)
+    else:
+        if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
+            raise ValueError("give prompts or input_ids, not both")
+        items = []
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(do_sample, mask_textless, progress, streamer, len(items))
+    n_rows = len(items) if input_ids is None else len(_as_rows(input_ids, "input_ids"))
+    _check_flags(do_sample, mask_textless, progress, streamer, n_rows)
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
@@ -143,7 +156,8 @@ def generate(
              proposal_map=proposal_map, max_tokens=max_tokens)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     config = _check_config(target, generation_config)
-    rendered = render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None)
+    rendered = (render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None) if input_ids is None
+                else from_ids(input_ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target))))
     run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,

@@ -6,6 +6,9 @@ A prompt is either
 - a ``str``: the target's context is ``tokenizer(prompt, add_special_tokens=False)`` after the
   tokenizer's special prefix (:meth:`hsd_torch.text.TokenText.encode_prompt`; a chat template's
   special tokens are its special ids), and the drafter reads the same text as text; or
+- given ids (``generate(input_ids=..., attention_mask=...)``, transformers' convention): each row's
+  target context is exactly its ids where the mask is 1 (one run of ones per row: left or right
+  padding), and the drafter reads their decoded text as text; or
 - a **conversation**, a list of messages (mappings with ``"role"`` and ``"content"``, as
   ``tokenizer.apply_chat_template`` takes them): the target's text is its tokenizer's chat
   template applied with ``add_generation_prompt=True``, fed as ``apply_chat_template`` feeds it;
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prompts", "check_prompts", "render"]
+__all__ = ["Prompts", "check_prompts", "from_ids", "render"]
 
 Conversation = list[dict[str, Any]]
 
@@ -37,6 +40,9 @@ class Prompts:
     target: list[str]
     drafter: list[str]
     drafter_parsed: list[bool]
+    target_ids: list[list[int]] | None = None
+    """Given ids (``generate(input_ids=...)``): each row's target context exactly, in place of its
+    text's encoding (``target`` is then their decoded text, which the drafter reads as text)."""
 
     @classmethod
     def of_text(cls, texts: Sequence[str]) -> Prompts:
@@ -139,3 +145,58 @@ def render(items: Sequence[str | Conversation], target_tokenizer: Any, drafter_t
             drafter.append(t)
             parsed.append(False)
     return Prompts(target, drafter, parsed)
+
+
+def from_ids(input_ids: Any, attention_mask: Any, text: Any) -> Prompts:
+    """Rows of target ids as prompts (module docstring): ``input_ids`` a 2-D integer tensor or a
+    list of lists of ints ``[B, L]``, ``attention_mask`` None (every id counts) or the same shape
+    of 0 and 1 with one run of ones per row; ``text`` the target's
+    :class:`hsd_torch.text.TokenText` (ids must be within its ``vocab_size`` logit columns).
+    ``TypeError`` / ``ValueError`` naming the row otherwise."""
+    rows = _as_rows(input_ids, "input_ids")
+    masks = _as_rows(attention_mask, "attention_mask") if attention_mask is not None else None
+    out: list[list[int]] = []
+    for i, row in enumerate(rows):
+        ids = row
+        if masks is not None:
+            if i >= len(masks) or len(masks[i]) != len(row) or len(masks) != len(rows):
+                raise ValueError(f"attention_mask must have input_ids' shape; row {i} differs")
+            m = masks[i]
+            if any(v not in (0, 1) for v in m):
+                raise ValueError(f"attention_mask row {i} has values other than 0 and 1")
+            ones = [j for j, v in enumerate(m) if v == 1]
+            if ones and ones[-1] - ones[0] + 1 != len(ones):
+                raise ValueError(f"attention_mask row {i} has a hole (a 0 between ones): give one run of ones per "
+                                 "row (left or right padding), as a batch of prompts has")
+            ids = [row[j] for j in ones]
+        if not ids:
+            raise ValueError(f"input_ids row {i} has no id (its mask is all 0): the target needs at least one id "
+                             "to condition on")
+        bad = [t for t in ids if not 0 <= t < text.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids row {i} has id {bad[0]}, outside the target's {text.vocab_size} logit columns")
+        out.append(ids)
+    decoded = [text.decode(ids).decode("utf-8", errors="replace") for ids in out]
+    return Prompts(decoded, decoded, [False] * len(out), target_ids=out)
+
+
+def _as_rows(x: Any, name: str) -> list[list[int]]:
+    """A 2-D integer tensor or a non-empty list of lists of ints as lists (``TypeError`` /
+    ``ValueError`` naming ``name``)."""
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 2 or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 2-D integer tensor [batch, length], got {x.dim()}-D {x.dtype}")
+        rows: list[list[int]] = x.tolist()
+    elif isinstance(x, (list, tuple)) and x and all(isinstance(r, (list, tuple)) for r in x):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for r in x for v in r):
+            raise TypeError(f"{name} must hold ints")
+        rows = [[int(v) for v in r] for r in x]
+    else:
+        raise TypeError(f"{name} must be a 2-D integer tensor or a non-empty list of lists of ints, got "
+                        f"{type(x).__name__}")
+    if not rows:
+        raise ValueError(f"{name} has no rows")
+    return rows

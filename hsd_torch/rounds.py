@@ -79,7 +79,7 @@ class RowStats:
 
 @dataclass
 class GenerateOutput:
-    """``sequences[i]``: the new target ids of prompt ``i`` (ending with EOS if it came);
+    """``sequences[i]``: the new target ids of prompt ``i`` (ending with EOS or an end id if it came);
     ``texts[i]``: their text (the tokens' bytes decoded as UTF-8, invalid bytes replaced);
     ``stats[i]``: :class:`RowStats`; ``uniforms[i]``: the uniforms row ``i`` consumed, in
     ``hsd_core``'s order (only with ``record_uniforms=True``, else ``None``)."""
@@ -88,6 +88,34 @@ class GenerateOutput:
     texts: list[str]
     stats: list[RowStats]
     uniforms: list[list[float]] | None = None
+    prompt_ids: list[list[int]] | None = None
+    """Each row's target context before its new ids (its prompt's ids, special prefix included)."""
+    pad_token_id: int | None = None
+    """The id :meth:`tensors` pads with by default (the target tokenizer's pad id, else its EOS)."""
+
+    def tensors(self, pad_token_id: int | None = None, device: Any = None) -> dict[str, Tensor]:
+        """The output as transformers' ``generate`` returns a left-padded batch: ``"sequences"``
+        ``[B, P + N]`` int64 (each row's prompt ids right-aligned in the first ``P`` columns, its new
+        ids from column ``P``, padded after them), ``"attention_mask"`` (1 on prompt and new ids, 0 on
+        padding) and ``"new_tokens"`` ``[B, N]`` (the new ids, padded); ``P`` and ``N`` the longest
+        prompt and continuation; padding ``pad_token_id`` (default: :attr:`pad_token_id`)."""
+        pad = self.pad_token_id if pad_token_id is None else pad_token_id
+        if pad is None or self.prompt_ids is None:
+            raise ValueError("this output has no prompt ids or pad id (built by hand): give pad_token_id")
+        p = max(len(x) for x in self.prompt_ids)
+        n = max((len(x) for x in self.sequences), default=0)
+        b = len(self.sequences)
+        seq = torch.full((b, p + n), int(pad), dtype=torch.long)
+        mask = torch.zeros((b, p + n), dtype=torch.long)
+        new = torch.full((b, n), int(pad), dtype=torch.long)
+        for i, (pr, s) in enumerate(zip(self.prompt_ids, self.sequences)):
+            seq[i, p - len(pr):p] = torch.tensor(pr, dtype=torch.long)
+            mask[i, p - len(pr):p + len(s)] = 1
+            if s:
+                seq[i, p:p + len(s)] = torch.tensor(s, dtype=torch.long)
+                new[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        return {k: v.to(device) if device is not None else v
+                for k, v in (("sequences", seq), ("attention_mask", mask), ("new_tokens", new))}
 
 
 
@@ -168,8 +196,13 @@ class Generation:
         # the drafter's prompt text read as text (empty where its own chat template's ids are in d_start)
         self.prompt_bytes = [b"" if parsed else p.encode("utf-8")
                              for p, parsed in zip(rendered.drafter, rendered.drafter_parsed)]
-        self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
-        self.t_ctx = [self.t_first[i] + tt.encode_prompt(rendered.target[i]) for i in range(batch)]
+        if rendered.target_ids is not None:  # given ids: the context exactly
+            self.t_first: list[list[int]] = [[] for _ in range(batch)]
+            self.t_ctx = [list(ids) for ids in rendered.target_ids]
+        else:
+            self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
+            self.t_ctx = [self.t_first[i] + tt.encode_prompt(rendered.target[i]) for i in range(batch)]
+        self.prompt_ids = [list(c) for c in self.t_ctx]
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):
@@ -301,4 +334,6 @@ class Generation:
                 st.drafter_recomputed = drun.recomputed[i]
             st.wall_time = wall
         texts = [self.tt.decode(e).decode("utf-8", errors="replace") for e in self.emitted]
-        return GenerateOutput(self.emitted, texts, self.stats, self.used)
+        pad = getattr(self.tt.tokenizer, "pad_token_id", None)
+        return GenerateOutput(self.emitted, texts, self.stats, self.used, self.prompt_ids,
+                              self.tt.eos_id if pad is None else int(pad))
