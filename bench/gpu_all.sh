@@ -10,6 +10,7 @@
 # 2. the kernels' speed, alone on the device (bench/kernels.py --device cuda);
 # 3. the end-to-end benchmark (bench/gpu.sh: batches 1, 16, 64, bfloat16) in the time left.
 #
+# HSD_GPU_PARTS picks parts (default "check kernels bench"; a lease can be split across two calls).
 # Each part runs under its own timeout whatever the others did; everything lands in OUT_DIR/work,
 # packed at the end (and on any exit) into OUT_DIR/gpu_all.tar.gz, with OUT_DIR/summary.txt beside it
 # (a device returns few files). Exits 0; the summary says what failed. On a machine without CUDA it
@@ -37,21 +38,28 @@ run() {  # run NAME TIMEOUT CMD...: log to $W/NAME.txt, record the exit code and
   local rc=$?
   echo "$name: exit $rc in $(( $(date +%s) - t0 )) s (limit $t s)" >> "$OUT/summary.txt"
 }
-echo "device $DEV, budget $BUDGET s, $(date -u)" > "$OUT/summary.txt"
-run check_float32 180 "$PY" bench/gpu_check_generate.py &
-run check_bfloat16 180 "$PY" bench/gpu_check_generate.py --dtype bfloat16 --skip-greedy &
-run kernels_agreement 180 "$PY" bench/kernels.py --device "$DEV" --agreement --json "$W/kernels_agreement.json" &
-wait
-run kernels "$(( $(left) < 150 ? $(left) / 2 : 120 ))" "$PY" bench/kernels.py --device "$DEV" --threads 8 --ref-rows 1 \
-  --repeat 5 --json "$W/kernels.json"
+PARTS=" ${HSD_GPU_PARTS:-check kernels bench} "
+echo "device $DEV, budget $BUDGET s, parts${PARTS}, $(date -u)" > "$OUT/summary.txt"
+if [[ $PARTS == *" check "* ]]; then
+  run check_float32 180 "$PY" bench/gpu_check_generate.py &
+  run check_bfloat16 180 "$PY" bench/gpu_check_generate.py --dtype bfloat16 --skip-greedy &
+  run kernels_agreement 180 "$PY" bench/kernels.py --device "$DEV" --agreement --json "$W/kernels_agreement.json" &
+  wait
+fi
+if [[ $PARTS == *" kernels "* ]]; then
+  run kernels "$(( $(left) < 150 ? $(left) / 2 : 120 ))" "$PY" bench/kernels.py --device "$DEV" --threads 8 --ref-rows 1 \
+    --repeat 5 --json "$W/kernels.json"
+fi
 T=$(( $(left) - 15 ))
-if [ "$T" -gt 30 ]; then
+if [[ $PARTS != *" bench "* ]]; then
+  echo "bench: not asked for" >> "$OUT/summary.txt"
+elif [ "$T" -gt 30 ]; then
   export HSD_BENCH_TIMEOUT=$(( T - 5 ))
   run bench "$T" bash bench/gpu.sh "$W/bench"
 else
   echo "bench: skipped, $T s left" >> "$OUT/summary.txt"
 fi
-for f in check_float32 check_bfloat16; do echo "--- $f: $(tail -1 "$W/$f.txt")" >> "$OUT/summary.txt"; done
+for f in check_float32 check_bfloat16; do [ -f "$W/$f.txt" ] && echo "--- $f: $(tail -1 "$W/$f.txt")" >> "$OUT/summary.txt"; done
 grep -h "FAIL\|MISMATCH\|Error\|error" "$W"/check_*.txt "$W"/kernels*.txt >> "$OUT/summary.txt" 2>/dev/null
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"
 exit 0
