@@ -2,7 +2,9 @@
 caller passes as ``generation_config=``), and what it refuses.
 
 Honoured: ``eos_token_id`` (an int or a list): a row ends at any of those ids or at the
-tokenizer's EOS (:func:`hsd_torch.rounds.end_ids`), and they stay in the target's law.
+tokenizer's EOS (:func:`hsd_torch.rounds.end_ids`), and they stay in the target's law;
+``min_new_tokens`` and ``stop_strings`` (unless ``generate``'s own arguments of those names are
+given: :mod:`hsd_torch.processors`).
 
 Not taken from the config: ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and
 ``max_new_tokens`` are ``generate``'s own arguments, with its own defaults (sampling at temperature
@@ -13,10 +15,11 @@ top-k of 50 when sampling with none set: ``top_k=50`` gives its law.
 Refused (``ValueError`` naming the field, before any work): every field that changes the target's
 law or the way a sequence is chosen, which ``generate`` does not implement, so that nothing is
 ignored silently: :data:`REFUSED` (repetition penalties, n-gram bans, forced, suppressed or biased
-ids, minimum lengths, typical / epsilon / eta / min-p / top-h truncation, beams, contrastive search,
-guidance, DoLa, watermarking, stop strings, time limits, token healing, several sequences per
-prompt). A value equal to the field's neutral one (``repetition_penalty=1.0``, ``num_beams=1``,
-``min_new_tokens=0``, ...) is accepted. Fields about outputs, caches and assistants are ignored:
+ids, ``min_length`` (a total length, prompt included), typical / epsilon / eta / min-p / top-h
+truncation, beams, contrastive search, guidance, DoLa, watermarking, time limits, token healing,
+several sequences per prompt; a caller can still pass transformers' processor for most of them as
+``logits_processor=``). A value equal to the field's neutral one (``repetition_penalty=1.0``,
+``num_beams=1``, ...) is accepted. Fields about outputs, caches and assistants are ignored:
 they do not change the law.
 """
 
@@ -42,7 +45,6 @@ REFUSED: dict[str, tuple[object, ...]] = {
     "forced_bos_token_id": (),
     "forced_eos_token_id": (),
     "min_length": (0,),
-    "min_new_tokens": (0,),
     "exponential_decay_length_penalty": (),
     "typical_p": (1, 1.0),
     "epsilon_cutoff": (0, 0.0),
@@ -56,7 +58,6 @@ REFUSED: dict[str, tuple[object, ...]] = {
     "guidance_scale": (1, 1.0),
     "dola_layers": (),
     "watermarking_config": (),
-    "stop_strings": (),
     "max_time": (),
     "token_healing": (False,),
     "num_return_sequences": (1,),

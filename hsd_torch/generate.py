@@ -56,6 +56,7 @@ from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
 from .methods.slem import retokenize
+from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
 from .prompts import _as_rows, check_prompts, from_ids, render
 from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, logit_width, refuse_meta
@@ -92,62 +93,42 @@ def generate(
     streamer: Any = None,
     input_ids: Any = None,
     attention_mask: Any = None,
+    logits_processor: Any = None,
+    min_new_tokens: int | None = None,
+    stop_strings: str | Sequence[str] | None = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
-    ``target``, ``drafter``: Hugging Face causal LMs in eval mode (every module), each on one device,
-    both on the same one (``drafter`` may be None for ``method="ar"``); ``target_tokenizer``,
-    ``drafter_tokenizer``: their ``transformers`` tokenizers; ``prompts``: a str, a conversation
-    (a list of chat messages, dicts with "role" and "content") or a list of those (:mod:`hsd_torch.prompts`).
-    A str is the target's text (a chat template's text too: the target's context is its special
-    prefix, unless the text already begins with it, then ``tokenizer(prompt,
-    add_special_tokens=False)``); a conversation is rendered by the target's chat template as
-    ``apply_chat_template(add_generation_prompt=True)`` renders it, and by the drafter's own one
-    where it has one. ``input_ids`` (``[B, L]`` ids, a tensor or lists; ``attention_mask`` of the same
-    shape, one run of ones per row), in place of ``prompts``: each row's target context is exactly
-    its ids, transformers' convention (the drafter reads their decoded text). ``method`` in {"ar", "sd",
-    "tli", "slem", "slrs"} (module docstring). Options, each refused (``ValueError``) with a method that does not use it:
+    ``target``, ``drafter``: Hugging Face causal LMs in eval mode, on one device (``drafter`` None
+    for ``method="ar"``), with their ``transformers`` tokenizers; ``prompts``: a str (a chat
+    template's text too), a conversation or a list of those, or instead ``input_ids`` (and
+    ``attention_mask``): the target's context is what transformers feeds (:mod:`hsd_torch.prompts`).
+    ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring); options a method does not
+    use are refused: ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind``
+    (SLEM's, None: 4), ``proposal_map="longest_prefix"`` and ``min_path_prob`` (bounded SLRS, needed
+    beyond ``lookahead=1``; greedy needs no stop), ``max_tokens`` (bounded SLRS's target ids per
+    round, default 1; None: up to the budget).
 
-    - ``lookahead``: drafts per round (default 4; every method but AR, which accepts and ignores it);
-    - ``lookbehind``: SLEM's re-tokenization look-behind (None: 4; SLRS uses 0);
-    - ``proposal_map``, ``min_path_prob``: SLRS's; "slrs" beyond ``lookahead=1`` needs
-      ``proposal_map="longest_prefix"`` and ``min_path_prob``, the bounded procedure's probability
-      stop (greedy needs no stop), which one-token SLRS does not take;
-    - ``max_tokens``: bounded SLRS's proposed target ids per round, verified against psi conditioned
-      on the ones before (default 1, accepted by every method; None: up to the budget).
+    ``do_sample=False``: greedy (argmax, ties to the lowest id); ``temperature`` (1e-3 to 1e3),
+    ``top_k``, ``top_p``: both models' processing (:func:`process_logits`; ``drafter_temperature``
+    replaces the drafter's, which is free); ``seed``: an int, a ``torch.Generator`` or None.
+    ``mask_textless=True`` removes ids without text (but EOS and the end ids) from the target's law
+    (``hsd_core``'s setting); by default the law is the target's own over every id.
+    ``generation_config`` (None: the target's): end ids, ``min_new_tokens`` and ``stop_strings`` are
+    honoured, fields that change the law otherwise are refused (:mod:`hsd_torch.genconfig`);
+    ``logits_processor``, ``min_new_tokens``, ``stop_strings``: as transformers applies them, at
+    every verified position (:mod:`hsd_torch.processors`). ``streamer`` (one prompt): fed as
+    transformers feeds it. ``record_uniforms=True`` fills ``GenerateOutput.uniforms``; ``progress(n)``
+    is called after every round with the rows that finished in it. Numpy integers are ints.
 
-    ``do_sample=False``: greedy (argmax, ties to the lowest id), no randomness; ``temperature``,
-    ``top_k``, ``top_p``: the processing of both models' laws (:func:`process_logits`; temperatures
-    in :data:`hsd_torch.laws.TEMPERATURE_RANGE`, 1e-3 to 1e3; ``drafter_temperature``, if given,
-    replaces ``temperature`` for the drafter: its processing is free, the target's defines the law);
-    ``seed``: an int, a ``torch.Generator`` (one int is drawn from it) or None (fresh entropy).
-    ``mask_textless``: False (default), the target's law is its own over every id of its logits;
-    True, ids without text but EOS and the end ids are removed (``hsd_core``'s setting: the mirror's).
-    ``generation_config`` (None: the target's): a row ends at EOS or any id of its ``eos_token_id``;
-    fields that change the law are refused, sampling fields are not taken (:mod:`hsd_torch.genconfig`).
-    ``streamer`` (one prompt): a transformers streamer, fed as transformers does (``Generation.run``).
-    Wherever an int is asked, a numpy integer is one too (a bool is not). ``record_uniforms=True``
-    fills ``GenerateOutput.uniforms``. ``progress``, if given, is called after every round with the
-    number of rows that finished in it (for a progress bar).
-
-    Every argument is checked before any work (``TypeError`` / ``ValueError`` /
-    ``NotImplementedError`` naming it: ``docs/generate.md``, "What generate refuses, and why").
-    Returns :class:`GenerateOutput` (lists; :meth:`GenerateOutput.tensors` gives transformers'
-    padded tensors). The models are never modified (no attribute, weight, config
-    or generation config is written); everything runs under ``torch.inference_mode``.
+    Every argument is checked before any work (``docs/generate.md``, "What generate refuses, and
+    why"). Returns :class:`GenerateOutput` (lists; ``.tensors()``: transformers' padded tensors).
+    The models are never modified; everything runs under ``torch.inference_mode``.
     """
     t_start = time.perf_counter()
-    if input_ids is None:
-        if attention_mask is not None:
-            raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
-        items: list[Any] = check_prompts(prompts)
-    else:
-        if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
-            raise ValueError("give prompts or input_ids, not both")
-        items = []
+    items, n_rows = _check_rows(prompts, input_ids, attention_mask)
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    n_rows = len(items) if input_ids is None else len(_as_rows(input_ids, "input_ids"))
     _check_flags(do_sample, mask_textless, progress, streamer, n_rows)
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
@@ -156,14 +137,38 @@ def generate(
              proposal_map=proposal_map, max_tokens=max_tokens)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     config = _check_config(target, generation_config)
+    extras = _check_extras(config, logits_processor, min_new_tokens, stop_strings)
     rendered = (render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None) if input_ids is None
                 else from_ids(input_ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target))))
     run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
-                     generation_config=config)
+                     generation_config=config, **extras)
     run.run(progress, streamer)
     return run.output(time.perf_counter() - t_start)
+
+
+def _check_extras(config: Any, logits_processor: Any, min_new_tokens: Any, stop_strings: Any) -> dict[str, Any]:
+    """``Generation``'s ``processors``, ``min_new_tokens`` and ``stop_strings``, checked
+    (:mod:`hsd_torch.processors`); a None minimum or stop strings are the generation config's."""
+    return {"processors": check_logits_processor(logits_processor),
+            "min_new_tokens": check_min_new_tokens(getattr(config, "min_new_tokens", None) if min_new_tokens is None
+                                                   else min_new_tokens),
+            "stop_strings": check_stop_strings(getattr(config, "stop_strings", None) if stop_strings is None
+                                               else stop_strings)}
+
+
+def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list[Any], int]:
+    """The checked prompts (:func:`hsd_torch.prompts.check_prompts`; none when ``input_ids`` is
+    given) and the number of rows; ``ValueError`` for both prompts and ids, or a mask without ids."""
+    if input_ids is None:
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
+        items = check_prompts(prompts)
+        return list(items), len(items)
+    if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
+        raise ValueError("give prompts or input_ids, not both")
+    return [], len(_as_rows(input_ids, "input_ids"))
 
 
 def _check_config(target: Any, config: Any) -> Any:

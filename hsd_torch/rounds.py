@@ -41,6 +41,7 @@ from ._cache import IdentityCache
 from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
+from .processors import Processor, StopStrings
 from .prompts import Prompts
 from .text import TokenText
 from .vocab import VocabBridge
@@ -184,7 +185,9 @@ class Generation:
     def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str] | Prompts, target_tokenizer: Any,
                  drafter_tokenizer: Any, *, lookahead: int, max_new_tokens: int, greedy: bool,
                  process: dict[str, Any], d_process: dict[str, Any], seed: int | torch.Generator | None,
-                 record_uniforms: bool, mask_textless: bool = False, generation_config: Any = None) -> None:
+                 record_uniforms: bool, mask_textless: bool = False, generation_config: Any = None,
+                 processors: Sequence[Processor] = (), min_new_tokens: int = 0, stop_strings: Sequence[bytes] = ()
+                 ) -> None:
         dev = self.dev = model_device(target)
         self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
         self.process, self.d_process, self.mask_textless = process, d_process, mask_textless
@@ -203,6 +206,8 @@ class Generation:
             self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
             self.t_ctx = [self.t_first[i] + tt.encode_prompt(rendered.target[i]) for i in range(batch)]
         self.prompt_ids = [list(c) for c in self.t_ctx]
+        self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.processors
+        self.stops = StopStrings(stop_strings, [tt.decode(c) for c in self.t_ctx])
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):
@@ -290,6 +295,9 @@ class Generation:
             ended = next((j for j, t in enumerate(out) if t in ends), None)
             if ended is not None:  # an end id other than EOS (the kernels stop at EOS): the row ends there
                 out = out[:ended + 1]
+            stop = self.stops.first_stop(i, [self.tt.bytes_of[t] or b"" for t in out])
+            if stop is not None:  # a stop string completed by out[stop]: the row ends there
+                out, ended = out[:stop + 1], stop
             if not self.greedy:
                 self.record(i, verdicts.uniforms[i])
             self.emitted[i].extend(out)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import kernels
 from .laws import space_law
+from .processors import process_target_logits
 from .rounds import Drafts, Verdicts
 
 if TYPE_CHECKING:
@@ -49,6 +50,10 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
     kmax = max(n_d)
     logits = trun.feed([pend[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else []
                         for i in range(gen.batch)], [len(pend[i]) - 1 for i in range(gen.batch)], kmax + 1)
+    if gen.processors or gen.min_new_tokens:  # the caller's processors, min_new_tokens (hsd_torch.processors)
+        full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
+        logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
+                                       gen.processors, gen.min_new_tokens, sorted(gen.ends))
     p = space_law(logits, t_space, gen.t_drop, **gen.process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
     return TargetPass(p, cand, kmax, [max(b, 1) for b in budget])

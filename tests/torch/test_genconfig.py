@@ -35,8 +35,10 @@ def test_every_refused_field_is_a_generation_config_field() -> None:
         check_generation_config(GenerationConfig(**{name: None}), "x")  # unset: accepted
 
 
-SET = [("repetition_penalty", 1.3), ("no_repeat_ngram_size", 2), ("min_new_tokens", 3), ("num_beams", 2),
-       ("suppress_tokens", [5]), ("stop_strings", ["x"]), ("typical_p", 0.9), ("min_p", 0.1)]
+SET = [("repetition_penalty", 1.3), ("no_repeat_ngram_size", 2), ("min_length", 3), ("num_beams", 2),
+       ("suppress_tokens", [5]), ("typical_p", 0.9), ("min_p", 0.1)]
+# min_new_tokens and stop_strings were refused here until generate honoured them (issue 19):
+# tests/torch/test_processors.py checks the config's values are applied
 
 
 @pytest.mark.parametrize("name,value", SET, ids=[n for n, _ in SET])
@@ -55,7 +57,7 @@ def test_the_targets_config_that_changes_the_law_is_refused_before_any_work(name
     assert run(llama_uni, target, generation_config=GenerationConfig()).sequences == run(llama_uni).sequences
 
 
-@pytest.mark.parametrize("name,value", [("repetition_penalty", 1.0), ("num_beams", 1), ("min_new_tokens", 0),
+@pytest.mark.parametrize("name,value", [("repetition_penalty", 1.0), ("num_beams", 1), ("min_length", 0),
                                         ("suppress_tokens", []), ("typical_p", 1.0)])
 def test_neutral_values_are_accepted(name: str, value: Any, llama_uni: dict[str, Any]) -> None:
     assert run(llama_uni, generation_config=GenerationConfig(**{name: value})).sequences == run(llama_uni).sequences
