@@ -245,7 +245,7 @@ class BoundedSLRSMethod(Method):
             proposals, used, laws = multi.proposals, multi.used, multi.conditionals.unbind(1)
         else:
             res = self.psi.round(root, us, extend, depth=[k[i] for i in rows])
-            proposals, used, laws = [[p] for p in res.proposal], res.used, (res.psi,)
+            proposals, used, laws = [[p] if p >= 0 else [] for p in res.proposal], res.used, (res.psi,)
         out = Drafts.empty(gen.batch)
         for law in laws:
             q_full = law.new_zeros(gen.batch, self.psi.vt)

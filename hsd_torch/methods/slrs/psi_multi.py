@@ -100,7 +100,9 @@ class MultiTokenRound:
             if not grown or (p.greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        assert all(x for x in self.proposals), "every row's draft ends in a proposal"
+        # greedy: a row whose draft starts with bytes no target token starts proposes nothing (any
+        # proposal keeps greedy output the target's; sampling with such a pair is refused up front)
+        assert p.greedy or all(x for x in self.proposals), "every row's draft ends in a proposal"
         return MultiRoundResult(self.proposals, self.conditionals(), self.used, self.evals, self.levels)
 
     def keep(self, rows: Tensor, full: Tensor, flen: Tensor, w: Tensor, known: Tensor) -> None:
@@ -226,7 +228,7 @@ class MultiTokenRound:
         its first ``j`` (summed from the kept proposals that share them), normalized; greedy: point
         masses at the proposal."""
         p, dev = self.p, self.dev
-        width = max(len(x) for x in self.proposals)
+        width = max(1, max(len(x) for x in self.proposals))
         cond = torch.zeros(self.r_n, width, p.vt, dtype=torch.float64, device=dev)
         if p.greedy:
             for r, prop in enumerate(self.proposals):

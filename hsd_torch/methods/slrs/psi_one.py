@@ -32,7 +32,8 @@ Grown = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]  # (parent, column, path m
 
 @dataclass
 class RoundResult:
-    """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id), ``psi [R, Vt]``
+    """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id; -1 when greedy and the
+    row's draft starts with bytes no target token starts: no proposal), ``psi [R, Vt]``
     (float64, the law it was drawn from), ``used[r]`` (drafting uniforms read), ``evaluations[r]``
     (drafter contexts evaluated: the root and every expanded node), ``levels`` (forward passes)."""
 
@@ -92,10 +93,13 @@ class OneTokenRound:
             if not grown or (greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        assert all(x >= 0 for x in self.proposal), "every row's draft ends in a proposal"
+        # greedy: a row whose draft starts with bytes no target token starts proposes nothing (-1; any
+        # proposal keeps greedy output the target's; sampling with such a pair is refused up front)
+        assert greedy or all(x >= 0 for x in self.proposal), "every row's draft ends in a proposal"
         if greedy:
-            idx = torch.tensor(self.proposal, dtype=torch.long, device=self.dev)
-            self.psi[torch.arange(self.r_n, device=self.dev), idx] = 1.0
+            rows = [r for r, x in enumerate(self.proposal) if x >= 0]
+            idx = torch.tensor([self.proposal[r] for r in rows], dtype=torch.long, device=self.dev)
+            self.psi[torch.tensor(rows, dtype=torch.long, device=self.dev), idx] = 1.0
         return RoundResult(self.proposal, self.psi, self.used, self.evals, self.levels)
 
     def eos_children(self) -> Tensor:
