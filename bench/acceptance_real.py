@@ -12,7 +12,9 @@ prompts as one batch, ``--new`` new tokens each:
 - hsd: TLI and SLEM at lookahead 1, 4, 8; one-token SLRS (lookahead 1); bounded SLRS at lookahead 4
   (``min_path_prob`` 0.05); greedy and sampling (temperature 1, no top-k / top-p; seeded).
 - transformers 5.24 (``--hf``): universal assisted generation greedy (``assistant_model`` with both
-  tokenizers; ``num_assistant_tokens`` = lookahead, constant schedule), one prompt at a time. Its
+  tokenizers; ``num_assistant_tokens`` = lookahead, constant schedule), one prompt at a time;
+  ``--hf-sample``: its universal speculative decoding (sampling, temperature 1, full law) with the
+  project's patch (lossless; ``bench/transformers_uag_patch.py``), at the same lookaheads. Its
   tokens per target call come from a forward hook on the target; its "proposed" counts the
   assistant's forward calls (one per drafted token) and "accepted" is new tokens minus target calls,
   as in ``bench/generate.py``.
@@ -21,6 +23,7 @@ Tokens per target call = new tokens / target forward passes (AR: 1). Greedy figu
 deterministic; sampled ones depend on ``--seed``. Run::
 
     python bench/acceptance_real.py --json bench/acceptance_real.json --hf     # about 25 min on 2 cores
+    python bench/acceptance_real.py --only-hf --hf-sample --json bench/acceptance_real_usd.json
 """
 
 from __future__ import annotations
@@ -92,7 +95,27 @@ def run_hsd(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], metho
             "wall_s": time.perf_counter() - t0}
 
 
-def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k: int, new: int) -> dict[str, Any]:
+def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k: int, new: int,
+               sample: bool = False, seed: int = 0) -> dict[str, Any]:
+    """transformers' assisted generation across tokenizers, one prompt at a time: greedy (UAG), or
+    with ``sample=True`` its universal speculative decoding at temperature 1 over the full law
+    (``top_k=0``, ``top_p=1``: hsd's sampled rows' law) with ``bench/transformers_uag_patch.py``
+    installed for the call (issue 12: lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
+    patch = None
+    if sample:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import transformers_uag_patch as patch  # type: ignore[import-not-found,no-redef]
+
+        patch.apply_patch()
+    try:
+        return _hf_rows(target, tt, drafter, dt, texts, k, new, sample, seed)
+    finally:
+        if patch is not None:
+            patch.remove_patch()
+
+
+def _hf_rows(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k: int, new: int, sample: bool,
+             seed: int) -> dict[str, Any]:
     assistant = copy.deepcopy(drafter)
     gc = assistant.generation_config
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
@@ -101,10 +124,13 @@ def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k:
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
-            for text in texts:
+            for i, text in enumerate(texts):
                 enc = tt(text, return_tensors="pt")
+                kw: dict[str, Any] = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else \
+                    dict(do_sample=False)
+                torch.manual_seed(seed + i)
                 out = target.generate(**enc, assistant_model=assistant, tokenizer=tt, assistant_tokenizer=dt,
-                                      do_sample=False, max_new_tokens=new, pad_token_id=tt.eos_token_id)
+                                      max_new_tokens=new, pad_token_id=tt.eos_token_id, **kw)
                 new_tok += out.shape[1] - enc.input_ids.shape[1]
     finally:
         tc.remove()
@@ -134,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hf", action="store_true", help="also transformers' UAG greedy at lookahead 1, 4, 8")
+    ap.add_argument("--hf-sample", action="store_true",
+                    help="also transformers' universal speculative decoding (sampling, patched) at lookahead 1, 4, 8")
+    ap.add_argument("--only-hf", action="store_true", help="skip hsd's rows (transformers' only)")
     ap.add_argument("--reverse-only", action="store_true", help="only SmolLM2 target <- Gemma drafter")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
@@ -150,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         (target, tt), (drafter, dt) = models[tname], models[dname]
         for kind, texts in sets.items():
             base = {"pair": f"{tname} <- {dname}", "prompts": f"{kind} ({len(texts)})"}
-            for sample in (False, True):
+            for sample in (() if args.only_hf else (False, True)):
                 for method, k, kw in HSD_CONFIGS:
                     name = "slrs (bounded, tau 0.05)" if kw else ("slrs (one-token)" if method == "slrs" else method)
                     try:
@@ -160,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({**base, "impl": "hsd", "method": name, "lookahead": k,
                                  "mode": "sample T=1" if sample else "greedy", **r})
                     print(json.dumps(rows[-1]), flush=True)
-            if args.hf:
+            for sample in [m for m, on in ((False, args.hf), (True, args.hf_sample)) if on]:
                 for k in (1, 4, 8):
-                    r = run_hf_uag(target, tt, drafter, dt, texts, k, args.new)
-                    rows.append({**base, "impl": "transformers 5.24", "method": "UAG", "lookahead": k,
-                                 "mode": "greedy", **r})
+                    r = run_hf_uag(target, tt, drafter, dt, texts, k, args.new, sample=sample, seed=args.seed)
+                    rows.append({**base, "impl": "transformers 5.24", "lookahead": k,
+                                 "method": "USD (patched)" if sample else "UAG",
+                                 "mode": "sample T=1" if sample else "greedy", **r})
                     print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
     if args.json:
