@@ -3,6 +3,12 @@
 the translator-cache crash, and do_sample=True with ``bench/transformers_uag_patch.py``.
 
     python bench/audit_transformers.py [N] [--positions P] [--runs RUNS] [--report-dir DIR]
+        [--real TARGET,DRAFTER] [--top-k K] [--prompt TEXT]
+
+``--real smollm2-135m-instruct,gemma-3-270m``: the real pair (``hsd_torch.real_models``) in place of
+the tiny one (a fresh copy of the loaded assistant per run); ``--top-k K``: every sampled run (and
+its reference) processed with top-k K (a small support gives power at a small N on a large
+vocabulary); ``--prompt``: another prompt.
 
 RUNS is a comma-separated subset of ``control,greedy,sample,sample-top3,crash,patched,patched-top3,
 patched-crash`` (default: all, in that order; the patch is installed before the first ``patched*``
@@ -41,12 +47,22 @@ PROMPT = "def foo(x):\n"
 RUNS = ("control", "greedy", "sample", "sample-top3", "crash", "patched", "patched-top3", "patched-crash")
 
 
+REAL: dict[str, Any] = {}
+"""With ``--real TARGET,DRAFTER``: the two real models (``hsd_torch.real_models``), loaded once."""
+
+
 def uag_sampler(do_sample: bool, top_k: int | None = None, assistant: bool = True
                 ) -> tuple[Callable[[str, int], list[int]], Any, Any]:
     """``(sample_fn, target, target_tokenizer)``: ``target.generate`` with a fresh assistant
     (``assistant=False``: plain ``target.generate``, the control)."""
-    target, tt, _, dt = tiny.tiny_pair()
-    drafter = tiny.tiny_gpt2(dt, seed=1)  # fresh assistant for this run
+    if REAL:
+        import copy
+
+        target, tt, dt = REAL["target"], REAL["tt"], REAL["dt"]
+        drafter = copy.deepcopy(REAL["drafter"])  # fresh assistant for this run (sampling prunes its head)
+    else:
+        target, tt, _, dt = tiny.tiny_pair()
+        drafter = tiny.tiny_gpt2(dt, seed=1)  # fresh assistant for this run
     extra = dict(assistant_model=drafter, tokenizer=tt, assistant_tokenizer=dt) if assistant else {}
 
     def sample(prompt: str, seed: int) -> list[int]:
@@ -92,10 +108,20 @@ def main() -> None:
     runs = sys.argv[sys.argv.index("--runs") + 1].split(",") if "--runs" in sys.argv else list(RUNS)
     if unknown := [r for r in runs if r not in RUNS]:
         raise SystemExit(f"unknown runs {unknown}; choose from {','.join(RUNS)}")
+    global PROMPT
+    k_all = int(sys.argv[sys.argv.index("--top-k") + 1]) if "--top-k" in sys.argv else None
+    if "--prompt" in sys.argv:
+        PROMPT = sys.argv[sys.argv.index("--prompt") + 1]
     torch.set_num_threads(1)
+    if "--real" in sys.argv:
+        from hsd_torch import real_models
+
+        tname, dname = sys.argv[sys.argv.index("--real") + 1].split(",")
+        (REAL["target"], REAL["tt"]), (REAL["drafter"], REAL["dt"]) = real_models.load(tname), real_models.load(dname)
+        print(f"real pair: target {tname}, assistant {dname}")
     import transformers
     print(f"transformers {transformers.__version__}, torch {torch.__version__}; prompt {PROMPT!r}; "
-          f"first {positions} new tokens; alpha 1e-3")
+          f"first {positions} new tokens; alpha 1e-3" + (f"; top-k {k_all} for every sampled run" if k_all else ""))
     for run in runs:
         if run.startswith("patched"):
             transformers_uag_patch.apply_patch()
@@ -108,7 +134,7 @@ def main() -> None:
         if run in ("sample", "sample-top3"):
             cg.AssistantVocabTranslatorCache._cache.clear()  # as a fresh process (module docstring)
         do_sample = run != "greedy"
-        top_k = 3 if run.endswith("top3") else None
+        top_k = 3 if run.endswith("top3") else k_all
         sample, target, tt = uag_sampler(do_sample, top_k, assistant=run != "control")
         label = {"control": "plain target.generate (no assistant)", "greedy": "UAG greedy"}.get(
             run, f"UAG do_sample {'patched' if run.startswith('patched') else 'unpatched'} top_k={top_k or 0}")
