@@ -5,7 +5,9 @@ On the first CUDA device (or the CPU when there is none, to check the script its
 1. Greedy, float64 tiny models, every method and two tokenizer pairs: output equals the target's
    own ``model.generate(do_sample=False)``; sampled output on the device equals the CPU run with
    the same seed for most rows (CUDA's scans add in another order, so a draw within rounding of a
-   boundary may differ: the count is printed, not asserted).
+   boundary may differ: the count is printed, not asserted). Then transformers' calling
+   conventions (a left-padded ``input_ids`` batch, a logits processor, stop strings, a minimum
+   length): output equal to the target's own ``generate`` with the same arguments.
 2. Sampled, float32 (the dtype users run; ``--dtype bfloat16`` for the other one), on the device, batched (``--samples`` rows of one
    prompt per method, 20,000 by default, in chunks of ``--chunk`` rows: rows are independent
    samples, row i seeded by ``(seed, i)``, each chunk its own seed), processed with top-k 8
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_greedy:
         print("greedy part skipped")
     else:
-        bad = greedy(dev, tb, tu)
+        bad = greedy(dev, tb, tu) + conventions(dev, tb, tu)
     n = args.samples
     top_k = args.top_k or None
     print(f"sampled, {args.dtype} on {dev}, top-k {top_k}: first two new tokens against the target's law "
@@ -109,6 +111,46 @@ def main(argv: list[str] | None = None) -> int:
     fails = sampled(dev, tb, tu, n, args.chunk, top_k, getattr(torch, args.dtype))
     print("FAIL" if bad or fails else "OK")
     return 1 if bad or fails else 0
+
+
+def conventions(dev: torch.device, tb: Any, tu: Any) -> int:
+    """Part 1b: transformers' calling conventions on the device, greedy, float64: a left-padded
+    ``input_ids`` batch with ``logits_processor`` (repetition penalty), ``stop_strings`` and
+    ``min_new_tokens`` for AR, TLI, SLEM and bounded SLRS; output equal to the target's own
+    ``generate`` with the same arguments, row by row (the target's whole law, ``mask_textless=False``,
+    as transformers keeps it). Returns the number of mismatches."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    on = {k: m.to(dev) for k, m in build(tb, tu, torch.float64).items()}
+    old = tb.padding_side
+    tb.padding_side = "left"
+    try:
+        enc = tb(PROMPTS, return_tensors="pt", padding=True).to(dev)
+    finally:
+        tb.padding_side = old
+    rows = [[int(v) for v, m in zip(r, mk) if m] for r, mk in zip(enc.input_ids.tolist(), enc.attention_mask.tolist())]
+    extra: dict[str, Any] = dict(stop_strings=["\n"], min_new_tokens=3)
+    want = []
+    for r in rows:
+        x = torch.tensor([r], device=dev)
+        with torch.inference_mode():
+            out = on["t"].generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16,
+                                   pad_token_id=tb.eos_token_id, tokenizer=tb,
+                                   logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]),
+                                   **extra)
+        want.append(out[0, len(r):].tolist())
+    bad = 0
+    for method, extra_m in (("ar", {}), ("tli", {}), ("slem", {}), ("slrs", BOUNDED)):
+        t0 = time.perf_counter()
+        g = generate(on["t"], on["d"], target_tokenizer=tb, drafter_tokenizer=tu, method=method, lookahead=3,
+                     max_new_tokens=16, do_sample=False, input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                     logits_processor=[RepetitionPenaltyLogitsProcessor(1.5)], mask_textless=False, **extra, **extra_m)
+        miss = sum(a != b for a, b in zip(g.sequences, want))
+        bad += miss
+        print(f"{method:5s} input_ids + processor + stop/min: rows equal to target.generate: {len(rows) - miss}/"
+              f"{len(rows)} ({time.perf_counter() - t0:.1f}s){'  <-- FAIL' if miss else ''}")
+    return bad
 
 
 def greedy(dev: torch.device, tb: Any, tu: Any) -> int:

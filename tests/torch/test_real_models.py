@@ -273,3 +273,64 @@ def test_sampled_bounded_slrs_with_bytes_the_target_lacks_is_refused_up_front(
                      lookahead=4, proposal_map="longest_prefix", min_path_prob=0.05, max_new_tokens=4)
     assert forwards[0] == 0
     assert (fingerprint(target), fingerprint(drafter)) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# slow tier: the real pair on prompts of many kinds (issue 19, section 3)
+
+DIVERSE = [
+    'def has_close_elements(numbers: list, threshold: float) -> bool:\n    """ Check if any two numbers are '
+    'closer to each other than the threshold.\n    """\n',  # HumanEval/0's shape, written here
+    "import os\n\nfor root, dirs, files in os.walk('.'):\n",
+    "SELECT name, COUNT(*) FROM users",
+    "The history of the printing press begins",
+    "Once upon a time, in a small village by the sea,",
+    "Die Hauptstadt von Deutschland ist",
+    "Le petit prince demanda :",
+    "今天天气很好，我们",
+    "I love pizza 🍕 and",
+    "1, 1, 2, 3, 5, 8, 13,",
+    "naïve café résumé — “quotes” and",
+]
+
+
+def _near_tie(target: Any, ctx: list[int], a: int, b: int) -> bool:
+    """The target's logits for ids ``a`` and ``b`` after ``ctx`` are within float32 rounding of a
+    batched pass (1e-4 apart): a batch may then pick either, and greedy identity is not at stake."""
+    with torch.inference_mode():
+        logits = target(torch.tensor([ctx])).logits[0, -1].double()
+    return abs(float(logits[a] - logits[b])) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target_name", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_greedy_on_many_kinds_of_prompts(target_name: str, pair: dict[str, tuple[Any, Any]]) -> None:
+    """Greedy AR, TLI, SLEM, one-token and bounded SLRS on 11 prompts (code, SQL, prose, German,
+    French, Chinese, emoji, numbers, typography) and, with the SmolLM2 target, a chat prompt: alone,
+    exactly the target's own ``generate``; batched (all prompts in one call), the same except where
+    the target's two candidates are within float32 rounding of each other (checked, named)."""
+    from hsd_torch import generate
+
+    torch.set_num_threads(2)
+    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in rm.names() if n != target_name)]
+    prompts = list(DIVERSE)
+    if target_name == "smollm2-135m-instruct":
+        prompts.append(tt.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                              add_generation_prompt=True, tokenize=False))
+    n = 16
+    want = []
+    for p in prompts:
+        enc = tt(p, return_tensors="pt", add_special_tokens="<|im_start|>" not in p)
+        want.append(target.generate(**enc, max_new_tokens=n, do_sample=False)[0, enc.input_ids.shape[1]:].tolist())
+    for method, kw in PAIR_METHODS:
+        for i, p in enumerate(prompts):
+            alone = generate(target, drafter, p, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
+                             max_new_tokens=n, do_sample=False, **kw)  # type: ignore[arg-type]
+            assert alone.sequences[0] == want[i], (method, p, tt.decode(alone.sequences[0]), tt.decode(want[i]))
+        batched = generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=method,
+                           max_new_tokens=n, do_sample=False, **kw)  # type: ignore[arg-type]
+        for i, (got, w) in enumerate(zip(batched.sequences, want)):
+            if got != w:
+                j = next(k for k in range(min(len(got), len(w))) if got[k] != w[k])
+                ctx = batched.prompt_ids[i] + w[:j] if batched.prompt_ids else []
+                assert _near_tie(target, ctx, got[j], w[j]), (method, prompts[i], j, tt.decode(got), tt.decode(w))
