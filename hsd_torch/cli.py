@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
            "(default 1; 'all': up to the budget)")
     a("--temperature", type=ca.temperature, default=1.0,
       help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
-    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (K >= 1)")
+    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (0: off)")
     a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
     a("--seed", type=ca.seed, default=0, metavar="S", help="default 0 (an int >= 0)")
     a("--mask-textless", action="store_true",

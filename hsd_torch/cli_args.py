@@ -70,8 +70,8 @@ positive_int = int_at_least(1)
 seed = int_at_least(0, "an int", "a seed of numpy's SeedSequence")
 """``--seed``: an int >= 0."""
 
-top_k = int_at_least(1, "an int", "leave --top-k out for no top-k")
-"""``--top-k``: an int >= 1."""
+top_k = int_at_least(0, "an int", "0 or no --top-k: no top-k")
+"""``--top-k``: an int >= 0 (0: off, transformers' spelling)."""
 
 
 def _float(text: str, fix: str, ok: Callable[[float], bool] = lambda v: True) -> float:

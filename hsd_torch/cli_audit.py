@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--lookahead", type=ca.positive_int, default=2, help="hsd_torch drafts per round (default 2)")
     a("--temperature", type=ca.temperature, default=1.0,
       help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
-    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (K >= 1)")
+    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (0: off)")
     a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
     a("--alpha", type=ca.alpha, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
     a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")

@@ -59,12 +59,13 @@ def check_temperature(value: Any, name: str = "temperature") -> float:
 
 
 def check_top_k(value: Any) -> int | None:
-    """``value`` as None or an int >= 1 (numpy integers too, not a bool); ``ValueError`` otherwise."""
+    """``value`` as None or an int >= 1 (numpy integers too, not a bool); 0 is None (off, as
+    transformers spells it); ``ValueError`` otherwise."""
     if value is None:
         return None
-    if not is_int(value) or value < 1:
-        raise ValueError(f"top_k must be None or an int >= 1, got {value!r}")
-    return int(value)
+    if not is_int(value) or value < 0:
+        raise ValueError(f"top_k must be None, 0 (off) or an int >= 1, got {value!r}")
+    return int(value) or None
 
 
 def check_top_p(value: Any) -> float | None:

@@ -92,7 +92,7 @@ def with_option(argv: list[str], option: str, value: str) -> list[str]:
 # hsd audit --impl transformers|hsd_torch
 
 BAD_AUDIT_VALUES = [
-    ("--method", "bogus"), ("--top-k", "0"), ("--top-p", "1.5"), ("--top-p", "0"), ("--alpha", "2"),
+    ("--method", "bogus"), ("--top-k", "-1"), ("--top-p", "1.5"), ("--top-p", "0"), ("--alpha", "2"),
     ("--alpha", "0"), ("--temperature", "0"), ("--temperature", "inf"), ("--temperature", "nan"),
     ("--temperature", "1e-45"), ("--temperature", "5e-4"), ("--temperature", "1e4"), ("--samples", "-1"), ("--positions", "-1"), ("--lookahead", "-1"),
     ("--seed", "-1"), ("--min-path-prob", "2"), ("--samples", "many"),
@@ -186,7 +186,7 @@ def gen(ckpt: Path) -> Iterator[list[str]]:
 
 BAD_GENERATE_VALUES = [
     ("--device", "junk"), ("--device", "cuda:99"), ("--device", "meta"), ("--temperature", "0"),
-    ("--temperature", "inf"), ("--temperature", "1e-45"), ("--top-p", "1.5"), ("--top-k", "0"),
+    ("--temperature", "inf"), ("--temperature", "1e-45"), ("--top-p", "1.5"), ("--top-k", "-1"),
     ("--max-new-tokens", "-1"), ("--lookahead", "-1"), ("--seed", "-1"), ("--max-tokens", "0"),
     ("--min-path-prob", "2"), ("--method", "bogus"),
 ]

@@ -322,7 +322,7 @@ def test_bools_are_refused_where_an_int_is_asked(arg: str, value: Any, pair: dic
         kw["method"] = "slem"
     if arg == "max_tokens":
         kw.update(method="slrs", lookahead=2, proposal_map="longest_prefix", min_path_prob=0.2)
-    refused(pair, ValueError, rf"{arg} must be (None or )?an int >= ", **kw)
+    refused(pair, ValueError, rf"{arg} must be (None or |None, 0 \(off\) or )?an int >= ", **kw)
 
 
 def test_a_lone_surrogate_in_a_prompt_names_the_prompt(pair: dict[str, Any]) -> None:
@@ -345,14 +345,24 @@ def _audit(pair: dict[str, Any], sample_fn: Any, prompt: str = "def foo(x):\n", 
     ({"top_p": math.nan}, ValueError, r"top_p must be"),
     ({"top_p": 0.0}, ValueError, r"top_p must be"),
     ({"top_p": "0.5"}, TypeError, r"top_p must be"),
-    ({"top_k": 0}, ValueError, r"top_k must be None or an int >= 1"),
-    ({"top_k": 2.0}, ValueError, r"top_k must be None or an int >= 1"),  # as generate (ints: ValueError)
+    ({"top_k": -1}, ValueError, r"top_k must be None, 0 \(off\) or an int >= 1"),  # 0 is off (issue 20)
+    ({"top_k": 2.0}, ValueError, r"top_k must be None, 0 \(off\) or an int >= 1"),  # as generate (ints: ValueError)
     ({"temperature": 1e-45}, ValueError, r"temperature must be a number in"),
-], ids=["top_p-1.5", "top_p-nan", "top_p-0", "top_p-str", "top_k-0", "top_k-float", "temperature-1e-45"])
+], ids=["top_p-1.5", "top_p-nan", "top_p-0", "top_p-str", "top_k-negative", "top_k-float", "temperature-1e-45"])
 def test_audit_refuses_processing_out_of_range(kw: dict[str, Any], error: type[Exception], match: str,
                                               pair: dict[str, Any]) -> None:
     with no_forward_pass(pair["target"]), pytest.raises(error, match=match):
         _audit(pair, lambda p, s: [0], **kw)
+
+
+def test_top_k_zero_is_off(pair: dict[str, Any]) -> None:
+    """``top_k=0`` is transformers' spelling of "no top-k" (issue 20: it crashed inside torch in the
+    audit): the same draws as ``top_k=None`` in generate, the same reference law in the audit."""
+    assert run(pair, PROMPTS, max_new_tokens=4, top_k=0, seed=3).sequences == \
+        run(pair, PROMPTS, max_new_tokens=4, top_k=None, seed=3).sequences
+    draws = [[5], [7], [5], [9]] * 5
+    reps = [_audit(pair, lambda p, s, it=iter(draws): next(it), n=20, top_k=k) for k in (0, None)]
+    assert reps[0].core.expected == reps[1].core.expected and reps[0].verdict == reps[1].verdict
 
 
 def test_audit_refuses_an_empty_prompt(pair: dict[str, Any]) -> None:
