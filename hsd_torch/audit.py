@@ -338,7 +338,7 @@ def audit_generate(
     sample_fn: Callable[[str, int], Sequence[int]],
     target: Any,
     target_tokenizer: Any,
-    prompt: str,
+    prompt: str | None = None,
     n: int = 20000,
     positions: int = 2,
     do_sample: bool = True,
@@ -364,7 +364,7 @@ def audit_generate(
     (:func:`hsd_torch.generate.process_logits`; ignored when greedy); ``mask_textless=True`` adds
     hsd_torch's removal of ids without text (other than EOS), the law :func:`hsd_torch.generate`
     samples; ``prompt_ids`` overrides ``target_tokenizer(prompt)["input_ids"]`` as the target's
-    context. ``seed``: the draws are made in chunks of ``chunk_size`` with
+    context (``prompt`` may then be left out: the sampler gets the ids' decoded text). ``seed``: the draws are made in chunks of ``chunk_size`` with
     ``SeedSequence(seed).spawn`` children, each draw gets a 32-bit seed from its chunk's generator
     (a repeated seed among 20,000 draws has probability about 5% and repeats one draw), so a run is
     reproducible and identical on any ``executor`` (which needs a picklable ``sample_fn``).
@@ -373,6 +373,10 @@ def audit_generate(
     """
     if not callable(sample_fn):
         raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(sample_fn).__name__}")
+    if prompt is None:
+        if prompt_ids is None:
+            raise TypeError("give a prompt (a str), or prompt_ids (the target's context)")
+        prompt = target_tokenizer.decode(_as_ids(prompt_ids, "prompt_ids has", _width(target)))
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
     positions = as_int("positions", positions, 1)

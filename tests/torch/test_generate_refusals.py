@@ -365,6 +365,24 @@ def test_top_k_zero_is_off(pair: dict[str, Any]) -> None:
     assert reps[0].core.expected == reps[1].core.expected and reps[0].verdict == reps[1].verdict
 
 
+def test_audit_takes_prompt_ids_without_a_prompt(pair: dict[str, Any]) -> None:
+    """``prompt`` may be left out when ``prompt_ids`` is given (issue 20): the sampler gets the ids'
+    text, the reference conditions on the ids; with neither, a TypeError before any forward pass."""
+    tt = pair["target_tokenizer"]
+    ids = tt("def foo(x):\n")["input_ids"]
+    seen: list[str] = []
+
+    def sampler(p: str, s: int) -> list[int]:
+        seen.append(p)
+        return [5]
+
+    rep = audit_generate(sampler, pair["target"], tt, prompt_ids=ids, n=20, positions=1, top_k=3)
+    named = audit_generate(lambda p, s: [5], pair["target"], tt, "def foo(x):\n", n=20, positions=1, top_k=3)
+    assert set(seen) == {tt.decode(ids)} and rep.core.expected == named.core.expected
+    with no_forward_pass(pair["target"]), pytest.raises(TypeError, match="give a prompt"):
+        audit_generate(sampler, pair["target"], tt, n=20)
+
+
 def test_audit_refuses_an_empty_prompt(pair: dict[str, Any]) -> None:
     """The byte-level tokenizer adds no BOS: an empty prompt gives no ids to condition on."""
     with no_forward_pass(pair["target"]), pytest.raises(ValueError, match=r"prompt '' encodes to no target ids"):
