@@ -11,21 +11,21 @@
 # 3. the end-to-end benchmark (bench/gpu.sh: batches 1, 16, 64, bfloat16) in the time left.
 #
 # HSD_GPU_PARTS picks parts (default "check kernels bench"; a lease can be split across two calls).
-# Each part runs under its own timeout whatever the others did; everything lands in OUT_DIR/work,
-# packed at the end (and on any exit) into OUT_DIR/gpu_all.tar.gz, with OUT_DIR/summary.txt beside it
-# (a device returns few files). Exits 0; the summary says what failed. On a machine without CUDA it
+# Each part runs under its own timeout whatever the others did; everything lands in OUT_DIR/work
+# (HSD_GPU_WORK: another folder), packed at the end (and on any exit) into OUT_DIR/gpu_all.tar.gz,
+# with OUT_DIR/summary.txt beside it (a device returns few files). Exits 0; the summary says what failed. On a machine without CUDA it
 # runs the same parts on the CPU (to check the script itself).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash bench/gpu_all.sh OUT_DIR [BUDGET_S]}
 BUDGET=${2:-480}
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-W="$OUT/work"
-mkdir -p "$W"
+W=${HSD_GPU_WORK:-$OUT/work}  # the parts' files (elsewhere than OUT_DIR where few files may come back)
+mkdir -p "$W" "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-pack() { tar -czf "$OUT/gpu_all.tar.gz" -C "$OUT" work 2>/dev/null; }
+pack() { tar -czf "$OUT/gpu_all.tar.gz" -C "$(dirname "$W")" "$(basename "$W")" 2>/dev/null; }
 trap pack EXIT
 DEV=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 { date -u; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20; nproc
