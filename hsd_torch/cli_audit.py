@@ -203,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
         return error(ca.one_line(e))
     det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
     print(f"{rep.name}: {rep.verdict} (n={rep.n}, alpha={rep.alpha:.3g}, detectable TV {det}, "
-          f"plug-in TV {rep.tv_estimate:.4g}, bias-corrected 95% interval [{rep.tv_ci[0]:.4g}, {rep.tv_ci[1]:.4g}], "
-          f"a lossless sampler shows up to {rep.tv_null_q95:.4g})")
+          f"TV {rep.tv_corrected:.4g} (bias-corrected, 95% interval [{rep.tv_ci[0]:.4g}, {rep.tv_ci[1]:.4g}]), "
+          f"plug-in TV {rep.tv_estimate:.4g}: a lossless sampler's plug-in shows up to {rep.tv_null_q95:.4g})")
     print(f"  {rep.reason}")
     if args.report:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
