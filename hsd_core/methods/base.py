@@ -203,6 +203,16 @@ def check_alphabets(target: Model, drafter: Model) -> None:
             f"{sorted(b - a)}); every character must be a token of both vocabularies")
 
 
+def check_alphabet_covers(target: Model, drafter: Model) -> None:
+    """Raise ``ValueError`` unless every character of the target's alphabet is a drafter token, so
+    that any text the target writes can be re-tokenized by the drafter (TLI's re-sync: TLI never
+    re-tokenizes drafter text for the target, so the drafter may have more characters)."""
+    a, b = set(target.vocab.alphabet), set(drafter.vocab.alphabet)
+    if not a <= b:
+        raise ValueError(f"the drafter's alphabet lacks target characters {sorted(a - b)}: TLI re-syncs the "
+                         "target's text into the drafter, so every target character must be a drafter token")
+
+
 def sample(law: Sequence[Prob], rand: Rand, greedy: bool) -> int:
     """A draw from ``law``: its argmax (ties to the lowest id) when greedy, else ``rand.categorical``."""
     return argmax(law) if greedy else rand.categorical(law)

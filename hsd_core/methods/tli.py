@@ -29,7 +29,8 @@ from fractions import Fraction
 
 from ..laws import Law, Prob, normalized
 from ..models import Model
-from .base import HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead, draft_autoregressive
+from .base import (HeterogeneousMethod, Method, RejectionVerifier, RoundOutcome, State, check_alphabet_covers,
+                   check_greedy, check_lookahead, draft_autoregressive)
 from ..rand import Rand
 from ..vocab import Vocabulary
 
@@ -110,6 +111,14 @@ class TLI(RejectionVerifier, HeterogeneousMethod):
     def __init__(self, lookahead: int = 3, greedy: bool = False) -> None:
         self.lookahead = check_lookahead(lookahead)
         self.greedy = check_greedy(greedy)
+
+    def check_models(self, target: Model, drafter: Model | None) -> None:
+        """As every heterogeneous method, except that the drafter's alphabet need only contain the
+        target's (``proofs/tli.md``: the re-sync encodes target text for the drafter; drafter
+        tokens with other characters are simply outside the intersection)."""
+        Method.check_models(self, target, drafter)
+        assert drafter is not None
+        check_alphabet_covers(target, drafter)
 
     def _sampling_law(self, inter: Intersection, q: Law) -> Law | None:
         return inter.restrict(q)

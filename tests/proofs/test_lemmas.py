@@ -525,6 +525,26 @@ def test_tli_raw_q_counterexample() -> None:
     assert exact.output_law(TLI(lookahead=2), t, d, prompt, 2) == ref
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_tli_drafter_with_a_larger_alphabet_is_lossless(seed: int) -> None:
+    """TLI needs only the target's alphabet inside the drafter's (the re-sync encodes target text
+    for the drafter; nothing re-encodes drafter text for the target): a drafter with extra characters
+    (a byte-fallback drafter of a target that lacks some bytes, as Gemma-3 drafting for SmolLM2) is
+    lossless, its tokens with other characters simply outside the intersection. Exact output law on
+    12 random worlds (lookahead 1-3, N 1-3), sampling and greedy; the reverse (a target character
+    the drafter lacks) stays refused."""
+    rng = random.Random(seed)
+    tv = Vocabulary(["a", "b"] + rng.sample(["ab", "ba", "aa", "bb", "aba"], 2))
+    dv = Vocabulary(["a", "b", "c"] + rng.sample(["ab", "ca", "bc", "cc", "ba", "abc"], 3))
+    t = random_model(tv, LongestMatchTokenizer(tv), seed, zero_prob=0.2)
+    d = random_model(dv, LongestMatchTokenizer(dv), seed + 100, zero_prob=0.2)
+    k, n = 1 + seed % 3, 1 + (seed // 3) % 3
+    assert exact.output_law(TLI(lookahead=k), t, d, "a", n) == exact.target_law(t, "a", n)
+    assert exact.output_law(TLI(lookahead=k, greedy=True), t, d, "a", n) == exact.target_law(t, "a", n, greedy=True)
+    with pytest.raises(ValueError, match="lacks target characters"):
+        exact.output_law(TLI(lookahead=k), d, t, "a", n)
+
+
 def outside_only(drafter: Model, target_vocab: Vocabulary, everywhere: bool) -> FunctionModel:
     """``drafter`` with zero mass on the intersection (EOS included): at every context, or only at
     contexts of odd length (so drafting stops part-way)."""

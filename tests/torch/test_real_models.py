@@ -334,3 +334,51 @@ def test_greedy_on_many_kinds_of_prompts(target_name: str, pair: dict[str, tuple
                 j = next(k for k in range(min(len(got), len(w))) if got[k] != w[k])
                 ctx = batched.prompt_ids[i] + w[:j] if batched.prompt_ids else []
                 assert _near_tie(target, ctx, got[j], w[j]), (method, prompts[i], j, tt.decode(got), tt.decode(w))
+
+
+MIRROR_PROMPTS = ["def fib(n):", "The capital of France is", "Die Katze", "I love pizza 🍕", "1, 2, 3,"]
+
+
+@pytest.fixture(scope="module")
+def pair64() -> dict[str, tuple[Any, Any]]:
+    """Both real models in float64 (1.1 and 2.2 GB): the mirror's reference runs uncached passes of
+    the full context, which in float64 agree with the backend's cached, batched ones far below any
+    uniform's distance to a decision boundary met here."""
+    for name in rm.names():
+        need(name)
+    return {name: rm.load(name, dtype=torch.float64) for name in rm.names()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "tli"])
+def test_mirror_on_the_real_pair(method: str, pair64: dict[str, tuple[Any, Any]]) -> None:
+    """The mirror on real models (issue 19, section 3): SmolLM2 target, Gemma drafter, float64,
+    ``mask_textless=True`` (hsd_core's laws hold ids with text only); the uniforms each row of
+    ``generate`` consumed, replayed into ``hsd_core``'s method over ``CoreModel`` views of the same
+    models, give the same tokens on 5 prompts (code, prose, German, emoji, numbers), and the
+    reference reads every recorded uniform. AR and TLI only: ``hsd_core``'s SLEM and SLRS need both
+    alphabets equal (they re-encode drafter text for the target), and SmolLM2 lacks 21 bytes Gemma
+    has (TLI needs only the target's inside the drafter's: ``proofs/tli.md``); the other direction
+    fails TLI's condition too."""
+    from hsd_core.methods import AR, SLEM, SLRS, TLI
+    from hsd_core.rand import UniformRand
+
+    from hsd_torch import CoreModel, generate
+    from hsd_torch.mirror import core_text
+
+    torch.set_num_threads(2)
+    (target, tt), (drafter, dt) = pair64["smollm2-135m-instruct"], pair64["gemma-3-270m"]
+    lookahead, max_new = (1 if method == "slrs" else 3), 8
+    use_d = method != "ar"
+    out = generate(target, drafter if use_d else None, MIRROR_PROMPTS, target_tokenizer=tt,
+                   drafter_tokenizer=dt if use_d else None, method=method, lookahead=lookahead,
+                   max_new_tokens=max_new, seed=5, record_uniforms=True, mask_textless=True)
+    assert out.uniforms is not None
+    ct, cd = CoreModel(target, tt), (CoreModel(drafter, dt) if use_d else None)
+    ref = {"ar": AR(), "tli": TLI(lookahead=lookahead), "slem": SLEM(lookahead=lookahead),
+           "slrs": SLRS(lookahead=1, lookbehind=0)}[method]
+    for i, prompt in enumerate(MIRROR_PROMPTS):
+        rand = UniformRand(out.uniforms[i])
+        got = ref.generate(ct, cd, core_text(prompt), max_new, rng=rand)
+        assert ct.tokenizer.to_hf(got) == out.sequences[i], (method, prompt)
+        assert rand.used == len(out.uniforms[i])
