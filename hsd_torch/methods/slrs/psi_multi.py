@@ -100,9 +100,7 @@ class MultiTokenRound:
             if not grown or (p.greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        # greedy: a row whose draft starts with bytes no target token starts proposes nothing (any
-        # proposal keeps greedy output the target's; sampling with such a pair is refused up front)
-        assert p.greedy or all(x for x in self.proposals), "every row's draft ends in a proposal"
+        assert p.greedy or all(x for x in self.proposals), "every row's draft ends in a proposal"  # psi_one.run
         return MultiRoundResult(self.proposals, self.conditionals(), self.used, self.evals, self.levels)
 
     def keep(self, rows: Tensor, full: Tensor, flen: Tensor, w: Tensor, known: Tensor) -> None:
