@@ -61,13 +61,14 @@ from typing import Any, Literal, Union
 
 import numpy as np
 
+from .seqaudit import SequenceAuditReport, audit_sequences
 from .stats import (
     OTHER, InvalidTest, TestFamily, TestResult, _check_alpha, _check_eps, _check_n, _check_power,
     _validate_law, chi_square_two_sample, counts_of, gof_test, min_num_samples_for_tv,
     min_tv_detectable, pool_cells, tv_two_sample,
 )
 
-__all__ = ["AuditReport", "DEFAULT_CHUNK_SIZE", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
+__all__ = ["AuditReport", "SequenceAuditReport", "audit_sequences", "DEFAULT_CHUNK_SIZE", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
            "audit_sampler", "draw_chunks", "min_num_samples_for_law"]
 
 Output = tuple[int, ...]

@@ -53,7 +53,7 @@ from .laws import TextSpace, check_processing
 from .runner import check_model, refuse_meta
 from .text import TokenText
 
-__all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "reference_law"]
+__all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "reference_law"]
 
 ANY = -1
 """Cell marker: "any continuation" (after a prefix that was not expanded)."""
@@ -446,3 +446,6 @@ def audit_generate(
         cells=len(ref.law), coarse_mass=hidden, forward_passes=ref.forward_passes,
         conditional_prefixes=ref.frequent, over=dec(core.over), under=dec(core.under), core=core,
         prompt=prompt, name=label, tv_corrected=corrected)
+
+
+from .seqaudit import audit_sequences  # noqa: E402  (re-exported: hsd_torch.audit.audit_sequences)

@@ -1,0 +1,767 @@
+"""Sequence-level audits: every generated token is tested against its own conditional law.
+
+:func:`audit_sequences` draws ``n`` whole sequences (up to ``max_new_tokens`` new target ids,
+ending at the target's EOS) from a black-box sampler, runs each back through the target by
+teacher forcing, and tests every token ``x_t`` against the target's conditional law ``p_t =
+p(. | prompt, x_<t)``. The statistics live in :class:`SequenceEvidence`, which the PyTorch backend
+(:func:`hsd_torch.audit.audit_sequences`) feeds with its own teacher-forced laws, so both audits
+share one implementation of the tests and of the power statement.
+
+**Why every token is evidence.** Order the target ids by decreasing ``p_t`` (ties by lower id) and
+let ``F_t`` be the cumulative law in that order. The randomized probability integral transform
+(PIT) ``U_t = F_t(x_t-) + V_t p_t(x_t)``, with ``V_t`` uniform on [0, 1] from a seeded stream
+independent of the sampler, is uniform on [0, 1] given the whole history when ``x_t ~ p_t``
+(Rosenblatt). So under losslessness the PITs of a sequence are i.i.d. uniform up to its stopping
+time (EOS or the budget), whatever the prompt, position or history; a sampler that is exact for
+the first tokens and wrong after a rejection or a cache rollback moves the PITs of the later
+tokens.
+
+**The family** (Holm at ``alpha`` over the ``m`` planned tests; a test that cannot run is listed
+as skipped and counts as not rejected):
+
+* ``PIT KS (pooled)``: Kolmogorov-Smirnov of all PITs against U(0, 1);
+* ``PIT chi-square (pooled)``: the PITs in ``bins`` equal bins, Pearson chi-square, ``bins - 1``
+  degrees of freedom;
+* ``log-likelihood martingale``: ``S = sum_t (log p_t(x_t) + H(p_t))`` has conditional mean 0 and
+  conditional variance ``Var_{p_t}(log p_t)`` at every step; ``S / sqrt(sum of those)`` is
+  referred to N(0, 1), two-sided (catches a temperature that is off, in either direction);
+* ``PIT KS (position j)`` for the first ``positions`` positions: the PITs of the sequences that
+  reach position j (exactly i.i.d. uniform given that they reach it), exact KS;
+* with a drafter, ``directional (toward the drafter)``: with ``q_t`` the drafter's law mapped to
+  target ids and ``w_t = q_t / (p_t + q_t)`` (bounded in [0, 1]), ``D = sum_t (w_t(x_t) -
+  E_{p_t} w_t)`` over ``sqrt(sum_t Var_{p_t} w_t)``, one-sided: the usual failure of a lossy
+  speculative decoder is an output pulled toward its drafter, which raises ``D``.
+
+The pooled tests and the martingale tests sum over a random number of tokens (sequences stop at
+EOS); their normal / chi-square / KS reference laws are asymptotic (martingale central limit
+theorem). ``tests/stats/test_audit_sequences.py`` checks by simulation that the false-fail rate
+stays within ``alpha``. Besides the family, two exact checks make the verdict "lossy" at once: a
+token the target gives probability 0 at its position, and a malformed sequence (longer than the
+budget, shorter without ending at an end id, or going on after an end id).
+
+**The promise.** For the laws actually met (the teacher-forced ``p_t``, and ``q_t`` with a
+drafter), the report states, per named family of departures, the smallest one caught with
+probability >= ``power`` by at least one test of the family run at ``alpha / m`` (so Holm catches
+it too): the mixture toward the drafter ``(1 - lambda) p_t + lambda q_t``; a temperature off by a
+factor ``f`` (``p_t^(1/f)`` and ``p_t^f``, renormalized on ``p_t``'s support); one token fewer
+(the least likely token of each ``p_t``'s support removed, as a top-k or top-p off by one); and,
+where the caller gives the raw law's next token (the PyTorch audit with top-k / top-p), one token
+more. Each is also given as the mean per-token TV it amounts to. The power of the pooled
+chi-square is the non-central chi-square's, of the martingale tests the normal approximation's, of
+a draw of probability 0 exact, all evaluated at the met positions (so it is an approximation: the
+departing sampler would meet other prefixes); the KS and per-position tests are not counted, so
+the promise is conservative in that respect. ``tests/stats/test_audit_sequences.py`` checks by
+simulation that a mixture at the stated lambda is caught with the stated power. To keep the cost
+bounded on large vocabularies the power is computed on a seeded subsample of at most
+``power_steps`` positions (an unbiased estimate of the per-token averages).
+
+**Verdicts.** "lossy" on an exact-check failure or a Holm rejection; otherwise "inconclusive" when
+no test could run or the headline promise (the mixture toward the drafter's mean per-token TV when
+a drafter is given, else the temperature family's) is missing or above ``max_detectable_tv`` (the
+reason says how many sequences would reach it); otherwise "lossless-consistent". Greedy audits
+(``do_sample=False``) compare every token with the argmax exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats as sps  # type: ignore[import-untyped]
+
+from .stats import TestResult, _check_alpha, _check_power, holm
+
+__all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "FamilyPower", "SequenceAuditReport", "SequenceEvidence",
+           "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
+           "truncate_at_end"]
+
+Verdict = Literal["lossless-consistent", "lossy", "inconclusive"]
+F64 = NDArray[np.float64]
+
+DEFAULT_BINS = 20
+"""Bins of the pooled PIT chi-square."""
+
+DEFAULT_POSITIONS = 4
+"""How many first positions get a PIT test of their own."""
+
+LAMBDAS: F64 = np.geomspace(1e-3, 1.0, 31)
+"""The grid of mixture weights toward the drafter at which the power is evaluated."""
+
+TEMPERATURE_FACTORS: F64 = np.geomspace(1.005, 4.0, 25)
+"""The grid of temperature factors ``f`` (both ``x f`` and ``/ f``) at which the power is evaluated."""
+
+DEFAULT_POWER_STEPS = 2000
+"""Positions (at most, a seeded subsample) on which the power is computed."""
+
+_MIN_POSITION_DRAWS = 20
+
+
+def sequence_seeds(seed: int, n: int) -> list[int]:
+    """The 32-bit sampler seed of each of the ``n`` sequences of an audit run with ``seed``
+    (``SeedSequence([seed, i, 0])``): a function of ``(seed, i)`` only."""
+    return [int(np.random.SeedSequence([seed, i, 0]).generate_state(1)[0]) for i in range(n)]
+
+
+def pit_uniforms(seed: int, i: int, length: int) -> F64:
+    """The uniforms ``V_t`` of sequence ``i``'s randomized PITs (``length`` of them), from
+    ``SeedSequence([seed, i, 1])``: independent of the sampler's seed stream."""
+    return np.random.default_rng(np.random.SeedSequence([seed, i, 1])).random(length)
+
+
+@dataclass(frozen=True)
+class FamilyPower:
+    """The smallest departure of one named family that the audit catches with probability >=
+    ``power``: ``detectable`` is the family's parameter there (lambda for the mixture toward the
+    drafter, the factor ``f`` for the temperature; None when even the largest on the grid is not
+    caught, or for a fixed departure), ``mean_tv`` the mean per-token TV it amounts to at the met
+    positions, ``caught`` the probability that the fixed departure (or the detectable one) is
+    caught, ``by`` the test that catches it best, ``note`` what the family is."""
+
+    family: str
+    detectable: float | None
+    mean_tv: float | None
+    caught: float
+    by: str
+    note: str
+
+
+@dataclass(frozen=True)
+class SequenceAuditReport:
+    """Result of :func:`audit_sequences` (module docstring). ``tests`` ran each at ``alpha / m``;
+    ``holm_rejected[i]`` is the corrected verdict of ``tests[i]``; ``families`` the power
+    statement; ``detectable_tv`` the headline promise (mean per-token TV, ``detectable_by`` names
+    its family); ``impossible`` the draws the target gives probability 0 as ``(sequence,
+    position, id)``; ``malformed`` what was wrong with malformed sequences; ``pits`` and
+    ``pit_positions`` every PIT and its position (for plots and further tests)."""
+
+    verdict: Verdict
+    reason: str
+    n: int
+    tokens: int
+    max_new_tokens: int
+    alpha: float
+    power: float
+    seed: int
+    m: int
+    tests: tuple[TestResult, ...]
+    holm_rejected: tuple[bool, ...]
+    skipped: tuple[str, ...]
+    families: tuple[FamilyPower, ...]
+    detectable_tv: float | None
+    detectable_by: str
+    impossible: tuple[tuple[int, int, int], ...]
+    malformed: tuple[str, ...]
+    do_sample: bool = True
+    processing: str = ""
+    name: str = "sampler"
+    cost: dict[str, float] = field(default_factory=dict)
+    pits: F64 = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    pit_positions: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False,
+                                             compare=False)
+    bins: int = DEFAULT_BINS
+
+    @property
+    def per_test_alpha(self) -> float:
+        """``alpha / m``: the level at which each test ran."""
+        return self.alpha / self.m
+
+    def to_markdown(self, title: str | None = None) -> str:
+        """The report as a markdown section: verdict, sizes, the tests, the power per family."""
+        det = "n/a" if self.detectable_tv is None else f"{self.detectable_tv:.4g}"
+        lines = [f"## {title or f'Sequence audit of {self.name}'}", "",
+                 f"**Verdict: {self.verdict}** ({self.reason})", "",
+                 f"- n = {self.n} sequences, {self.tokens} tokens (max_new_tokens {self.max_new_tokens}); "
+                 + ("sampling" if self.do_sample else "greedy") + (f", {self.processing}" if self.processing else ""),
+                 f"- family-wise alpha = {self.alpha:.3g} (Holm over m = {self.m} tests, each at "
+                 f"{self.per_test_alpha:.3g}); power = {self.power}; seed = {self.seed}",
+                 f"- headline promise: mean per-token TV {det} ({self.detectable_by})"]
+        if self.cost:
+            lines.append("- cost: " + ", ".join(f"{k} {v:.3g} s" for k, v in self.cost.items()))
+        if self.impossible:
+            lines.append(f"- {len(self.impossible)} draws of probability 0 under the target, first "
+                         + ", ".join(f"sequence {s} position {j} id {t}" for s, j, t in self.impossible[:5]))
+        if self.malformed:
+            lines.append(f"- {len(self.malformed)} malformed sequences, first: " + "; ".join(self.malformed[:3]))
+        lines += ["", "| test | statistic | p-value | n | Holm rejects |", "|---|---|---|---|---|"]
+        for r, rej in zip(self.tests, self.holm_rejected):
+            lines.append(f"| {r.name} | {r.statistic:.4g} | {r.p_value:.3g} | {r.n} | {'**yes**' if rej else 'no'} |")
+        if self.skipped:
+            lines += ["", "Skipped tests:"] + [f"- {s}" for s in self.skipped]
+        lines += ["", f"What would be caught with probability >= {self.power} (at the met positions):", "",
+                  "| departure | smallest caught | mean per-token TV | caught with probability | best test |",
+                  "|---|---|---|---|---|"]
+        for f in self.families:
+            d = "n/a" if f.detectable is None else f"{f.detectable:.4g}"
+            tv = "n/a" if f.mean_tv is None else f"{f.mean_tv:.4g}"
+            lines.append(f"| {f.family} ({f.note}) | {d} | {tv} | {f.caught:.3g} | {f.by} |")
+        return "\n".join(lines) + "\n"
+
+    def save_plot(self, path: str) -> bool:
+        """Write a PNG: the histogram of the pooled PITs with each bin's 99% band under
+        uniformity (per bin), and the mean PIT per position with its 99% band. matplotlib is
+        optional: without it, print a message to stderr and return False. Returns True if written."""
+        try:
+            mpl: Any = importlib.import_module("matplotlib")
+            mpl.use("Agg")
+            plt: Any = importlib.import_module("matplotlib.pyplot")
+        except ImportError:
+            print(f"save_plot: matplotlib is not installed; skipped the plot {path!r} "
+                  "(pip install matplotlib to get it)", file=sys.stderr)
+            return False
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        u = self.pits
+        k = self.bins
+        counts = np.histogram(u, bins=k, range=(0.0, 1.0))[0] if u.size else np.zeros(k)
+        xs = (np.arange(k) + 0.5) / k
+        a1.bar(xs, counts, width=0.9 / k, color="tab:orange", label="observed PITs")
+        if u.size:
+            lo, hi = sps.binom.ppf(0.005, u.size, 1 / k), sps.binom.ppf(0.995, u.size, 1 / k)
+            a1.fill_between([0, 1], [lo, lo], [hi, hi], color="tab:blue", alpha=0.2,
+                            label="99% band of each bin under uniformity")
+            a1.axhline(u.size / k, color="tab:blue", lw=1)
+        a1.set_xlabel("randomized PIT of each token under the target's conditional law")
+        a1.set_ylabel("tokens")
+        a1.set_title(f"{self.name}: {self.verdict} ({self.n} sequences, {self.tokens} tokens)", fontsize=9)
+        a1.legend(fontsize=7, loc="lower center")
+        pos = self.pit_positions
+        if u.size:
+            js = np.unique(pos)
+            means = np.array([u[pos == j].mean() for j in js])
+            cnt = np.array([(pos == j).sum() for j in js])
+            half = 2.576 * np.sqrt(1 / 12 / cnt)
+            a2.fill_between(js, 0.5 - half, 0.5 + half, color="tab:blue", alpha=0.2,
+                            label="99% band of each position's mean (pointwise)")
+            a2.plot(js, means, "o-", color="tab:orange", ms=3, label="mean PIT")
+        a2.axhline(0.5, color="tab:blue", lw=1)
+        a2.set_xlabel("position of the new token (0 = first)")
+        a2.set_ylabel("mean PIT")
+        a2.set_ylim(0, 1)
+        a2.legend(fontsize=7, loc="lower center")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        return True
+
+
+def _ks(u: F64, name: str, alpha: float, exact: bool) -> TestResult:
+    res = sps.kstest(u, "uniform", method="exact" if exact else "asymp")
+    p = float(res.pvalue)
+    return TestResult(name, float(res.statistic), p, alpha, int(u.size), None, p <= alpha,
+                      f"Kolmogorov-Smirnov of {u.size} PITs against U(0, 1)")
+
+
+class _Alternatives:
+    """Per-step ingredients of the power of each test under each departure, summed over the
+    steps of the power subsample (module docstring)."""
+
+    def __init__(self, names: list[tuple[str, float]], k: int) -> None:
+        self.names = names
+        a = len(names)
+        self.steps = 0
+        self.bins = np.zeros((a, k))
+        self.ll_mu = np.zeros(a)
+        self.ll_var = np.zeros(a)
+        self.dir_mu = np.zeros(a)
+        self.dir_var = np.zeros(a)
+        self.log_keep = np.zeros(a)
+        self.tv = np.zeros(a)
+        self.null_ll_var = 0.0
+        self.null_dir_var = 0.0
+
+    def index(self, family: str) -> list[int]:
+        return [i for i, (f, _) in enumerate(self.names) if f == family]
+
+
+class SequenceEvidence:
+    """The statistics of a sequence audit, fed step by step (module docstring).
+
+    ``add_steps`` takes ``m`` audited positions at once: ``p [m, V]`` the target's conditional laws
+    (float64, rows summing to 1), ``x [m]`` the sampled ids, ``pos [m]`` their positions (0 = first
+    new token), ``v [m]`` the PIT uniforms, ``seq [m]`` the sequence of each; optionally ``q [m, V]``
+    the drafter's laws on target ids and ``extra [m]`` the probability a law with one token more
+    would give that token. ``report`` runs the family and states the power.
+    """
+
+    def __init__(self, *, alpha: float = 1e-3, power: float = 0.99, bins: int = DEFAULT_BINS,
+                 positions: int = DEFAULT_POSITIONS, seed: int = 0, drafter: bool = False, extra: bool = False,
+                 do_sample: bool = True, power_steps: int = DEFAULT_POWER_STEPS, expected_steps: int = 1) -> None:
+        self.alpha = _check_alpha(alpha)
+        self.power = _check_power(power)
+        if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 2:
+            raise ValueError(f"bins must be an integer >= 2, got {bins!r}")
+        if isinstance(positions, bool) or not isinstance(positions, (int, np.integer)) or positions < 0:
+            raise ValueError(f"positions must be an integer >= 0, got {positions!r}")
+        self.bins, self.positions, self.seed = int(bins), int(positions), int(seed)
+        self.drafter, self.extra, self.do_sample = drafter, extra, do_sample
+        self.rho = min(1.0, power_steps / max(1, expected_steps))
+        self._pick = np.random.default_rng(np.random.SeedSequence([self.seed, 2]))
+        self.u: list[F64] = []
+        self.u_pos: list[NDArray[np.int64]] = []
+        self.ll_sum = 0.0
+        self.ll_var = 0.0
+        self.dir_sum = 0.0
+        self.dir_var = 0.0
+        self.tokens = 0
+        self.impossible: list[tuple[int, int, int]] = []
+        self.malformed: list[str] = []
+        names: list[tuple[str, float]] = []
+        if drafter:
+            names += [("mixture", float(lam)) for lam in LAMBDAS]
+        names += [("hotter", float(f)) for f in TEMPERATURE_FACTORS]
+        names += [("colder", float(f)) for f in TEMPERATURE_FACTORS]
+        names.append(("one fewer", 1.0))
+        if extra:
+            names.append(("one more", 1.0))
+        self.alt = _Alternatives(names, self.bins)
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def add_malformed(self, what: str) -> None:
+        """Record a malformed sequence (an exact-check failure)."""
+        self.malformed.append(what)
+
+    def add_steps(self, p: F64, x: NDArray[np.int64], pos: NDArray[np.int64], v: F64, seq: NDArray[np.int64],
+                  q: F64 | None = None, extra: F64 | None = None) -> None:
+        """Add ``m`` audited positions (class docstring)."""
+        p = np.asarray(p, dtype=np.float64)
+        x = np.asarray(x, dtype=np.int64)
+        m = x.shape[0]
+        if p.ndim != 2 or p.shape[0] != m:
+            raise ValueError(f"p must be [m, V] with m = {m} rows, got shape {p.shape}")
+        if (q is None) == self.drafter:
+            raise ValueError("q must be given exactly when the evidence was made with drafter=True")
+        if (extra is None) == self.extra:
+            raise ValueError("extra must be given exactly when the evidence was made with extra=True")
+        rows = np.arange(m)
+        px = p[rows, x]
+        ok = px > 0
+        for i in np.flatnonzero(~ok):
+            self.impossible.append((int(seq[i]), int(pos[i]), int(x[i])))
+        if not ok.any():
+            return
+        p, x, pos, v, rows = p[ok], x[ok], np.asarray(pos)[ok], np.asarray(v)[ok], np.arange(int(ok.sum()))
+        px = px[ok]
+        ids = np.arange(p.shape[1])
+        before = np.where((p > px[:, None]) | ((p == px[:, None]) & (ids[None, :] < x[:, None])), p, 0.0).sum(axis=1)
+        u = np.clip(before + v * px, 0.0, 1.0)
+        self.u.append(u)
+        self.u_pos.append(pos.astype(np.int64))
+        self.tokens += int(u.size)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logp = np.where(p > 0, np.log(np.where(p > 0, p, 1.0)), 0.0)
+        h = -(p * logp).sum(axis=1)
+        self.ll_sum += float((logp[rows, x] + h).sum())
+        self.ll_var += float(np.clip((p * logp ** 2).sum(axis=1) - h ** 2, 0.0, None).sum())
+        w: F64 | None = None
+        if q is not None:
+            q = np.asarray(q, dtype=np.float64)[ok]
+            s = p + q
+            w = np.where(s > 0, q / np.where(s > 0, s, 1.0), 0.0)
+            ew = (p * w).sum(axis=1)
+            self.dir_sum += float((w[rows, x] - ew).sum())
+            self.dir_var += float(np.clip((p * w ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
+        e = None if extra is None else np.asarray(extra, dtype=np.float64)[ok]
+        pick = self._pick.random(u.size) < self.rho
+        for i in np.flatnonzero(pick):
+            self._power_step(p[i], None if q is None else q[i], None if w is None else w[i],
+                             None if e is None else float(e[i]))
+
+    def _power_step(self, p: F64, q: F64 | None, w: F64 | None, extra: float | None) -> None:
+        alt = self.alt
+        order = np.argsort(-p, kind="stable")
+        s = int((p > 0).sum())
+        order = order[:s]
+        ps = p[order]
+        logp = np.log(ps)
+        laws: list[F64] = []
+        imp: list[float] = []
+        for fam, th in alt.names:
+            if fam == "mixture":
+                assert q is not None
+                laws.append((1 - th) * ps + th * q[order])
+                imp.append(th * max(0.0, 1.0 - float(q[order].sum())))
+            elif fam in ("hotter", "colder"):
+                z = logp / th if fam == "hotter" else logp * th
+                z = np.exp(z - z.max())
+                laws.append(z / z.sum())
+                imp.append(0.0)
+            elif fam == "one fewer":
+                r = ps.copy()
+                if s >= 2:
+                    r[-1] = 0.0
+                    r /= r.sum()
+                laws.append(r)
+                imp.append(0.0)
+            else:  # one more
+                e = float(extra or 0.0)
+                laws.append((1 - e) * ps)
+                imp.append(e)
+        r = np.array(laws)
+        im = np.array(imp)
+        keep = np.clip(1.0 - im, 0.0, 1.0)
+        cond = r / np.where(keep > 0, keep, 1.0)[:, None]
+        # bin masses of the PIT under each alternative: its density on token x's interval is cond(x) / p(x)
+        cum = np.cumsum(ps)
+        edges = np.linspace(0.0, 1.0, self.bins + 1)
+        j = np.clip(np.searchsorted(cum, edges, side="left"), 0, s - 1)
+        start = cum[j] - ps[j]
+        frac = np.clip((edges - start) / ps[j], 0.0, 1.0)
+        g = np.cumsum(cond, axis=1)
+        gb = g[:, j] - cond[:, j] + cond[:, j] * frac[None, :]
+        gb[:, 0] = 0.0
+        gb[:, -1] = cond.sum(axis=1)
+        alt.bins += np.diff(gb, axis=1)
+        m1 = cond @ logp
+        alt.ll_mu += m1 + float(-(ps * logp).sum())
+        alt.ll_var += np.clip(cond @ logp ** 2 - m1 ** 2, 0.0, None)
+        if w is not None:
+            ws = w[order]
+            ew = float(ps @ ws)
+            d1 = cond @ ws
+            alt.dir_mu += d1 - ew
+            alt.dir_var += np.clip(cond @ ws ** 2 - d1 ** 2, 0.0, None)
+            alt.null_dir_var += max(0.0, float(ps @ ws ** 2) - ew ** 2)
+        alt.null_ll_var += max(0.0, float(ps @ logp ** 2) - float(ps @ logp) ** 2)
+        with np.errstate(divide="ignore"):
+            alt.log_keep += np.log(keep)
+        alt.tv += 0.5 * (np.abs(r - ps[None, :]).sum(axis=1) + im)
+        alt.steps += 1
+
+    # -- the family and the promise ------------------------------------------------------------
+
+    def _planned(self) -> list[str]:
+        names = ["PIT KS (pooled)", "PIT chi-square (pooled)", "log-likelihood martingale"]
+        names += [f"PIT KS (position {j})" for j in range(self.positions)]
+        if self.drafter:
+            names.append("directional (toward the drafter)")
+        return names
+
+    def _powers(self, a: float, scale: float = 1.0) -> dict[str, F64]:
+        """Power of each test (at level ``a``) under every alternative, for ``scale`` times the
+        tokens seen."""
+        alt = self.alt
+        n_alt = len(alt.names)
+        out: dict[str, F64] = {}
+        if alt.steps == 0 or self.tokens == 0:
+            return {"none": np.zeros(n_alt)}
+        n_tok = self.tokens * scale
+        k = self.bins
+        pi = alt.bins / alt.steps
+        nc = n_tok * k * ((pi - 1.0 / k) ** 2).sum(axis=1)
+        crit = sps.chi2.isf(a, k - 1)
+        out["PIT chi-square (pooled)"] = np.asarray(sps.ncx2.sf(crit, k - 1, nc), dtype=np.float64)
+        mean_ratio = n_tok / alt.steps
+        if alt.null_ll_var > 0:
+            mu, s1 = alt.ll_mu * mean_ratio, np.sqrt(alt.ll_var * mean_ratio)
+            s0 = math.sqrt(alt.null_ll_var * mean_ratio)
+            z = float(sps.norm.isf(a / 2))
+            s1 = np.where(s1 > 0, s1, 1e-300)
+            out["log-likelihood martingale"] = sps.norm.cdf((mu - z * s0) / s1) + sps.norm.cdf((-mu - z * s0) / s1)
+        if self.drafter and alt.null_dir_var > 0:
+            mu, s1 = alt.dir_mu * mean_ratio, np.sqrt(alt.dir_var * mean_ratio)
+            s0 = math.sqrt(alt.null_dir_var * mean_ratio)
+            z = float(sps.norm.isf(a))
+            s1 = np.where(s1 > 0, s1, 1e-300)
+            out["directional (toward the drafter)"] = sps.norm.cdf((mu - z * s0) / s1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out["a draw of probability 0"] = 1.0 - np.exp(alt.log_keep * mean_ratio)
+        return out
+
+    def _best(self, a: float, scale: float = 1.0) -> tuple[F64, list[str]]:
+        pw = self._powers(a, scale)
+        names = list(pw)
+        arr = np.nan_to_num(np.array([pw[k] for k in names]), nan=0.0)
+        return arr.max(axis=0), [names[i] for i in arr.argmax(axis=0)]
+
+    def _families(self, a: float) -> list[FamilyPower]:
+        alt = self.alt
+        if alt.steps == 0:
+            return []
+        best, by = self._best(a)
+        tv = alt.tv / alt.steps
+        out: list[FamilyPower] = []
+        if self.drafter:
+            idx = alt.index("mixture")
+            hit = [i for i in idx if best[i] >= self.power]
+            if hit:
+                i = hit[0]
+                out.append(FamilyPower("mixture toward the drafter", alt.names[i][1], float(tv[i]), float(best[i]),
+                                       by[i], "(1 - lambda) p + lambda q; detectable: lambda"))
+            else:
+                i = idx[-1]
+                out.append(FamilyPower("mixture toward the drafter", None, None, float(best[i]), by[i],
+                                       "(1 - lambda) p + lambda q; not caught even at lambda = 1"))
+        hot, cold = alt.index("hotter"), alt.index("colder")
+        found = None
+        for i, j in zip(hot, cold):
+            if best[i] >= self.power and best[j] >= self.power:
+                found = (i, j)
+                break
+        if found:
+            i, j = found
+            out.append(FamilyPower("temperature off by a factor", alt.names[i][1], float(max(tv[i], tv[j])),
+                                   float(min(best[i], best[j])), by[i] if best[i] <= best[j] else by[j],
+                                   "p^(1/f) and p^f renormalized; detectable: f"))
+        else:
+            out.append(FamilyPower("temperature off by a factor", None, None, float(min(best[hot[-1]], best[cold[-1]])),
+                                   by[hot[-1]], f"p^(1/f) and p^f; not caught even at f = {TEMPERATURE_FACTORS[-1]:.3g}"))
+        for fam, note in (("one fewer", "the least likely token of each law removed (top-k / top-p off by one)"),
+                          ("one more", "the raw law's next token added (top-k / top-p off by one)")):
+            for i in alt.index(fam):
+                out.append(FamilyPower(f"one token {fam.split()[1]}", None, float(tv[i]), float(best[i]), by[i], note))
+        return out
+
+    def _headline(self, fams: list[FamilyPower]) -> FamilyPower | None:
+        want = "mixture toward the drafter" if self.drafter else "temperature off by a factor"
+        for f in fams:
+            if f.family == want:
+                return f
+        return None
+
+    def _scale_needed(self, a: float, family: str, max_tv: float) -> float | None:
+        """The factor by which the number of sequences must grow for ``family`` to be caught at a
+        mean per-token TV <= ``max_tv`` (None if no grid point qualifies up to x10^4)."""
+        alt = self.alt
+        tv = alt.tv / max(1, alt.steps)
+        if family == "mixture toward the drafter":
+            cand = [[i] for i in alt.index("mixture") if tv[i] <= max_tv]
+        else:
+            cand = [[i, j] for i, j in zip(alt.index("hotter"), alt.index("colder")) if max(tv[i], tv[j]) <= max_tv]
+        if not cand:
+            return None
+        hi = 1e4
+        if not any(self._best(a, hi)[0][c].min() >= self.power for c in cand):
+            return None
+        lo = 1.0
+        for _ in range(40):
+            mid = math.sqrt(lo * hi)
+            b = self._best(a, mid)[0]
+            if any(b[c].min() >= self.power for c in cand):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def report(self, *, n: int, max_new_tokens: int, max_detectable_tv: float | None = 0.1, name: str = "sampler",
+               processing: str = "", cost: dict[str, float] | None = None) -> SequenceAuditReport:
+        """Run the family (Holm at ``alpha``), state the power, and give the verdict."""
+        planned = self._planned()
+        m = len(planned)
+        a = self.alpha / m
+        u = np.concatenate(self.u) if self.u else np.zeros(0)
+        upos = np.concatenate(self.u_pos) if self.u_pos else np.zeros(0, dtype=np.int64)
+        tests: list[TestResult] = []
+        skipped: list[str] = []
+        if not self.do_sample:
+            skipped.append("every test but the exact one (greedy: every token must equal the argmax)")
+        elif u.size >= 5 * self.bins:
+            tests.append(_ks(u, "PIT KS (pooled)", a, exact=False))
+            counts = np.histogram(u, bins=self.bins, range=(0.0, 1.0))[0]
+            r = sps.chisquare(counts)
+            tests.append(TestResult("PIT chi-square (pooled)", float(r.statistic), float(r.pvalue), a, int(u.size),
+                                    self.bins - 1, float(r.pvalue) <= a, f"{self.bins} equal bins"))
+        else:
+            skipped.append(f"pooled PIT tests: {u.size} tokens, fewer than {5 * self.bins}")
+        if self.do_sample:
+            if self.ll_var > 0:
+                z = self.ll_sum / math.sqrt(self.ll_var)
+                pv = float(2 * sps.norm.sf(abs(z)))
+                tests.append(TestResult("log-likelihood martingale", z, pv, a, int(u.size), None, pv <= a,
+                                        "sum of log p(x) + H(p) over its conditional standard deviation"))
+            else:
+                skipped.append("log-likelihood martingale: every law met is a point mass")
+            for j in range(self.positions):
+                uj = u[upos == j]
+                if uj.size >= _MIN_POSITION_DRAWS:
+                    tests.append(_ks(uj, f"PIT KS (position {j})", a, exact=uj.size <= 10_000))
+                else:
+                    skipped.append(f"PIT KS (position {j}): {uj.size} tokens, fewer than {_MIN_POSITION_DRAWS}")
+            if self.drafter:
+                if self.dir_var > 0:
+                    z = self.dir_sum / math.sqrt(self.dir_var)
+                    pv = float(sps.norm.sf(z))
+                    tests.append(TestResult("directional (toward the drafter)", z, pv, a, int(u.size), None, pv <= a,
+                                            "sum of w(x) - E_p w, w = q / (p + q), over its standard deviation"))
+                else:
+                    skipped.append("directional test: no law met gives it any variance (q = p or point masses)")
+        rejected = holm([t.p_value for t in tests] + [1.0] * (m - len(tests)), self.alpha)[:len(tests)]
+        fams = self._families(a) if self.do_sample else []
+        head = self._headline(fams)
+        detectable = None if head is None else head.mean_tv
+        by = "" if head is None else head.family
+        verdict: Verdict
+        if self.impossible or self.malformed:
+            verdict = "lossy"
+            parts = []
+            if self.impossible:
+                s, j, t = self.impossible[0]
+                parts.append(f"{len(self.impossible)} tokens the target gives probability 0 (first: sequence {s}, "
+                             f"position {j}, id {t})")
+            if self.malformed:
+                parts.append(f"{len(self.malformed)} malformed sequences ({self.malformed[0]})")
+            reason = "; ".join(parts)
+        elif any(rejected):
+            verdict = "lossy"
+            names = [t.name for t, r in zip(tests, rejected) if r]
+            reason = f"Holm rejects at family-wise alpha {self.alpha:.3g}: " + ", ".join(names)
+        elif not self.do_sample:
+            verdict = "lossless-consistent" if self.tokens else "inconclusive"
+            reason = (f"all {self.tokens} tokens equal the target's argmax" if self.tokens else "no tokens")
+            by = "greedy: exact check"
+        elif not tests:
+            verdict, reason = "inconclusive", "no test could run: " + "; ".join(skipped)
+        elif detectable is None:
+            verdict = "inconclusive"
+            reason = (f"no test rejects, but no {by or 'departure'} on the grid would be caught with probability "
+                      f">= {self.power}; increase n")
+        elif max_detectable_tv is not None and detectable > max_detectable_tv:
+            grow = self._scale_needed(a, by, max_detectable_tv)
+            more = ("" if grow is None else f"; about n = {math.ceil(grow * n)} sequences would reach it")
+            verdict = "inconclusive"
+            reason = (f"no test rejects, but the smallest {by} caught with probability >= {self.power} is at mean "
+                      f"per-token TV {detectable:.4g} > max_detectable_tv {max_detectable_tv:.4g}{more}")
+        else:
+            verdict = "lossless-consistent"
+            reason = (f"no test rejects at family-wise alpha {self.alpha:.3g}; a {by} at mean per-token TV >= "
+                      f"{detectable:.4g} would be caught with probability >= {self.power} (at the met positions)")
+        return SequenceAuditReport(
+            verdict=verdict, reason=reason, n=n, tokens=self.tokens, max_new_tokens=max_new_tokens, alpha=self.alpha,
+            power=self.power, seed=self.seed, m=m, tests=tuple(tests), holm_rejected=tuple(rejected),
+            skipped=tuple(skipped), families=tuple(fams), detectable_tv=detectable, detectable_by=by,
+            impossible=tuple(self.impossible), malformed=tuple(self.malformed), do_sample=self.do_sample,
+            processing=processing, name=name, cost=dict(cost or {}), pits=u, pit_positions=upos, bins=self.bins)
+
+
+def check_sequence(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[int]) -> str | None:
+    """What is malformed in a sequence of new target ids (None if nothing): longer than the
+    budget, an end id before the last token, or shorter than the budget without an end id."""
+    if len(ids) > max_new_tokens:
+        return f"{len(ids)} tokens, more than max_new_tokens {max_new_tokens}"
+    for j, t in enumerate(ids[:-1]):
+        if t in end_ids:
+            return f"end id {t} at position {j}, then {len(ids) - j - 1} more tokens"
+    if len(ids) < max_new_tokens and (not ids or ids[-1] not in end_ids):
+        return f"{len(ids)} tokens without an end id (the budget is {max_new_tokens})"
+    return None
+
+
+def truncate_at_end(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[int]) -> list[int]:
+    """``ids`` cut after its first end id and to ``max_new_tokens``: the part a target's own
+    decoding could have produced, which a malformed sequence is still audited on."""
+    out: list[int] = []
+    for t in ids[:max_new_tokens]:
+        out.append(int(t))
+        if t in end_ids:
+            break
+    return out
+
+
+def audit_sequences(
+    sample_fn: Callable[[str, int], Sequence[int]],
+    target: Any,
+    prompts: str | Sequence[str],
+    n: int = 200,
+    max_new_tokens: int = 32,
+    do_sample: bool = True,
+    alpha: float = 1e-3,
+    seed: int = 0,
+    drafter: Any = None,
+    *,
+    power: float = 0.99,
+    bins: int = DEFAULT_BINS,
+    positions: int = DEFAULT_POSITIONS,
+    max_detectable_tv: float | None = 0.1,
+    power_steps: int = DEFAULT_POWER_STEPS,
+    name: str | None = None,
+) -> SequenceAuditReport:
+    """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) over ``hsd_core`` models:
+    ``n`` sequences (the prompts taken in turn), every token tested against ``target``'s exact
+    conditional law ``next_probs`` (module docstring). With ``drafter`` (an ``hsd_core`` model whose
+    alphabet contains the target's), the directional test uses the drafter's law pushed onto the
+    shared strings (TLI's intersection, renormalized) with TLI's drafter context. Sequence ``i``'s
+    seed is :func:`sequence_seeds` ``(seed, n)[i]``. ``do_sample=False``: every token must be the
+    argmax (ties to the lowest id). Returns a :class:`SequenceAuditReport`."""
+    from .laws import argmax
+    from .methods.base import State, check_run_args
+    from .methods.tli import drafter_context, intersection
+    from .models import checked
+
+    if not callable(sample_fn):
+        raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(sample_fn).__name__}")
+    plist = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not plist:
+        raise ValueError("prompts is empty")
+    target = checked(target, "target")
+    for pr in plist:
+        check_run_args(target, pr, max_new_tokens)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    inter = None
+    if drafter is not None:
+        drafter = checked(drafter, "drafter")
+        if not set(target.vocab.alphabet) <= set(drafter.vocab.alphabet):
+            raise ValueError("the drafter's alphabet must contain the target's (its context is the target's text)")
+        inter = intersection(target.vocab, drafter.vocab)
+    size = len(target.vocab)
+    eos = target.vocab.eos_id
+    ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=seed,
+                          drafter=drafter is not None, do_sample=do_sample, power_steps=power_steps,
+                          expected_steps=int(n) * int(max_new_tokens))
+    for i, sd in enumerate(sequence_seeds(int(seed), int(n))):
+        prompt = plist[i % len(plist)]
+        out = sample_fn(prompt, sd)
+        ids = _as_ids(out, f"sample_fn({prompt!r}, {sd}) (sequence {i}) returned")
+        bad = [t for t in ids if not 0 <= t < size]
+        if bad:
+            ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {size} ids")
+            continue
+        what = check_sequence(ids, int(max_new_tokens), frozenset([eos]))
+        if what is not None:
+            ev.add_malformed(f"sequence {i}: {what}")
+            ids = truncate_at_end(ids, int(max_new_tokens), frozenset([eos]))
+        if not ids:
+            continue
+        base = tuple(target.tokenizer.encode(prompt))
+        rows = []
+        qrows = []
+        for j in range(len(ids)):
+            law = target.next_probs(base + tuple(ids[:j]))
+            if do_sample:
+                rows.append(np.array([float(v) for v in law]))
+            else:
+                row = np.zeros(len(law))
+                row[argmax(law)] = 1.0
+                rows.append(row)
+            if inter is not None:
+                dctx = drafter_context(target, drafter, State(prompt, tuple(ids[:j]), int(max_new_tokens)), inter)
+                capped = inter.restrict(drafter.next_probs(dctx))
+                qrows.append(np.array([float(v) for v in inter.push(capped, size)]) if capped is not None
+                             else rows[-1].copy())
+        ev.add_steps(np.array(rows), np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
+                     np.full(len(ids), i), q=np.array(qrows) if inter is not None else None)
+    label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
+    return ev.report(n=int(n), max_new_tokens=int(max_new_tokens), max_detectable_tv=max_detectable_tv, name=label)
+
+
+def _as_ids(out: Any, what: str) -> list[int]:
+    """``out`` as a list of Python ints; ``TypeError`` for anything that is not a sequence of ints."""
+    if out is None or isinstance(out, (str, bytes)):
+        raise TypeError(f"{what} {out!r}, not a list of int target ids")
+    if isinstance(out, np.ndarray):
+        out = out.ravel().tolist()
+    try:
+        items = list(out)
+    except TypeError:
+        raise TypeError(f"{what} a {type(out).__name__}, not a list of int target ids") from None
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"{what} {t!r} ({type(t).__name__}) among its ids, not an integer id")
+    return [int(t) for t in items]

@@ -1,0 +1,281 @@
+"""Sequence audits of any ``generate()`` against a Hugging Face target: :func:`audit_sequences`.
+
+The statistics are :mod:`hsd_core.seqaudit`'s (:class:`~hsd_core.seqaudit.SequenceEvidence`): every
+new token of ``n`` sampled sequences is tested against the target's own conditional law at its
+position, obtained by **teacher forcing**: each chunk of ``batch_size`` sequences is run through the
+target in one right-padded forward pass (prompt + new ids), and the logits before each new token
+are processed as :func:`hsd_torch.generate.process_logits` does (float64; with
+``mask_textless=True`` also hsd_torch's removal of ids without text, as :func:`audit_generate`).
+With a drafter, its law at each position is read the same way: its context is its own encoding of
+the prompt, then each new target id re-synced as TLI does (the drafter id with that text, else its
+encoding of the text), so it depends on the history only; processed like the target's, restricted
+to the shared strings, renormalized and pushed onto target ids (:class:`~hsd_torch.vocab.VocabBridge`).
+
+Float rounding: teacher forcing runs without a cache, the audited sampler with one; in float32 the
+two laws differ by ~1e-6, far below any detectable departure. In bfloat16 they differ by ~1e-2,
+which the audit would see at large n: audit a bfloat16 sampler against a float32 (or float64) copy
+of the target (``target`` here may be another copy of the model than the sampler's), and read the
+result as "lossless up to the dtype's rounding" (``docs/auditing.md``).
+
+A draw the target gives probability 0, an id outside its vocabulary, or a malformed sequence (more
+than ``max_new_tokens`` ids, ids after an end id, fewer ids without an end id; the report says
+when a draw starts with the prompt's ids: return only the new ones) makes the verdict "lossy".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsd_core.seqaudit import (
+    DEFAULT_BINS, DEFAULT_POSITIONS, DEFAULT_POWER_STEPS, SequenceAuditReport, SequenceEvidence, check_sequence,
+    pit_uniforms, sequence_seeds, truncate_at_end,
+)
+
+from ._args import as_int
+from .audit import _as_ids, _eos_ids, _width
+from .laws import TextSpace, check_processing, process_logits
+from .runner import check_model, refuse_meta
+from .text import TokenText
+from .vocab import VocabBridge
+
+__all__ = ["audit_sequences"]
+
+SampleBatchFn = Callable[[list[str], list[int]], Sequence[Sequence[int]]]
+
+
+def _prompts(prompts: Any) -> list[str]:
+    plist = [prompts] if isinstance(prompts, str) else list(prompts) if prompts is not None else []
+    if not plist:
+        raise ValueError("prompts is empty: give a str or a list of str")
+    for p in plist:
+        if not isinstance(p, str):
+            raise TypeError(f"each prompt must be a str, got {type(p).__name__}")
+    return plist
+
+
+@torch.inference_mode()
+def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """For each row (ids), the logits (float64, ``[len(at[i]), V]``) after its first ``at[i][j]``
+    ids, for each ``j``: one right-padded forward pass over all rows."""
+    dev = next(model.parameters()).device
+    width = max(len(r) for r in rows)
+    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        am[i, :len(r)] = 1
+    logits = model(input_ids=x, attention_mask=am).logits
+    return [logits[i, torch.tensor(list(a), dtype=torch.long, device=dev) - 1].double() for i, a in enumerate(at)]
+
+
+def _law(lg: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
+    """The processed law of logits ``lg [m, V]`` (greedy: the one-hot argmax over ``mask``, ties
+    to the lowest id)."""
+    if not greedy:
+        return process_logits(lg, mask.to(lg.device), **process)
+    lg = lg.masked_fill(~mask.to(lg.device), float("-inf"))
+    law = torch.zeros_like(lg)
+    law[torch.arange(lg.shape[0]), lg.argmax(-1)] = 1.0
+    return law
+
+
+def audit_sequences(
+    sample_fn: Callable[[str, int], Sequence[int]] | None,
+    target: Any,
+    target_tokenizer: Any,
+    prompts: str | Sequence[str],
+    n: int = 200,
+    max_new_tokens: int = 32,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    alpha: float = 1e-3,
+    seed: int = 0,
+    drafter: Any = None,
+    drafter_tokenizer: Any = None,
+    *,
+    sample_batch_fn: SampleBatchFn | None = None,
+    mask_textless: bool = False,
+    power: float = 0.99,
+    bins: int = DEFAULT_BINS,
+    positions: int = DEFAULT_POSITIONS,
+    max_detectable_tv: float | None = 0.1,
+    power_steps: int = DEFAULT_POWER_STEPS,
+    batch_size: int = 16,
+    progress: Callable[[str], None] | None = None,
+    name: str | None = None,
+) -> SequenceAuditReport:
+    """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
+    conditional law at every position of ``n`` sequences (module docstring; the tests, the power
+    statement and the verdicts are :mod:`hsd_core.seqaudit`'s).
+
+    ``prompts``: a str or a list (sequence ``i`` uses ``prompts[i % len(prompts)]``); the target's
+    context is ``target_tokenizer(prompt)["input_ids"]``. Sequence ``i`` gets the seed
+    :func:`hsd_core.seqaudit.sequence_seeds` ``(seed, n)[i]``. Instead of ``sample_fn``, a batched
+    sampler ``sample_batch_fn(prompts, seeds) -> list of id lists`` (called with ``batch_size``
+    sequences at a time; its rows must be independent draws). ``temperature``, ``top_k``,
+    ``top_p``: the processing the sampler claims (ignored when greedy); ``drafter`` and
+    ``drafter_tokenizer``: add the directional test and the mixture family. ``progress(line)``
+    gets a line per chunk with the time so far and an estimate of the time left. Returns a
+    :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
+    and teacher forcing.
+    """
+    if (sample_fn is None) == (sample_batch_fn is None):
+        raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
+                        "-> list of id lists")
+    fn: Any = sample_fn if sample_fn is not None else sample_batch_fn
+    if not callable(fn):
+        raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
+    plist = _prompts(prompts)
+    n = as_int("n", n, 1)
+    max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
+    batch_size = as_int("batch_size", batch_size, 1)
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    process = dict(check_processing(temperature, top_k, top_p))
+    refuse_meta(check_model(target, "target"), "target")
+    if (drafter is None) != (drafter_tokenizer is None):
+        raise TypeError("give both drafter and drafter_tokenizer, or neither")
+    width = _width(target)
+    eos = _eos_ids(target, target_tokenizer)
+    if mask_textless:
+        space = TextSpace.law(TokenText.get(target_tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
+        mask = ~space.drop_mask()
+    else:
+        mask = torch.ones(width, dtype=torch.bool)
+    processing = ("argmax" if not do_sample else f"temperature {process['temperature']}, top_k {top_k}, top_p {top_p}")
+    if mask_textless:
+        processing += ", ids without text removed (mask_textless)"
+    contexts = []
+    for p in plist:
+        ids = [int(i) for i in target_tokenizer(p)["input_ids"]]
+        if not ids:
+            raise ValueError(f"prompt {p!r} encodes to no target ids: the target has nothing to condition on")
+        contexts.append(ids)
+    bridge = d_mask = None
+    d_contexts: list[list[int]] = []
+    tt = dt = None
+    if drafter is not None:
+        refuse_meta(check_model(drafter, "drafter"), "drafter")
+        d_width = _width(drafter)
+        bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=width, drafter_vocab_size=d_width,
+                             device=next(drafter.parameters()).device)
+        tt, dt = TokenText.get(target_tokenizer, width), TokenText.get(drafter_tokenizer, d_width)
+        d_mask = torch.ones(d_width, dtype=torch.bool)
+        d_contexts = [[int(i) for i in drafter_tokenizer(p)["input_ids"]] for p in plist]
+    top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
+    ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=int(seed),
+                          drafter=drafter is not None, extra=top_extra, do_sample=do_sample, power_steps=power_steps,
+                          expected_steps=n * max_new_tokens)
+    seeds = sequence_seeds(int(seed), n)
+    t_sample = t_force = 0.0
+    memo: dict[int, list[int]] = {}
+    for c0 in range(0, n, batch_size):
+        idx = list(range(c0, min(n, c0 + batch_size)))
+        t0 = time.perf_counter()
+        if sample_batch_fn is not None:
+            outs = list(sample_batch_fn([plist[i % len(plist)] for i in idx], [seeds[i] for i in idx]))
+            if len(outs) != len(idx):
+                raise ValueError(f"sample_batch_fn returned {len(outs)} sequences for {len(idx)} prompts")
+        else:
+            assert sample_fn is not None
+            outs = [sample_fn(plist[i % len(plist)], seeds[i]) for i in idx]
+        t_sample += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows, seqs = [], []
+        for i, out in zip(idx, outs):
+            what = f"the sampler (sequence {i}, prompt {plist[i % len(plist)]!r}, seed {seeds[i]}) returned"
+            ids = _as_ids(out, what, 2**62)
+            bad = [t for t in ids if not 0 <= t < width]
+            if bad:
+                ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {width} ids")
+                continue
+            ctx = contexts[i % len(plist)]
+            wrong = check_sequence(ids, max_new_tokens, eos)
+            if wrong is not None:
+                hint = ("; it starts with the prompt's ids: return only the new ids"
+                        if len(ids) >= len(ctx) and ids[:len(ctx)] == ctx else "")
+                ev.add_malformed(f"sequence {i}: {wrong}{hint}")
+                ids = truncate_at_end(ids, max_new_tokens, eos)
+            if ids:
+                rows.append(ctx + ids)
+                seqs.append((i, ids))
+        if rows:
+            t_logits = _forced_logits(target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
+            laws = [_law(lg, mask, process, not do_sample).cpu().numpy() for lg in t_logits]
+            qs: list[np.ndarray | None] = [None] * len(rows)
+            if bridge is not None:
+                assert drafter is not None and tt is not None and dt is not None and d_mask is not None
+                drows, dstarts = [], []
+                for i, ids in seqs:
+                    d = list(d_contexts[i % len(plist)])
+                    ends = []
+                    for t in ids:
+                        ends.append(len(d))
+                        dd = bridge.to_drafter_list[t]
+                        if dd >= 0:
+                            d.append(dd)
+                        else:
+                            if t not in memo:
+                                b = tt.bytes_of[t]
+                                memo[t] = [] if b is None else dt.encode(b, free=True)
+                            d.extend(memo[t])
+                    drows.append(d)
+                    dstarts.append(ends)
+                qs = _drafter_laws(drafter, bridge, drows, dstarts, d_mask, process, not do_sample, laws)
+            extras: list[np.ndarray | None] = [None] * len(rows)
+            if top_extra:
+                raw = [_law(lg, mask, dict(process, top_k=None, top_p=None), False).cpu().numpy() for lg in t_logits]
+                extras = [_one_more(r, p) for r, p in zip(raw, laws)]
+            del t_logits
+            for (i, ids), law, q, e in zip(seqs, laws, qs, extras):
+                ev.add_steps(law, np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
+                             np.full(len(ids), i), q=q, extra=e)
+        t_force += time.perf_counter() - t0
+        if progress is not None:
+            done = idx[-1] + 1
+            spent = t_sample + t_force
+            progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {t_sample:.1f} s, teacher forcing "
+                     f"{t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
+    label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
+    t0 = time.perf_counter()
+    rep = ev.report(n=n, max_new_tokens=max_new_tokens, max_detectable_tv=max_detectable_tv, name=label,
+                    processing=processing, cost={})
+    cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
+    object.__setattr__(rep, "cost", cost)
+    return rep
+
+
+def _drafter_laws(drafter: Any, bridge: VocabBridge, drows: list[list[int]], dstarts: list[list[int]],
+                  d_mask: torch.Tensor, process: dict[str, Any], greedy: bool, p_laws: list[np.ndarray]
+                  ) -> list[np.ndarray | None]:
+    """The drafter's law before each new target id, over target ids: processed, restricted to the
+    shared strings, renormalized, pushed; where it has no mass there, the target's own law (no
+    evidence either way)."""
+    out: list[np.ndarray | None] = []
+    for i, lg in enumerate(_forced_logits(drafter, drows, dstarts)):
+        q = _law(lg, d_mask, process, greedy)
+        restricted = bridge.restrict(q)
+        pushed = bridge.push(restricted.law).cpu().numpy()
+        none = (restricted.mass <= 0).cpu().numpy()
+        pushed[none] = p_laws[i][none]
+        out.append(pushed)
+    return out
+
+
+def _one_more(raw: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """At each position, the probability that a law with one token more than the processed ``p``
+    (top-k plus one, or top-p keeping the next token) gives that token: the tempered, untruncated
+    law ``raw`` restricted to ``p``'s support plus the most likely id outside it, renormalized."""
+    outside = np.where(p > 0, -1.0, raw)
+    j = outside.argmax(1)
+    extra = np.clip(outside[np.arange(len(j)), j], 0.0, None)
+    kept = np.where(p > 0, raw, 0.0).sum(1)
+    out: np.ndarray = np.where(extra > 0, extra / (kept + extra), 0.0)
+    return out
