@@ -227,8 +227,29 @@ def _parse(args_in: list[str], commands: Sequence[str],
     args = parser.parse_args(args_in)
     impl = getattr(args, "impl", None)
     if impl is None:
+        given = _impl_options_given(args, list(loaded.values()))
+        if given:  # e.g. --samples N: the toy audit would run and ignore it
+            parser.error(f"{', '.join(given)}: options of hsd audit --impl {'|'.join(impls) or 'NAME'}, given without "
+                         "--impl; without it hsd audit runs the exact toy audit (its sampled audit is --sampled N)")
         return parser, args, None
     return parser, args, loaded[impl] if impl in loaded else extensions.load_audit_impl(impl)
+
+
+def _impl_options_given(args: argparse.Namespace, exts: Sequence[extensions.AuditImpl]) -> list[str]:
+    """The ``--impl`` extensions' options (not the core's) that ``args`` sets to other than their
+    defaults, as ``--option`` strings."""
+    out: list[str] = []
+    for ext in exts:
+        p = argparse.ArgumentParser(add_help=False)
+        ext.add_arguments(p)
+        for action in p._actions:
+            if not action.option_strings:
+                continue
+            if getattr(args, action.dest, action.default) != action.default:
+                opt = action.option_strings[-1]
+                if opt not in out:
+                    out.append(opt)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,11 @@ and ``hsd_lossless`` with an exact law never import torch.
     **kw) -> report`` (the report as ``hsd_torch.audit.audit_generate``'s): what ``hsd_lossless``
     runs for a target that is not an exact law (``Mapping``); the first one registered.
 
+``hsd.sequence_audits``
+    ``NAME = "module:attr"``, a function ``(sample_fn, target, tokenizer, prompts, *, n, alpha,
+    seed, **kw) -> report`` (as ``hsd_torch.audit.audit_sequences``): what ``hsd_lossless(...,
+    sequences=True)`` runs for a model target; the first one registered.
+
 An extension that is registered but does not import (torch missing), or a name that nothing
 registers, raises :class:`ExtensionUnavailable` (an ``ImportError``), whose message says what to
 install. Entry points are read from the installed metadata: after editing them, reinstall
@@ -33,12 +38,13 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-__all__ = ["AUDIT_IMPLS", "COMMANDS", "INSTALL_HINT", "MODEL_AUDITS", "AuditImpl", "Command",
-           "ExtensionUnavailable", "load_audit_impl", "load_command", "load_model_audit", "names"]
+__all__ = ["AUDIT_IMPLS", "COMMANDS", "INSTALL_HINT", "MODEL_AUDITS", "SEQUENCE_AUDITS", "AuditImpl", "Command",
+           "ExtensionUnavailable", "load_audit_impl", "load_command", "load_model_audit", "load_sequence_audit", "names"]
 
 COMMANDS = "hsd.commands"
 AUDIT_IMPLS = "hsd.audit_impls"
 MODEL_AUDITS = "hsd.model_audits"
+SEQUENCE_AUDITS = "hsd.sequence_audits"
 INSTALL_HINT = 'install the torch extra: pip install torch==2.13.0 && pip install -e ".[torch]"'
 
 
@@ -117,5 +123,14 @@ def load_model_audit() -> Callable[..., Any]:
     fn = _load(MODEL_AUDITS, None, "hsd_lossless with a model (not a Mapping law)")
     if not callable(fn):
         raise TypeError(f"an entry point of {MODEL_AUDITS} must name a function, not {type(fn).__name__}")
+    audit: Callable[..., Any] = fn
+    return audit
+
+
+def load_sequence_audit() -> Callable[..., Any]:
+    """The first function registered under ``hsd.sequence_audits``."""
+    fn = _load(SEQUENCE_AUDITS, None, "hsd_lossless(..., sequences=True) with a model")
+    if not callable(fn):
+        raise TypeError(f"an entry point of {SEQUENCE_AUDITS} must name a function, not {type(fn).__name__}")
     audit: Callable[..., Any] = fn
     return audit

@@ -17,6 +17,13 @@ that installs hsd gets the ``hsd_lossless`` fixture::
   found through the ``hsd.model_audits`` entry point (:mod:`hsd_core.extensions`), so this module
   imports nothing from hsd_torch; without torch, an ``ImportError`` says what to install.
 
+With ``sequences=True`` every token of whole sequences is audited against its conditional law
+instead (:mod:`hsd_core.seqaudit`): ``sample_fn(prompt, seed)`` returns new target ids; for an
+``hsd_core`` model (it has ``next_probs``) :func:`hsd_core.seqaudit.audit_sequences` runs with
+``prompts=`` (a str or a list); for a Hugging Face target the ``hsd.sequence_audits`` entry point
+(:func:`hsd_torch.audit.audit_sequences`) runs with ``tokenizer=`` and ``prompts=`` (``n``
+defaults to 200 sequences there, ``max_new_tokens`` 32; ``drafter=`` adds the directional test).
+
 The test fails unless the verdict is "lossless-consistent" ("inconclusive" fails too: an audit
 never passes without a promise), with a message naming the verdict, the estimated TV, the TV the
 test could detect, the worst cells and the seed that reproduces the run. ``alpha`` defaults to
@@ -31,7 +38,7 @@ from typing import Any
 import pytest
 
 from .audit import AuditReport, audit_sampler
-from .extensions import load_model_audit
+from .extensions import load_model_audit, load_sequence_audit
 
 __all__ = ["assert_lossless", "hsd_lossless"]
 
@@ -41,10 +48,39 @@ def _tv(rep: AuditReport) -> float:
     return 0.5 * sum(abs(rep.observed.get(k, 0) - rep.expected.get(k, 0.0)) for k in keys) / rep.n
 
 
-def assert_lossless(sample_fn: Callable[..., Any], law_or_target: Any, n: int = 20_000, *, alpha: float = 1e-6,
-                    seed: int = 0, **kw: Any) -> Any:
+def _assert_sequences(sample_fn: Callable[..., Any], target: Any, n: int | None, alpha: float, seed: int,
+                      kw: dict[str, Any]) -> Any:
+    try:
+        prompts = kw.pop("prompts")
+    except KeyError:
+        raise TypeError("hsd_lossless(..., sequences=True) needs prompts= (a str or a list of str)") from None
+    n = 200 if n is None else n
+    if callable(getattr(target, "next_probs", None)):
+        from .seqaudit import audit_sequences
+
+        rep = audit_sequences(sample_fn, target, prompts, n=n, alpha=alpha, seed=seed, **kw)
+    else:
+        try:
+            tokenizer = kw.pop("tokenizer")
+        except KeyError:
+            raise TypeError("hsd_lossless(sample_fn, target, sequences=True, ...) needs tokenizer= and prompts=") from None
+        rep = load_sequence_audit()(sample_fn, target, tokenizer, prompts, n=n, alpha=alpha, seed=seed, **kw)
+    if rep.verdict != "lossless-consistent":
+        det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
+        failed = ", ".join(t.name for t, r in zip(rep.tests, rep.holm_rejected) if r) or "none"
+        pytest.fail(f"hsd_lossless (sequences): sampler {rep.verdict}: {rep.reason}; tests rejected: {failed}; "
+                    f"{rep.n} sequences, {rep.tokens} tokens, detectable mean per-token TV {det} "
+                    f"({rep.detectable_by}); reproduce with seed={seed}", pytrace=False)
+    return rep
+
+
+def assert_lossless(sample_fn: Callable[..., Any], law_or_target: Any, n: int | None = None, *, alpha: float = 1e-6,
+                    seed: int = 0, sequences: bool = False, **kw: Any) -> Any:
     """Audit ``sample_fn`` (module docstring); ``pytest.fail`` unless lossless-consistent.
-    Returns the report."""
+    ``n`` defaults to 20,000 draws (200 sequences with ``sequences=True``). Returns the report."""
+    if sequences:
+        return _assert_sequences(sample_fn, law_or_target, n, alpha, seed, kw)
+    n = 20_000 if n is None else n
     rep: Any
     if isinstance(law_or_target, Mapping):
         rep = audit_sampler(sample_fn, law_or_target, n=n, alpha=alpha, seed=seed, **kw)

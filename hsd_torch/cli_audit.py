@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from hsd_core.extensions import AuditImpl
 
 from . import cli_args as ca
-from .audit import GenerateAuditReport, audit_generate
+from .audit import GenerateAuditReport, audit_generate, audit_sequences
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,8 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--target-tokenizer", metavar="DIR", help="default: --target")
     a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
     a("--prompt", help="the prompt (with --impl)")
-    a("--samples", type=ca.positive_int, default=20000, metavar="N", help="draws (with --impl; default 20000)")
-    a("--positions", type=ca.positive_int, default=2, help="new tokens audited (default 2)")
+    a("--samples", type=ca.positive_int, default=None, metavar="N",
+      help="draws (with --impl; default 20000, with --sequences 200 sequences)")
+    a("--positions", type=ca.positive_int, default=2, help="new tokens audited (default 2; not with --sequences)")
+    a("--sequences", action="store_true",
+      help="audit every token of whole sequences by teacher forcing (hsd_torch.audit.audit_sequences)")
+    a("--max-new-tokens", type=ca.positive_int, default=32, metavar="L",
+      help="with --sequences: new tokens per sequence (default 32)")
     a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
     a("--method", default="tli", choices=ca.METHODS, help="hsd_torch method (default tli)")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
@@ -130,10 +136,23 @@ class _LazyBar:
 
 
 class _Sampler:
-    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar."""
+    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar; ``batch``
+    (hsd_torch) samples a list of prompts in one call, row streams from the first seed."""
 
     def __init__(self, args: argparse.Namespace, target: Any, tt: Any, drafter: Any, dt: Any, bar: Any) -> None:
         self.a, self.target, self.tt, self.drafter, self.dt, self.bar = args, target, tt, drafter, dt, bar
+        self.budget = args.max_new_tokens if args.sequences else args.positions + 1
+
+    def batch(self, prompts: list[str], seeds: list[int]) -> list[list[int]]:
+        from .generate import generate
+
+        a = self.a
+        out = generate(self.target, self.drafter, prompts, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
+                       method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget, do_sample=not a.greedy,
+                       temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=seeds[0],
+                       min_path_prob=a.min_path_prob, proposal_map=a.proposal_map).sequences
+        self.bar.update(len(prompts))
+        return [list(r) for r in out]
 
     def __call__(self, prompt: str, seed: int) -> list[int]:
         a = self.a
@@ -141,13 +160,13 @@ class _Sampler:
             from .generate import generate
 
             ids = generate(self.target, self.drafter, prompt, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
-                           method=a.method, lookahead=a.lookahead, max_new_tokens=a.positions + 1,
+                           method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget,
                            do_sample=not a.greedy, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                            seed=seed, min_path_prob=a.min_path_prob, proposal_map=a.proposal_map).sequences[0]
         else:
             torch.manual_seed(seed)
             x = self.tt(prompt, return_tensors="pt")
-            kw: dict[str, Any] = {"max_new_tokens": a.positions + 1, "do_sample": not a.greedy}
+            kw: dict[str, Any] = {"max_new_tokens": self.budget, "do_sample": not a.greedy}
             if not a.greedy:
                 kw.update(temperature=a.temperature, top_k=a.top_k or 0, top_p=1.0 if a.top_p is None else a.top_p)
             if self.dt is not None:
@@ -188,12 +207,16 @@ def run(args: argparse.Namespace) -> int:
                          + (f", --{role}-tokenizer {tok!r}" if tok else "") + f"): {ca.one_line(e)}")
     (target, tt), (drafter, dt) = loaded["target"], loaded["drafter"]
     same = dt is not None and len(tt) == len(dt) and tt.get_vocab() == dt.get_vocab()
-    bar = _LazyBar(total=args.samples, desc=f"sampling {args.impl}", unit="draw", file=sys.stderr)
+    n = args.samples if args.samples is not None else (200 if args.sequences else 20000)
+    bar = _LazyBar(total=n, desc=f"sampling {args.impl}", unit="sequence" if args.sequences else "draw",
+                   file=sys.stderr)
     sampler = _Sampler(args, target, tt, drafter, None if (same and args.impl == "transformers") else dt, bar)
+    if args.sequences:
+        return _run_sequences(args, n, sampler, target, tt, drafter, dt, bar, error)
     try:
         try:
             rep: GenerateAuditReport = audit_generate(
-                sampler, target, tt, args.prompt, n=args.samples, positions=args.positions, do_sample=not args.greedy,
+                sampler, target, tt, args.prompt, n=n, positions=args.positions, do_sample=not args.greedy,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
                 mask_textless=False,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
@@ -212,6 +235,44 @@ def run(args: argparse.Namespace) -> int:
         png = os.path.splitext(args.report)[0] + ".png"
         if rep.save_plot(png):
             md += f"\n![observed vs expected]({os.path.basename(png)})\n"
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write(md)
+        print(f"  report written to {args.report}")
+    return 1 if rep.verdict == "lossy" else 0
+
+
+def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: Any, tt: Any, drafter: Any, dt: Any,
+                   bar: Any, error: Callable[[str], int]) -> int:
+    """``--sequences``: :func:`~hsd_torch.audit.audit_sequences` (hsd_torch batched 16 sequences
+    per call; transformers one per call, as its assisted generation takes batch 1), the drafter's
+    law giving the directional test; prints the verdict and the power per family."""
+    batched = args.impl == "hsd_torch"
+    try:
+        try:
+            rep = audit_sequences(
+                None if batched else sampler, target, tt, args.prompt, n=n, max_new_tokens=args.max_new_tokens,
+                do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                alpha=args.alpha, seed=args.seed, drafter=drafter, drafter_tokenizer=None if drafter is None else dt,
+                sample_batch_fn=sampler.batch if batched else None,
+                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+        finally:
+            bar.close()
+    except (ValueError, NotImplementedError) as e:
+        return error(ca.one_line(e))
+    det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
+    print(f"{rep.name}: {rep.verdict} ({rep.n} sequences, {rep.tokens} tokens, alpha={rep.alpha:.3g}, detectable "
+          f"mean per-token TV {det}: {rep.detectable_by})")
+    print(f"  {rep.reason}")
+    for fam in rep.families:
+        d = "n/a" if fam.detectable is None else f"{fam.detectable:.4g}"
+        print(f"  {fam.family}: smallest caught {d}, caught with probability {fam.caught:.3g} ({fam.by})")
+    print("  cost: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep.cost.items()))
+    if args.report:
+        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+        md = rep.to_markdown()
+        png = os.path.splitext(args.report)[0] + ".png"
+        if rep.save_plot(png):
+            md += f"\n![PITs]({os.path.basename(png)})\n"
         with open(args.report, "w", encoding="utf-8") as f:
             f.write(md)
         print(f"  report written to {args.report}")

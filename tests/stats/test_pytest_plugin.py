@@ -47,3 +47,36 @@ def test_detectable_tv_is_stated() -> None:
     from hsd_core.stats import min_tv_detectable
 
     assert min_tv_detectable(4, 5000, 1e-6 / 6, 0.99) < 0.1
+
+
+SEQ_FILE = '''
+from hsd_core.methods import TLI
+from hsd_core.variants import VARIANTS
+from hsd_core.worlds import builtin_world
+
+W = builtin_world()
+
+def test_sequences_lossless(hsd_lossless):
+    hsd_lossless(lambda p, s: TLI().generate(W.target, W.drafter, p, 24, rng=s), W.target, sequences=True,
+                 prompts=W.prompt, n=300, max_new_tokens=24, drafter=W.drafter, alpha=1e-3)
+
+def test_sequences_lossy(hsd_lossless):
+    m = VARIANTS["tli_raw_q"]()
+    hsd_lossless(lambda p, s: m.generate(W.target, W.drafter, p, 24, rng=s), W.target, sequences=True,
+                 prompts=W.prompt, n=1000, max_new_tokens=24, drafter=W.drafter, alpha=1e-3, seed=2)
+
+def test_sequences_needs_prompts(hsd_lossless):
+    hsd_lossless(lambda p, s: [0], W.target, sequences=True)
+'''
+
+
+def test_plugin_sequences(pytester: pytest.Pytester) -> None:
+    """``sequences=True`` over an hsd_core model: TLI passes (300 sequences, alpha 1e-3); the tli_raw_q
+    variant (1,000 sequences: caught at seeds 0-5 off-line at n = 2,000 on its pinned world, and here
+    on the built-in world by the directional test) fails naming the rejected tests and the seed; no
+    prompts is a TypeError."""
+    pytester.makepyfile(SEQ_FILE)
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, failed=2)
+    res.stdout.fnmatch_lines(["*hsd_lossless (sequences): sampler lossy*tests rejected: *directional*seed=2*"])
+    res.stdout.fnmatch_lines(["*needs prompts=*"])

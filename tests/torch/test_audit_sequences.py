@@ -154,3 +154,15 @@ def test_progress_and_single_sampler(pair: Any) -> None:
     rep = audit_sequences(lambda p, s: fn([p], [s])[0], target, tt, PROMPTS, n=20, max_new_tokens=4, batch_size=8,
                           progress=lines.append)
     assert rep.verdict in ("lossless-consistent", "inconclusive") and len(lines) == 3 and "left" in lines[-1]
+
+
+def test_pytest_plugin_sequences_with_a_model(pair: Any) -> None:
+    """``hsd_lossless(..., sequences=True)`` with a Hugging Face target goes through the
+    ``hsd.sequence_audits`` entry point to this audit."""
+    from hsd_core.pytest_plugin import assert_lossless
+
+    target, tt, drafter, dt = pair
+    rep = assert_lossless(None, target, sequences=True, tokenizer=tt, prompts=PROMPTS, n=100, alpha=1e-3,
+                          max_new_tokens=16, sample_batch_fn=batched(pair, "tli", budget=16), drafter=drafter,
+                          drafter_tokenizer=dt)
+    assert rep.verdict == "lossless-consistent" and rep.n == 100
