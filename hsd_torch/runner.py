@@ -221,7 +221,7 @@ class Runner:
             valid: list[int] = []
             cap = (self.max_pos - 1) if self.max_pos is not None else None
             for i in live:
-                n0 = len(self.ids[i])
+                n0 = self._first_position(i)
                 lb = len(blocks[i])
                 top = n0 + width_in
                 pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
@@ -301,11 +301,11 @@ class Runner:
         if m == len(context) and m > 0:
             m -= 1
         if m < nh:
-            drop = self.cols[i][m:]
-            if not self.use_mask:  # one row: its dropped ids are the cache's last columns
+            drop = self._forget(i, m)
+            if drop and not self.use_mask:  # one row: its dropped ids are the cache's last columns
                 self.cache.crop(drop[0] - self.width)
                 self.width = drop[0]
-            else:
+            elif drop:
                 s = self.slot(i)
                 if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice
                     self._mask[s, drop[0]:drop[-1] + 1] = 0
@@ -314,6 +314,18 @@ class Runner:
             del have[m:]
             del self.cols[i][m:]
         return list(context[m:])
+
+    def _first_position(self, i: int) -> int:
+        """The position id of the next id fed to row ``i``: the number of ids it keeps (a rejected
+        draft's position is given again). A hook so that ``hsd_torch.variants`` can model the bug
+        of positions not reset after a rejection."""
+        return len(self.ids[i])
+
+    def _forget(self, i: int, m: int) -> list[int]:
+        """The cache columns row ``i`` forgets when it keeps only its first ``m`` ids: all the
+        columns of the others. A hook so that ``hsd_torch.variants`` can model a cache cropped one
+        position short."""
+        return self.cols[i][m:]
 
     def drop(self, finished: Sequence[bool]) -> None:
         """Remove finished rows from the cache (one ``batch_select_indices``), if any are left in it."""
