@@ -24,24 +24,12 @@ from typing import Any
 import torch
 
 from hsd_torch import generate, tiny
+from hsd_torch.tiny import sharpen
 from hsd_torch.audit import audit_generate, audit_sequences
 from hsd_torch.variants import VARIANTS, Variant, generate_with
 
 PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
-
-
-def sharpen(model: Any) -> None:
-    """Scale a tiny random-init model's query and key projections by 8 and its embeddings by 3, in
-    place: its attention is then peaked, so its law depends on positions and on each token of the
-    context as a trained model's does (a random-init model attends almost uniformly: shifting the
-    positions of its last two tokens by 2 moves its next-token law by TV ~0.005; sharpened, ~0.1-0.3)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "q_proj" in name or "k_proj" in name:
-                p.mul_(8.0)
-            elif "embed" in name:
-                p.mul_(3.0)
 
 
 def main() -> None:
@@ -52,7 +40,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="200,1000", help="numbers of sequences of audit_sequences")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sharp", action="store_true",
-                    help="sharpen the target's attention (q and k projections x8, embeddings x3)")
+                    help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
     torch.set_num_threads(1)
     target, tt, drafter, dt = tiny.tiny_pair()

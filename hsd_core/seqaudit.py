@@ -90,16 +90,18 @@ DEFAULT_BINS = 20
 DEFAULT_POSITIONS = 4
 """How many first positions get a PIT test of their own."""
 
-LAMBDAS: F64 = np.geomspace(1e-3, 1.0, 31)
+LAMBDAS: F64 = np.geomspace(1e-3, 1.0, 25)
 """The grid of mixture weights toward the drafter at which the power is evaluated."""
 
-TEMPERATURE_FACTORS: F64 = np.geomspace(1.005, 4.0, 25)
-"""The grid of temperature factors ``f`` (both ``x f`` and ``/ f``) at which the power is evaluated."""
+TEMPERATURE_FACTORS: F64 = np.exp(np.geomspace(0.002, 1.4, 30))
+"""The grid of temperature factors ``f`` (both ``x f`` and ``/ f``; ``log f`` geometric from 0.002 to
+1.4, so it is fine near 1) at which the power is evaluated."""
 
-DEFAULT_POWER_STEPS = 2000
+DEFAULT_POWER_STEPS = 1000
 """Positions (at most, a seeded subsample) on which the power is computed."""
 
 _MIN_POSITION_DRAWS = 20
+_POWER_CHUNK = 4_000_000  # entries of the [positions, alternatives, ids] array of one power chunk
 
 
 def sequence_seeds(seed: int, n: int) -> list[int]:
@@ -165,6 +167,9 @@ class SequenceAuditReport:
     pit_positions: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False,
                                              compare=False)
     bins: int = DEFAULT_BINS
+    n_needed: int | None = None
+    """When the headline promise is above ``max_detectable_tv``: about how many sequences would
+    bring it down to that (None otherwise, or when no grid point reaches it)."""
 
     @property
     def per_test_alpha(self) -> float:
@@ -367,71 +372,84 @@ class SequenceEvidence:
             self.dir_sum += float((w[rows, x] - ew).sum())
             self.dir_var += float(np.clip((p * w ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         e = None if extra is None else np.asarray(extra, dtype=np.float64)[ok]
-        pick = self._pick.random(u.size) < self.rho
-        for i in np.flatnonzero(pick):
-            self._power_step(p[i], None if q is None else q[i], None if w is None else w[i],
-                             None if e is None else float(e[i]))
+        pick = np.flatnonzero(self._pick.random(u.size) < self.rho)
+        chunk = max(1, _POWER_CHUNK // (len(self.alt.names) * p.shape[1]))
+        for c0 in range(0, pick.size, chunk):
+            sel = pick[c0:c0 + chunk]
+            self._power_rows(p[sel], None if q is None else q[sel], None if w is None else w[sel],
+                             None if e is None else e[sel])
 
-    def _power_step(self, p: F64, q: F64 | None, w: F64 | None, extra: float | None) -> None:
+    def _power_rows(self, p: F64, q: F64 | None, w: F64 | None, extra: F64 | None) -> None:
+        """Add the power ingredients of ``m`` positions (rows of ``p``; module docstring): every
+        alternative law over each row's ids sorted by decreasing ``p`` (ties by id), its mass
+        outside ``p``'s support (drawn there, it is a draw of probability 0), and what each test
+        sees of it."""
         alt = self.alt
-        order = np.argsort(-p, kind="stable")
-        s = int((p > 0).sum())
-        order = order[:s]
-        ps = p[order]
-        logp = np.log(ps)
+        m, v = p.shape
+        rows = np.arange(m)[:, None]
+        order = np.argsort(-p, axis=1, kind="stable")
+        ps = p[rows, order]
+        pos = ps > 0
+        s = pos.sum(axis=1)
+        with np.errstate(divide="ignore"):
+            logp = np.where(pos, np.log(np.where(pos, ps, 1.0)), 0.0)
         laws: list[F64] = []
-        imp: list[float] = []
+        imp: list[F64] = []
+        zero = np.zeros(m)
         for fam, th in alt.names:
             if fam == "mixture":
                 assert q is not None
-                laws.append((1 - th) * ps + th * q[order])
-                imp.append(th * max(0.0, 1.0 - float(q[order].sum())))
+                qs = np.where(pos, q[rows, order], 0.0)
+                laws.append((1 - th) * ps + th * qs)
+                imp.append(th * np.clip(1.0 - qs.sum(axis=1), 0.0, None))
             elif fam in ("hotter", "colder"):
-                z = logp / th if fam == "hotter" else logp * th
-                z = np.exp(z - z.max())
-                laws.append(z / z.sum())
-                imp.append(0.0)
+                z = np.where(pos, logp / th if fam == "hotter" else logp * th, -np.inf)
+                z = np.exp(z - z.max(axis=1, keepdims=True))
+                laws.append(z / z.sum(axis=1, keepdims=True))
+                imp.append(zero)
             elif fam == "one fewer":
                 r = ps.copy()
-                if s >= 2:
-                    r[-1] = 0.0
-                    r /= r.sum()
-                laws.append(r)
-                imp.append(0.0)
+                cut = s >= 2
+                r[np.flatnonzero(cut), s[cut] - 1] = 0.0
+                laws.append(r / r.sum(axis=1, keepdims=True))
+                imp.append(zero)
             else:  # one more
-                e = float(extra or 0.0)
-                laws.append((1 - e) * ps)
-                imp.append(e)
-        r = np.array(laws)
-        im = np.array(imp)
+                assert extra is not None
+                laws.append((1 - extra)[:, None] * ps)
+                imp.append(extra)
+        r = np.stack(laws, axis=1)  # [m, A, V]
+        im = np.stack(imp, axis=1)  # [m, A]
         keep = np.clip(1.0 - im, 0.0, 1.0)
-        cond = r / np.where(keep > 0, keep, 1.0)[:, None]
+        cond = r / np.where(keep > 0, keep, 1.0)[:, :, None]
         # bin masses of the PIT under each alternative: its density on token x's interval is cond(x) / p(x)
-        cum = np.cumsum(ps)
+        cum = np.cumsum(ps, axis=1)
         edges = np.linspace(0.0, 1.0, self.bins + 1)
-        j = np.clip(np.searchsorted(cum, edges, side="left"), 0, s - 1)
-        start = cum[j] - ps[j]
-        frac = np.clip((edges - start) / ps[j], 0.0, 1.0)
-        g = np.cumsum(cond, axis=1)
-        gb = g[:, j] - cond[:, j] + cond[:, j] * frac[None, :]
-        gb[:, 0] = 0.0
-        gb[:, -1] = cond.sum(axis=1)
-        alt.bins += np.diff(gb, axis=1)
-        m1 = cond @ logp
-        alt.ll_mu += m1 + float(-(ps * logp).sum())
-        alt.ll_var += np.clip(cond @ logp ** 2 - m1 ** 2, 0.0, None)
+        j = np.minimum((cum[:, :, None] < edges[None, None, :]).sum(axis=1), (s - 1)[:, None])  # [m, k + 1]
+        pj = np.take_along_axis(ps, j, axis=1)
+        frac = np.clip((edges[None, :] - (np.take_along_axis(cum, j, axis=1) - pj)) / pj, 0.0, 1.0)
+        g = np.cumsum(cond, axis=2)
+        jj = np.broadcast_to(j[:, None, :], (m, r.shape[1], j.shape[1]))
+        cj = np.take_along_axis(cond, jj, axis=2)
+        gb = np.take_along_axis(g, jj, axis=2) - cj + cj * frac[:, None, :]
+        gb[:, :, 0] = 0.0
+        gb[:, :, -1] = cond.sum(axis=2)
+        alt.bins += np.diff(gb, axis=2).sum(axis=0)
+        m1 = np.einsum("mav,mv->ma", cond, logp)
+        h = -(ps * logp).sum(axis=1)
+        alt.ll_mu += (m1 + h[:, None]).sum(axis=0)
+        alt.ll_var += np.clip(np.einsum("mav,mv->ma", cond, logp ** 2) - m1 ** 2, 0.0, None).sum(axis=0)
+        alt.null_ll_var += float(np.clip((ps * logp ** 2).sum(axis=1) - h ** 2, 0.0, None).sum())
         if w is not None:
-            ws = w[order]
-            ew = float(ps @ ws)
-            d1 = cond @ ws
-            alt.dir_mu += d1 - ew
-            alt.dir_var += np.clip(cond @ ws ** 2 - d1 ** 2, 0.0, None)
-            alt.null_dir_var += max(0.0, float(ps @ ws ** 2) - ew ** 2)
-        alt.null_ll_var += max(0.0, float(ps @ logp ** 2) - float(ps @ logp) ** 2)
+            ws = w[rows, order]
+            ew = (ps * ws).sum(axis=1)
+            d1 = np.einsum("mav,mv->ma", cond, ws)
+            alt.dir_mu += (d1 - ew[:, None]).sum(axis=0)
+            alt.dir_var += np.clip(np.einsum("mav,mv->ma", cond, ws ** 2) - d1 ** 2, 0.0, None).sum(axis=0)
+            alt.null_dir_var += float(np.clip((ps * ws ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         with np.errstate(divide="ignore"):
-            alt.log_keep += np.log(keep)
-        alt.tv += 0.5 * (np.abs(r - ps[None, :]).sum(axis=1) + im)
-        alt.steps += 1
+            alt.log_keep += np.log(keep).sum(axis=0)
+        alt.tv += 0.5 * (np.abs(r - ps[:, None, :]).sum(axis=2) + im).sum(axis=0)
+        alt.steps += m
 
     # -- the family and the promise ------------------------------------------------------------
 
@@ -591,6 +609,7 @@ class SequenceEvidence:
                 else:
                     skipped.append("directional test: no law met gives it any variance (q = p or point masses)")
         rejected = holm([t.p_value for t in tests] + [1.0] * (m - len(tests)), self.alpha)[:len(tests)]
+        n_needed: int | None = None
         fams = self._families(a) if self.do_sample else []
         head = self._headline(fams)
         detectable = None if head is None else head.mean_tv
@@ -622,7 +641,8 @@ class SequenceEvidence:
                       f">= {self.power}; increase n")
         elif max_detectable_tv is not None and detectable > max_detectable_tv:
             grow = self._scale_needed(a, by, max_detectable_tv)
-            more = ("" if grow is None else f"; about n = {math.ceil(grow * n)} sequences would reach it")
+            n_needed = None if grow is None else math.ceil(grow * n)
+            more = ("" if n_needed is None else f"; about n = {n_needed} sequences would reach it")
             verdict = "inconclusive"
             reason = (f"no test rejects, but the smallest {by} caught with probability >= {self.power} is at mean "
                       f"per-token TV {detectable:.4g} > max_detectable_tv {max_detectable_tv:.4g}{more}")
@@ -635,7 +655,8 @@ class SequenceEvidence:
             power=self.power, seed=self.seed, m=m, tests=tuple(tests), holm_rejected=tuple(rejected),
             skipped=tuple(skipped), families=tuple(fams), detectable_tv=detectable, detectable_by=by,
             impossible=tuple(self.impossible), malformed=tuple(self.malformed), do_sample=self.do_sample,
-            processing=processing, name=name, cost=dict(cost or {}), pits=u, pit_positions=upos, bins=self.bins)
+            processing=processing, name=name, cost=dict(cost or {}), pits=u, pit_positions=upos, bins=self.bins,
+            n_needed=n_needed)
 
 
 def check_sequence(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[int]) -> str | None:

@@ -344,6 +344,23 @@ def tiny_pair(target_kind: str = "byte_bpe", drafter_kind: str = "unigram", *, s
     return target, tt, drafter, dt
 
 
+def sharpen(model: Any, qk: float = 8.0, embed: float = 3.0) -> Any:
+    """Scale a tiny random-init model's query and key projections by ``qk`` and its embeddings by
+    ``embed``, in place (returns it): its attention is then peaked, so its law depends on positions
+    and on each token of its context as a trained model's does. A random-init model attends almost
+    uniformly: moving the positions of its last two tokens by 2 moves its next-token law by TV
+    ~0.005, sharpened by ~0.1-0.3 (``bench/zoo.py`` audits position bugs on such a target)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "q_proj" in name or "k_proj" in name:
+                p.mul_(qk)
+            elif "embed" in name:
+                p.mul_(embed)
+    return model
+
+
 def save_tiny_pair(out: str | os.PathLike[str], *, seed: int = 0) -> tuple[Path, Path]:
     """Build :func:`tiny_pair` (float32) and ``save_pretrained`` it (models and tokenizers) into
     ``out/target`` and ``out/drafter``; returns the two folders. A few seconds."""

@@ -195,6 +195,7 @@ def test_a_weak_promise_is_inconclusive_and_says_what_n_would_do() -> None:
     small = ev.report(n=7, max_new_tokens=L, max_detectable_tv=ev_tv)
     assert small.verdict == "inconclusive"
     assert "max_detectable_tv" in small.reason and "sequences would reach it" in small.reason
+    assert small.n_needed is not None and small.n_needed > 7 and f"n = {small.n_needed} " in small.reason
 
 
 # --- hsd_core models, end to end -------------------------------------------------------------------

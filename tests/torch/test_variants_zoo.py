@@ -97,3 +97,13 @@ def test_a_stale_cache_is_caught_at_1000_sequences(pair: Any) -> None:
     1,000 sequences."""
     rep = _audit(pair, "cache_cropped_short", 1000)
     assert rep.verdict == "lossy", rep.to_markdown()
+
+
+@pytest.mark.slow
+def test_positions_not_reset_are_caught_on_a_position_sensitive_target() -> None:
+    """On the plain tiny target positions barely matter (its attention is nearly uniform), so the
+    bug moves its laws by TV ~0.005: invisible. On the sharpened target (``tiny.sharpen``) it is
+    caught at 1,000 sequences (p ~1e-15 at seed 0, by the log-likelihood martingale)."""
+    target, tt, drafter, dt = tiny.tiny_pair()
+    rep = _audit((tiny.sharpen(target), tt, drafter, dt), "positions_not_reset", 1000)
+    assert rep.verdict == "lossy", rep.to_markdown()
