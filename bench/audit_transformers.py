@@ -139,7 +139,8 @@ def main() -> None:
         label = {"control": "plain target.generate (no assistant)", "greedy": "UAG greedy"}.get(
             run, f"UAG do_sample {'patched' if run.startswith('patched') else 'unpatched'} top_k={top_k or 0}")
         rep = audit_generate(sample, target, tt, PROMPT, n=n if do_sample else min(n, 200), positions=positions,
-                             do_sample=do_sample, top_k=top_k, alpha=1e-3, seed=0, name=label)
+                             do_sample=do_sample, top_k=top_k, alpha=1e-3, seed=0, name=label,
+                             max_detectable_tv=None)  # the verdict as recorded, the detectable TV printed beside it
         det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.3f}"
         print(f"{run}: {label}: {rep.verdict}; n={rep.n}; detectable TV (power 0.99) {det}; estimated TV "
               f"{rep.tv_estimate:.3f} (95% interval {rep.tv_ci[0]:.3f} to {rep.tv_ci[1]:.3f}; a lossless sampler "

@@ -71,7 +71,7 @@ def main() -> None:
             t0 = time.perf_counter()
             def first(p: str, s: int, v: Variant = v) -> list[int]:  # one token more than audited, as the CLI asks
                 return list(generate_with(v, target, drafter, p, max_new_tokens=3, seed=s, **kw).sequences[0])
-            g = audit_generate(first, target, tt, PROMPTS[0], n=a.generate_n,
+            g = audit_generate(first, target, tt, PROMPTS[0], n=a.generate_n, max_detectable_tv=None,
                                positions=2, top_p=top_p, seed=a.seed)
             row["generate"] = {"n": a.generate_n, "verdict": g.verdict, "detectable_tv": g.detectable_tv,
                                "seconds": time.perf_counter() - t0}

@@ -36,6 +36,7 @@ upward), and the most over- and under-represented cells decoded by the target to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -228,6 +229,52 @@ class _Draw:
                                      self.width))
 
 
+def _returns_prompt(sample_fn: Callable[[str, int], Sequence[int]] | None,
+                    sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]] | None, prompt: str,
+                    ids: Sequence[int], seed: int) -> bool:
+    """Whether 5 more draws (seeds from ``SeedSequence(seed, spawn_key=(2**31 + 1,))``) all start
+    with the prompt's ids: the sign of a sampler that returns prompt + new ids (checked only after a
+    "lossy" verdict, to say why)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**31 + 1,)))
+    seeds = [int(rng.integers(0, 2**32)) for _ in range(5)]
+    outs = (list(sample_batch_fn([prompt] * 5, seeds)) if sample_batch_fn is not None
+            else [sample_fn(prompt, s) for s in seeds] if sample_fn is not None else [])
+    head = [int(i) for i in ids]
+    return bool(outs) and all(len(o) > len(head) and [int(t) for t in list(o)[:len(head)]] == head for o in outs)
+
+
+class _Replay:
+    """A sample function that returns precomputed cells in order (the batched sampler's draws,
+    fed to :func:`hsd_core.audit.audit_sampler` serially)."""
+
+    def __init__(self, cells: list[tuple[int, ...]]) -> None:
+        self.cells, self.at = cells, 0
+
+    def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
+        self.at += 1
+        return self.cells[self.at - 1]
+
+
+def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]], prompt: str,
+                   ref: Reference, width: int, n: int, seed: int, chunk_size: int, batch_size: int
+                   ) -> list[tuple[int, ...]]:
+    """The cells of ``n`` draws of a batched sampler, each draw with the seed it would get from
+    :class:`_Draw` (chunk ``j``'s generator, one 32-bit integer per draw, in order)."""
+    seeds: list[int] = []
+    for j, start in enumerate(range(0, n, chunk_size)):
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(j,)))
+        seeds.extend(int(rng.integers(0, 2**32)) for _ in range(min(chunk_size, n - start)))
+    cells: list[tuple[int, ...]] = []
+    for b0 in range(0, n, batch_size):
+        sb = seeds[b0:b0 + batch_size]
+        outs = list(sample_batch_fn([prompt] * len(sb), sb))
+        if len(outs) != len(sb):
+            raise ValueError(f"sample_batch_fn returned {len(outs)} outputs for {len(sb)} prompts")
+        for s, out in zip(sb, outs):
+            cells.append(ref.cell(_as_ids(out, f"sample_batch_fn (the draw with seed {s}) returned", width)))
+    return cells
+
+
 @dataclass(frozen=True)
 class DecodedDeviation:
     """A cell with its tokens decoded (``*``: any continuation, ``<rare>``: a pooled rare token)."""
@@ -289,8 +336,8 @@ class GenerateAuditReport:
                     if self.conditional_prefixes else "")]
 
         def table(name: str, rows: Sequence[DecodedDeviation]) -> list[str]:
-            out = ["", f"{name} (observed vs expected count):", "", "| cell | text | observed | expected |",
-                   "|---|---|---|---|"]
+            out = ["", f"{name} (observed vs expected count; only cells beyond chance: binomial p < 1% / "
+                   f"{self.cells} cells):", "", "| cell (ids) | text | observed | expected |", "|---|---|---|---|"]
             out += [f"| `{d.output}` | `{d.text}` | {d.observed} | {d.expected:.1f} |" for d in rows]
             return out + (["| (none) | | | |"] if not rows else [])
 
@@ -305,18 +352,44 @@ class GenerateAuditReport:
 
 
 def _decode(tokenizer: Any, cell: tuple[int, ...]) -> str:
+    """A cell's tokens as text: each id's decoded text (repr) with its token form where that text
+    is ambiguous (a byte token decodes to U+FFFD alone, a token may decode to ``*``), ``<any>``
+    for "any continuation" and ``<rare>`` for the pooled rare tokens (the cell's ids are printed
+    beside it)."""
     parts = []
     for t in cell:
         if t == ANY:
-            parts.append("*")
+            parts.append("<any>")
         elif t == RARE:
             parts.append("<rare>")
         else:
             try:
-                parts.append(repr(tokenizer.decode([t]))[1:-1])
+                text = tokenizer.decode([t])
             except Exception:  # an id outside the tokenizer (padded embedding)
                 parts.append(f"<id {t}>")
+                continue
+            shown = repr(text)[1:-1]
+            if "\ufffd" in text or text.strip() in ("", "*", "<any>", "<rare>"):
+                try:
+                    shown += f" (token {tokenizer.convert_ids_to_tokens(t)!r})"
+                except Exception:
+                    pass
+            parts.append(shown)
     return " | ".join(parts)
+
+
+def _significant(rows: Sequence[Deviation], n: int, cells: int) -> tuple[Deviation, ...]:
+    """The rows whose count departs from its expectation beyond chance: a two-sided binomial
+    p-value below 0.01 / ``cells`` (Bonferroni over the table at 1%)."""
+    from scipy import stats as sps  # type: ignore[import-untyped]
+
+    out = []
+    for d in rows:
+        p = min(1.0, d.expected / n) if n else 0.0
+        pv = 0.0 if p <= 0 else float(sps.binomtest(d.observed, n, p).pvalue)
+        if pv < 0.01 / max(1, cells):
+            out.append(d)
+    return tuple(out)
 
 
 def _tv_stats(law: Mapping[tuple[int, ...], float], observed: Mapping[Any, int], n: int,
@@ -342,7 +415,7 @@ def _tv_stats(law: Mapping[tuple[int, ...], float], observed: Mapping[Any, int],
 
 
 def audit_generate(
-    sample_fn: Callable[[str, int], Sequence[int]],
+    sample_fn: Callable[[str, int], Sequence[int]] | None,
     target: Any,
     target_tokenizer: Any,
     prompt: str | None = None,
@@ -363,6 +436,9 @@ def audit_generate(
     chunk_size: int = 1000,
     power: float = 0.99,
     name: str | None = None,
+    sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]] | None = None,
+    batch_size: int = 64,
+    max_detectable_tv: float | None = 0.1,
 ) -> GenerateAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s own
     law of the first ``positions`` new tokens (module docstring).
@@ -376,10 +452,23 @@ def audit_generate(
     (a repeated seed among 20,000 draws has probability about 5% and repeats one draw), so a run is
     reproducible and identical on any ``executor`` (which needs a picklable ``sample_fn``).
     ``max_prefixes``: forward-pass budget for expanding prefixes; ``max_conditional``: how many
-    frequent prefixes get a next-token test. Returns a :class:`GenerateAuditReport`.
+    frequent prefixes get a next-token test. ``sample_batch_fn(prompts, seeds) -> list of id lists``
+    (with ``sample_fn=None``): a batched sampler, called with ``batch_size`` draws at a time (the
+    seeds are those the draws would get one by one; its rows must be independent draws; not with
+    ``executor``). ``max_detectable_tv``: a verdict that would be "lossless-consistent" with a
+    detectable TV above it is "inconclusive", and the reason says about how many draws would reach
+    it (None: no threshold). Returns a :class:`GenerateAuditReport`.
     """
-    if not callable(sample_fn):
-        raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(sample_fn).__name__}")
+    if (sample_fn is None) == (sample_batch_fn is None):
+        raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
+                        "-> list of id lists")
+    if sample_batch_fn is not None and executor is not None:
+        raise TypeError("sample_batch_fn runs in this process: not with an executor")
+    fn: Any = sample_fn if sample_fn is not None else sample_batch_fn
+    if not callable(fn):
+        raise TypeError(f"sample_fn must be a callable (prompt, seed) -> list of ids, got {type(fn).__name__}")
+    if max_detectable_tv is not None and not (isinstance(max_detectable_tv, (int, float)) and 0 < max_detectable_tv <= 1):
+        raise ValueError(f"max_detectable_tv must be in (0, 1] or None, got {max_detectable_tv!r}")
     if prompt is None:
         if prompt_ids is None:
             raise TypeError("give a prompt (a str), or prompt_ids (the target's context)")
@@ -413,8 +502,14 @@ def audit_generate(
             raise ValueError(f"prompt {prompt!r} encodes to no target ids (the tokenizer adds no BOS): the target has "
                              "nothing to condition on; give a non-empty prompt, or prompt_ids (e.g. [bos_token_id])")
     ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
-    label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
-    core = audit_sampler(_Draw(sample_fn, prompt, ref, width), ref.law, n=int(n), alpha=alpha, power=power,
+    label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
+    draw: Any
+    if sample_batch_fn is not None:
+        draw = _Replay(_batched_cells(sample_batch_fn, prompt, ref, width, int(n), seed, chunk_size,
+                                      as_int("batch_size", batch_size, 1)))
+    else:
+        draw = _Draw(sample_fn, prompt, ref, width)  # type: ignore[arg-type]
+    core = audit_sampler(draw, ref.law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
                          prefixes=list(ref.frequent), name=label,
                          rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}")
@@ -434,6 +529,17 @@ def audit_generate(
             reason = (f"no test rejects at family-wise alpha {alpha:.3g}; any law at TV >= {detectable:.4g} "
                       f"would be caught with probability >= {power} ({core.detectable_by} + mass "
                       f"{hidden:.4g} of the rare / unexpanded cells)")
+    if verdict == "lossless-consistent" and max_detectable_tv is not None and detectable is not None \
+            and detectable > max_detectable_tv:
+        room = max_detectable_tv - hidden
+        more = (f"; about n = {math.ceil(core.n * ((detectable - hidden) / room) ** 2)} draws would reach it "
+                "(the tests' part of it shrinks as 1 / sqrt(n))" if room > 0 else
+                f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
+        verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
+                                           f"max_detectable_tv {max_detectable_tv:.4g}{more}")
+    if verdict == "lossy" and _returns_prompt(sample_fn, sample_batch_fn, prompt, ids, seed):
+        reason += ("; the sampler's outputs start with the prompt's own ids (5 of 5 draws looked at): does it "
+                   "return prompt + new ids? return only the new ones")
     est, ci, null, corrected = _tv_stats(ref.law, core.observed, core.n, seed)
 
     def dec(rows: Sequence[Deviation]) -> tuple[DecodedDeviation, ...]:
@@ -444,7 +550,8 @@ def audit_generate(
         verdict=verdict, reason=reason, n=core.n, alpha=alpha, seed=seed, positions=positions, do_sample=do_sample,
         processing=processing, detectable_tv=detectable, tv_estimate=est, tv_ci=ci, tv_null_q95=null,
         cells=len(ref.law), coarse_mass=hidden, forward_passes=ref.forward_passes,
-        conditional_prefixes=ref.frequent, over=dec(core.over), under=dec(core.under), core=core,
+        conditional_prefixes=ref.frequent, over=dec(_significant(core.over, core.n, len(ref.law))),
+        under=dec(_significant(core.under, core.n, len(ref.law))), core=core,
         prompt=prompt, name=label, tv_corrected=corrected)
 
 

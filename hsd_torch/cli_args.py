@@ -108,6 +108,12 @@ def alpha(text: str) -> float:
                   lambda v: 0 < v < 1)
 
 
+def max_detectable_tv(text: str) -> float:
+    """``--max-detectable-tv``: a number in (0, 1]."""
+    return _float(text, "needs a number in (0, 1] (the largest detectable TV a passing verdict may come with)",
+                  lambda v: 0 < v <= 1)
+
+
 def max_tokens(text: str) -> int | None:
     """``--max-tokens``: an int >= 1, or ``all`` (None: up to the budget)."""
     if text.lower() in ("all", "none"):

@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (0: off)")
     a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
     a("--alpha", type=ca.alpha, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
+    a("--max-detectable-tv", type=ca.max_detectable_tv, default=0.1, metavar="TV",
+      help="'inconclusive' when the audit could only detect a larger TV (default 0.1; 1 to accept any)")
     a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
 
 
@@ -216,9 +218,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             rep: GenerateAuditReport = audit_generate(
-                sampler, target, tt, args.prompt, n=n, positions=args.positions, do_sample=not args.greedy,
+                None if args.impl == "hsd_torch" else sampler, target, tt, args.prompt, n=n, positions=args.positions, do_sample=not args.greedy,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
-                mask_textless=False,
+                mask_textless=False, max_detectable_tv=args.max_detectable_tv,
+                sample_batch_fn=sampler.batch if args.impl == "hsd_torch" else None,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
         finally:
             bar.close()
@@ -253,6 +256,7 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
                 None if batched else sampler, target, tt, args.prompt, n=n, max_new_tokens=args.max_new_tokens,
                 do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 alpha=args.alpha, seed=args.seed, drafter=drafter, drafter_tokenizer=None if drafter is None else dt,
+                max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if batched else None,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
         finally:

@@ -49,7 +49,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def args(ckpt: Path, impl: str, *extra: str) -> list[str]:
     return ["audit", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--prompt", PROMPT,
-            "--samples", "300", "--top-k", "3", *extra]
+            "--samples", "300", "--top-k", "3", "--max-detectable-tv", "0.3", *extra]  # 300 draws: detectable TV 0.21
 
 
 def test_impl_audit_passes_and_writes_the_report(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +76,8 @@ def uag_args(ckpt: Path, *extra: str) -> list[str]:
     """Full vocabulary (no --top-k: transformers gets top_k=0), the first new token (transformers is
     asked for 2, so it comes out of a round with a draft), UAG_SAMPLES draws, seed 0."""
     return ["audit", "--impl", "transformers", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
-            "--prompt", UAG_PROMPT, "--samples", str(UAG_SAMPLES), "--positions", "1", "--seed", "0", *extra]
+            "--prompt", UAG_PROMPT, "--samples", str(UAG_SAMPLES), "--positions", "1", "--seed", "0",
+            "--max-detectable-tv", "0.6", *extra]  # the promise at 300 draws is TV 0.55 (asserted below)
 
 
 @pytest.fixture
@@ -280,3 +281,12 @@ def test_impl_options_without_impl_are_refused(capsys: pytest.CaptureFixture[str
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--samples" in err and "--sampled N" in err
+
+
+def test_a_weak_promise_is_inconclusive(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At the default --max-detectable-tv 0.1, 300 draws (detectable TV 0.21) give "inconclusive" with
+    the number of draws that would do, not a reassuring "lossless-consistent"."""
+    a = [x for x in args(ckpt, "hsd_torch") if x not in ("--max-detectable-tv", "0.3")]
+    assert main(a) == 0
+    out = capsys.readouterr().out
+    assert "inconclusive" in out and "above max_detectable_tv 0.1" in out and "draws would reach it" in out

@@ -50,7 +50,7 @@ def hsd_sampler(pair: tuple[Any, Any, Any, Any], prompt: str, seed: int, *, meth
 def test_hsd_torch_generate_is_lossless_consistent(pair: Any) -> None:
     target, tt, *_ = pair
     rep = audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=N, top_k=TOP_K,
-                         alpha=ALPHA, seed=1, mask_textless=True)
+                         alpha=ALPHA, seed=1, mask_textless=True, max_detectable_tv=MAX_TV)
     assert rep.verdict == "lossless-consistent", rep.reason
     assert rep.detectable_tv is not None and rep.detectable_tv <= MAX_TV
     assert rep.tv_ci[0] <= rep.tv_corrected <= rep.tv_ci[1]
@@ -85,7 +85,8 @@ def test_greedy_is_token_identity(pair: Any) -> None:
     good = functools.partial(hsd_sampler, pair, top_k=None)
     greedy = lambda p, s: generate(target, *pair[2:3], p, target_tokenizer=tt, drafter_tokenizer=pair[3],  # noqa: E731
                                    method="tli", max_new_tokens=2, do_sample=False).sequences[0]
-    rep = audit_generate(greedy, target, tt, PROMPT, n=30, do_sample=False, seed=0, mask_textless=True)
+    rep = audit_generate(greedy, target, tt, PROMPT, n=30, do_sample=False, seed=0, mask_textless=True,
+                         max_detectable_tv=MAX_TV)  # 30 exact draws: TV 0.142 with power 0.99
     assert rep.verdict == "lossless-consistent" and rep.detectable_tv is not None
     bad = audit_generate(good, target, tt, PROMPT, n=30, do_sample=False, seed=0, mask_textless=True)
     assert bad.verdict == "lossy"
@@ -152,3 +153,54 @@ def test_the_tv_estimate_lies_inside_its_interval() -> None:
         assert lo <= corrected <= hi, (trial, est, lo, hi, corrected)
         outside += not lo <= est <= hi
     assert outside > 0  # the plug-in alone does leave its interval on some of these tables
+
+
+def test_a_batched_sampler_gives_the_per_draw_report(pair: Any) -> None:
+    """sample_batch_fn gets the seeds the draws would get one by one, so a batched sampler that
+    returns sample_fn(prompt, seed) for each row gives the very same report."""
+    target, tt, *_ = pair
+    f = functools.partial(hsd_sampler, pair, method="ar")
+    kw: dict[str, Any] = {"n": 200, "top_k": TOP_K, "seed": 5, "max_detectable_tv": None, "chunk_size": 64}
+    one = audit_generate(f, target, tt, PROMPT, **kw)
+    calls: list[int] = []
+
+    def batch(prompts: list[str], seeds: list[int]) -> list[list[int]]:
+        calls.append(len(prompts))
+        return [f(p, s) for p, s in zip(prompts, seeds)]
+    many = audit_generate(None, target, tt, PROMPT, sample_batch_fn=batch, batch_size=50, **kw)
+    assert calls == [50, 50, 50, 50]
+    assert many.core.observed == one.core.observed and many.verdict == one.verdict
+    with pytest.raises(TypeError, match="exactly one"):
+        audit_generate(f, target, tt, PROMPT, sample_batch_fn=batch, n=10)
+
+
+def test_a_weak_promise_is_inconclusive(pair: Any) -> None:
+    target, tt, *_ = pair
+    rep = audit_generate(functools.partial(hsd_sampler, pair, method="ar"), target, tt, PROMPT, n=100, top_k=TOP_K,
+                         seed=2)
+    assert rep.verdict == "inconclusive", rep.reason
+    assert "above max_detectable_tv 0.1" in rep.reason
+    assert "draws would reach it" in rep.reason or "more draws expand more of them" in rep.reason
+    with pytest.raises(ValueError, match="max_detectable_tv"):
+        audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=10, max_detectable_tv=0)
+
+
+def test_prompt_plus_new_ids_is_named(pair: Any) -> None:
+    target, tt, *_ = pair
+    ids = tt(PROMPT)["input_ids"]
+    rep = audit_generate(lambda p, s: ids + hsd_sampler(pair, p, s, method="ar"), target, tt, PROMPT, n=100,
+                         top_k=TOP_K, seed=2)
+    assert rep.verdict == "lossy" and "start with the prompt's own ids" in rep.reason
+
+
+def test_only_significant_cells_are_listed_and_ambiguous_text_is_named(pair: Any) -> None:
+    """A lossless sampler's table lists no cell as over- or under-represented (each cell's deviation
+    is within chance at 1% / cells); a cell decoding to U+FFFD shows its token form."""
+    from hsd_torch.audit import _decode
+
+    target, tt, *_ = pair
+    rep = audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=N, top_k=TOP_K, seed=1,
+                         mask_textless=True, max_detectable_tv=MAX_TV)
+    assert rep.verdict == "lossless-consistent" and rep.over == () and rep.under == ()
+    byte_id = next(i for i in range(len(tt)) if "\ufffd" in tt.decode([i]))
+    assert "token" in _decode(tt, (byte_id, ANY)) and "<any>" in _decode(tt, (byte_id, ANY))

@@ -156,7 +156,7 @@ def test_sampled_law_with_the_drafters_template_is_the_targets(world: dict[str, 
                     method="tli", lookahead=3, max_new_tokens=2, top_k=8, seed=11).sequences
     it = iter(rows)
     rep = audit_generate(lambda _p, _s: next(it), world["target"], tt, "", n=n, top_k=8, alpha=1e-3, seed=3,
-                         prompt_ids=_chat_ids(tt, CONV))
+                         prompt_ids=_chat_ids(tt, CONV), max_detectable_tv=0.15)
     assert rep.detectable_tv is not None and rep.detectable_tv < 0.15
     assert rep.verdict == "lossless-consistent", rep.reason
 

@@ -80,7 +80,8 @@ def test_sampled_with_a_drafter_without_byte_fallback(world: dict[str, Any], met
     rows = generate(t, d, [prompt] * n, target_tokenizer=tt, drafter_tokenizer=dt, method=method, max_new_tokens=2,
                     top_k=8, seed=7, **kw).sequences
     it = iter(rows)
-    rep = audit_generate(lambda _p, _s: next(it), t, tt, prompt, n=n, top_k=8, alpha=1e-3, seed=2)
+    rep = audit_generate(lambda _p, _s: next(it), t, tt, prompt, n=n, top_k=8, alpha=1e-3, seed=2,
+                         max_detectable_tv=0.15)
     assert rep.detectable_tv is not None and rep.detectable_tv < 0.15
     assert rep.verdict == "lossless-consistent", rep.reason
 

@@ -129,7 +129,7 @@ def test_processed_sampled_law_is_the_targets(world: dict[str, Any], method: str
                         logits_processor=[_halve]).sequences
         it = iter(rows)
         return audit_generate(lambda _p, _s: next(it), world["target"], tt, prompt, n=n, temperature=2.0, top_k=8,
-                              alpha=1e-3, seed=1)
+                              alpha=1e-3, seed=1, max_detectable_tv=0.15)
 
     rep = audit()
     assert rep.detectable_tv is not None and rep.detectable_tv < 0.15
