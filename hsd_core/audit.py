@@ -204,13 +204,16 @@ class AuditReport:
         return {"keys": keys, "observed": obs, "expected": exp, "band_low": lo, "band_high": hi,
                 "band": band, "n_cut": len(cut), "title": title}
 
-    def save_plot(self, path: str, max_bars: int = 40, title: str | None = None, log: bool = False) -> bool:
+    def save_plot(self, path: str, max_bars: int = 40, title: str | None = None, log: bool = False,
+                  label: Callable[[Any], str] | None = None) -> bool:
         """Write a PNG of the observed counts against the expected ones to ``path``: the
         ``max_bars`` outputs of largest expected count as bars, the expected count of each as a
         marker with its 99% sampling band (:meth:`plot_data`), the sampler's name (``title``
         overrides it), the verdict and how many outputs were cut in the title; ``log=True`` for a
         log count scale. matplotlib is optional (not a dependency of hsd): without it, print a
-        message to stderr and return False. Returns True if written.
+        message to stderr and return False. ``label(output)`` gives each bar's tick label (default
+        its ``repr``). The bands are per output (not simultaneous), as the legend says; the legend
+        sits outside the axes, so it never covers a bar. Returns True if written.
         """
         try:
             mpl: Any = importlib.import_module("matplotlib")
@@ -225,19 +228,20 @@ class AuditReport:
             d["title"] = title + d["title"][len(self.name):]
         xs = list(range(len(d["keys"])))
         ref = "reference" if self.mode == "two-sample" else "expected"
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(xs)), 4.5))
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(xs)) + 3.0, 4.5))
         ax.bar(xs, d["observed"], width=0.6, color="tab:orange", label="observed")
         err_lo = [max(0.0, e - lo) for e, lo in zip(d["expected"], d["band_low"])]
         err_hi = [max(0.0, hi - e) for e, hi in zip(d["expected"], d["band_high"])]
         ax.errorbar(xs, d["expected"], yerr=[err_lo, err_hi], fmt="o", color="tab:blue", ms=3, capsize=2,
-                    label=f"{ref} count, {d['band']:.0%} sampling band")
+                    label=f"{ref} count, {d['band']:.0%} sampling band of each output (per output)")
         ax.set_xticks(xs)
-        ax.set_xticklabels([repr(x) for x in d["keys"]], rotation=90, fontsize=6)
+        ax.set_xticklabels([(label or repr)(x) for x in d["keys"]], rotation=90, fontsize=6)
+        ax.set_xlabel(f"output (the {len(xs)} of largest {ref} count)")
         ax.set_ylabel("count" + (" (log scale)" if log else ""))
         if log:
             ax.set_yscale("symlog", linthresh=1.0)
         ax.set_title(d["title"], fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)

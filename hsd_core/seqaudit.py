@@ -232,8 +232,8 @@ class SequenceAuditReport:
             a1.axhline(u.size / k, color="tab:blue", lw=1)
         a1.set_xlabel("randomized PIT of each token under the target's conditional law")
         a1.set_ylabel("tokens")
-        a1.set_title(f"{self.name}: {self.verdict} ({self.n} sequences, {self.tokens} tokens)", fontsize=9)
-        a1.legend(fontsize=7, loc="lower center")
+        fig.suptitle(f"{self.name}: {self.verdict} ({self.n} sequences, {self.tokens} tokens)", fontsize=9)
+        a1.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=2, borderaxespad=0.0)
         pos = self.pit_positions
         if u.size:
             js = np.unique(pos)
@@ -247,8 +247,8 @@ class SequenceAuditReport:
         a2.set_xlabel("position of the new token (0 = first)")
         a2.set_ylabel("mean PIT")
         a2.set_ylim(0, 1)
-        a2.legend(fontsize=7, loc="lower center")
-        fig.tight_layout()
+        a2.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=2, borderaxespad=0.0)
+        fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.93))
         fig.savefig(path)
         plt.close(fig)
         return True

@@ -219,36 +219,29 @@ class _Draw:
     (not a closure) so process executors can pickle it."""
 
     def __init__(self, sample_fn: Callable[[str, int], Sequence[int]], prompt: str, ref: Reference,
-                 width: int) -> None:
+                 width: int, head: Sequence[int] = ()) -> None:
         self.sample_fn, self.prompt, self.ref, self.width = sample_fn, prompt, ref, width
+        self.head, self.with_prompt = list(head), 0
 
     def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
         seed = int(rng.integers(0, 2**32))
-        ids = self.sample_fn(self.prompt, seed)
-        return self.ref.cell(_as_ids(ids, f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned",
-                                     self.width))
+        ids = _as_ids(self.sample_fn(self.prompt, seed),
+                      f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned", self.width)
+        self.with_prompt += _starts_with(ids, self.head)
+        return self.ref.cell(ids)
 
 
-def _returns_prompt(sample_fn: Callable[[str, int], Sequence[int]] | None,
-                    sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]] | None, prompt: str,
-                    ids: Sequence[int], seed: int) -> bool:
-    """Whether 5 more draws (seeds from ``SeedSequence(seed, spawn_key=(2**31 + 1,))``) all start
-    with the prompt's ids: the sign of a sampler that returns prompt + new ids (checked only after a
-    "lossy" verdict, to say why)."""
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**31 + 1,)))
-    seeds = [int(rng.integers(0, 2**32)) for _ in range(5)]
-    outs = (list(sample_batch_fn([prompt] * 5, seeds)) if sample_batch_fn is not None
-            else [sample_fn(prompt, s) for s in seeds] if sample_fn is not None else [])
-    head = [int(i) for i in ids]
-    return bool(outs) and all(len(o) > len(head) and [int(t) for t in list(o)[:len(head)]] == head for o in outs)
+def _starts_with(ids: Sequence[int], head: Sequence[int]) -> bool:
+    """Whether ``ids`` is ``head`` (non-empty) followed by more ids: a sampler returning prompt + new."""
+    return bool(head) and len(ids) > len(head) and list(ids[:len(head)]) == list(head)
 
 
 class _Replay:
     """A sample function that returns precomputed cells in order (the batched sampler's draws,
-    fed to :func:`hsd_core.audit.audit_sampler` serially)."""
+    fed to :func:`hsd_core.audit.audit_sampler` serially); ``with_prompt`` as :class:`_Draw`'s."""
 
-    def __init__(self, cells: list[tuple[int, ...]]) -> None:
-        self.cells, self.at = cells, 0
+    def __init__(self, cells: list[tuple[int, ...]], with_prompt: int) -> None:
+        self.cells, self.at, self.with_prompt = cells, 0, with_prompt
 
     def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
         self.at += 1
@@ -256,23 +249,26 @@ class _Replay:
 
 
 def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]], prompt: str,
-                   ref: Reference, width: int, n: int, seed: int, chunk_size: int, batch_size: int
-                   ) -> list[tuple[int, ...]]:
+                   ref: Reference, width: int, n: int, seed: int, chunk_size: int, batch_size: int,
+                   head: Sequence[int]) -> _Replay:
     """The cells of ``n`` draws of a batched sampler, each draw with the seed it would get from
-    :class:`_Draw` (chunk ``j``'s generator, one 32-bit integer per draw, in order)."""
+    :class:`_Draw` (chunk ``j``'s generator, one 32-bit integer per draw, in order), to replay."""
     seeds: list[int] = []
     for j, start in enumerate(range(0, n, chunk_size)):
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(j,)))
         seeds.extend(int(rng.integers(0, 2**32)) for _ in range(min(chunk_size, n - start)))
     cells: list[tuple[int, ...]] = []
+    with_prompt = 0
     for b0 in range(0, n, batch_size):
         sb = seeds[b0:b0 + batch_size]
         outs = list(sample_batch_fn([prompt] * len(sb), sb))
         if len(outs) != len(sb):
             raise ValueError(f"sample_batch_fn returned {len(outs)} outputs for {len(sb)} prompts")
         for s, out in zip(sb, outs):
-            cells.append(ref.cell(_as_ids(out, f"sample_batch_fn (the draw with seed {s}) returned", width)))
-    return cells
+            ids = _as_ids(out, f"sample_batch_fn (the draw with seed {s}) returned", width)
+            with_prompt += _starts_with(ids, head)
+            cells.append(ref.cell(ids))
+    return _Replay(cells, with_prompt)
 
 
 @dataclass(frozen=True)
@@ -346,9 +342,14 @@ class GenerateAuditReport:
         lines += ["", self.core.to_markdown(title="Tests (hsd_core.audit)").replace("## ", "## ", 1)]
         return "\n".join(lines) + "\n"
 
-    def save_plot(self, path: str, max_bars: int = 40, log: bool = False) -> bool:
-        """The PNG of :meth:`hsd_core.audit.AuditReport.save_plot` (cells as id tuples)."""
-        return self.core.save_plot(path, max_bars=max_bars, log=log)
+    def save_plot(self, path: str, max_bars: int = 40, log: bool = False, tokenizer: Any = None) -> bool:
+        """The PNG of :meth:`hsd_core.audit.AuditReport.save_plot`; each cell labelled by its ids and,
+        with ``tokenizer`` (the target's), its decoded text (``<any>``: any continuation, ``<rare>``:
+        the pooled rare tokens)."""
+        def label(cell: Any) -> str:
+            ids = ",".join("*" if t == ANY else "rare" if t == RARE else str(t) for t in cell)
+            return f"{_decode(tokenizer, tuple(cell))} [{ids}]" if tokenizer is not None else f"[{ids}]"
+        return self.core.save_plot(path, max_bars=max_bars, log=log, label=label)
 
 
 def _decode(tokenizer: Any, cell: tuple[int, ...]) -> str:
@@ -505,10 +506,10 @@ def audit_generate(
     label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
     draw: Any
     if sample_batch_fn is not None:
-        draw = _Replay(_batched_cells(sample_batch_fn, prompt, ref, width, int(n), seed, chunk_size,
-                                      as_int("batch_size", batch_size, 1)))
+        draw = _batched_cells(sample_batch_fn, prompt, ref, width, int(n), seed, chunk_size,
+                              as_int("batch_size", batch_size, 1), ids)
     else:
-        draw = _Draw(sample_fn, prompt, ref, width)  # type: ignore[arg-type]
+        draw = _Draw(sample_fn, prompt, ref, width, ids)  # type: ignore[arg-type]
     core = audit_sampler(draw, ref.law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
                          prefixes=list(ref.frequent), name=label,
@@ -537,9 +538,10 @@ def audit_generate(
                 f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
         verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
                                            f"max_detectable_tv {max_detectable_tv:.4g}{more}")
-    if verdict == "lossy" and _returns_prompt(sample_fn, sample_batch_fn, prompt, ids, seed):
-        reason += ("; the sampler's outputs start with the prompt's own ids (5 of 5 draws looked at): does it "
-                   "return prompt + new ids? return only the new ones")
+    with_prompt = getattr(draw, "with_prompt", 0)  # counted in this process (not on an executor's workers)
+    if verdict == "lossy" and with_prompt > core.n / 2:
+        reason += (f"; {with_prompt} of {core.n} draws start with the prompt's own ids: does the sampler return "
+                   "prompt + new ids? return only the new ones")
     est, ci, null, corrected = _tv_stats(ref.law, core.observed, core.n, seed)
 
     def dec(rows: Sequence[Deviation]) -> tuple[DecodedDeviation, ...]:

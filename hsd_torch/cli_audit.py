@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
         md = rep.to_markdown()
         png = os.path.splitext(args.report)[0] + ".png"
-        if rep.save_plot(png):
+        if rep.save_plot(png, tokenizer=tt):
             md += f"\n![observed vs expected]({os.path.basename(png)})\n"
         with open(args.report, "w", encoding="utf-8") as f:
             f.write(md)

@@ -204,3 +204,11 @@ def test_only_significant_cells_are_listed_and_ambiguous_text_is_named(pair: Any
     assert rep.verdict == "lossless-consistent" and rep.over == () and rep.under == ()
     byte_id = next(i for i in range(len(tt)) if "\ufffd" in tt.decode([i]))
     assert "token" in _decode(tt, (byte_id, ANY)) and "<any>" in _decode(tt, (byte_id, ANY))
+
+
+def test_plot_labels_cells_by_text_and_ids(pair: Any, tmp_path: Any) -> None:
+    target, tt, *_ = pair
+    rep = audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=100, top_k=TOP_K, seed=1,
+                         mask_textless=True, max_detectable_tv=None)
+    path = tmp_path / "cells.png"
+    assert rep.save_plot(str(path), tokenizer=tt) == path.exists()
