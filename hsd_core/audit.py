@@ -49,7 +49,6 @@ are compared with :func:`~hsd_core.stats.chi_square_two_sample` (and the joint l
 
 from __future__ import annotations
 
-import importlib
 import math
 import pickle
 import sys
@@ -62,6 +61,7 @@ from typing import Any, Literal, Union
 import numpy as np
 
 from .seqaudit import SequenceAuditReport, audit_sequences
+from ._plot import pyplot
 from .stats import (
     OTHER, InvalidTest, TestFamily, TestResult, _check_alpha, _check_eps, _check_n, _check_power,
     _validate_law, chi_square_two_sample, counts_of, gof_test, min_num_samples_for_tv,
@@ -215,13 +215,8 @@ class AuditReport:
         its ``repr``). The bands are per output (not simultaneous), as the legend says; the legend
         sits outside the axes, so it never covers a bar. Returns True if written.
         """
-        try:
-            mpl: Any = importlib.import_module("matplotlib")
-            mpl.use("Agg")
-            plt: Any = importlib.import_module("matplotlib.pyplot")
-        except ImportError:
-            print(f"save_plot: matplotlib is not installed; skipped the plot {path!r} "
-                  "(pip install matplotlib to get it)", file=sys.stderr)
+        plt = pyplot(path)
+        if plt is None:
             return False
         d = self.plot_data(max_bars)
         if title is not None:

@@ -64,9 +64,7 @@ reason says how many sequences would reach it); otherwise "lossless-consistent".
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -75,10 +73,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats as sps  # type: ignore[import-untyped]
 
+from ._plot import pyplot
 from .stats import TestResult, _check_alpha, _check_power, holm
 
 __all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "FamilyPower", "SequenceAuditReport", "SequenceEvidence",
-           "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
+           "as_ids", "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
            "truncate_at_end"]
 
 Verdict = Literal["lossless-consistent", "lossy", "inconclusive"]
@@ -211,13 +210,8 @@ class SequenceAuditReport:
         """Write a PNG: the histogram of the pooled PITs with each bin's 99% band under
         uniformity (per bin), and the mean PIT per position with its 99% band. matplotlib is
         optional: without it, print a message to stderr and return False. Returns True if written."""
-        try:
-            mpl: Any = importlib.import_module("matplotlib")
-            mpl.use("Agg")
-            plt: Any = importlib.import_module("matplotlib.pyplot")
-        except ImportError:
-            print(f"save_plot: matplotlib is not installed; skipped the plot {path!r} "
-                  "(pip install matplotlib to get it)", file=sys.stderr)
+        plt = pyplot(path)
+        if plt is None:
             return False
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         u = self.pits
@@ -739,7 +733,7 @@ def audit_sequences(
     for i, sd in enumerate(sequence_seeds(int(seed), int(n))):
         prompt = plist[i % len(plist)]
         out = sample_fn(prompt, sd)
-        ids = _as_ids(out, f"sample_fn({prompt!r}, {sd}) (sequence {i}) returned")
+        ids = as_ids(out, f"sample_fn({prompt!r}, {sd}) (sequence {i}) returned")
         bad = [t for t in ids if not 0 <= t < size]
         if bad:
             ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {size} ids")
@@ -772,8 +766,10 @@ def audit_sequences(
     return ev.report(n=int(n), max_new_tokens=int(max_new_tokens), max_detectable_tv=max_detectable_tv, name=label)
 
 
-def _as_ids(out: Any, what: str) -> list[int]:
-    """``out`` as a list of Python ints; ``TypeError`` for anything that is not a sequence of ints."""
+def as_ids(out: Any, what: str) -> list[int]:
+    """``out`` (a list, tuple or numpy array) as a list of Python ints; ``TypeError`` for anything that
+    is not a sequence of int ids (None, a str, a float id, which ``int()`` would truncate in silence).
+    ``what`` starts the message ("sample_fn('x', 7) returned")."""
     if out is None or isinstance(out, (str, bytes)):
         raise TypeError(f"{what} {out!r}, not a list of int target ids")
     if isinstance(out, np.ndarray):

@@ -46,8 +46,9 @@ import numpy as np
 import torch
 
 from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
+from hsd_core.seqaudit import as_ids
 
-from ._args import as_int, is_int
+from ._args import as_int
 from .generate import process_logits
 from .genconfig import end_ids_of
 from .laws import TextSpace, check_processing
@@ -193,24 +194,14 @@ def _prefix_mass(law: Mapping[tuple[int, ...], float], pre: tuple[int, ...]) -> 
 
 def _as_ids(out: Any, what: str, width: int) -> list[int]:
     """``out`` (a list, tuple, numpy array or tensor of target ids) as a list of Python ints in
-    ``[0, width)``; ``TypeError`` for anything else (None, a str, a float id, which ``int()`` would
-    truncate in silence), ``ValueError`` for an id outside the target's ids. ``what`` starts the
-    message ("sample_fn('x', 7) returned", "prompt_ids has")."""
-    if out is None or isinstance(out, (str, bytes)):
-        got = "None" if out is None else f"a {type(out).__name__} {repr(out)[:40]}"
-        raise TypeError(f"{what} {got}, not a list of int target ids")
-    if isinstance(out, (torch.Tensor, np.ndarray)):
-        out = out.flatten().tolist()
-    try:
-        items = list(out)
-    except TypeError:
-        raise TypeError(f"{what} a {type(out).__name__}, not a list of int target ids") from None
+    ``[0, width)`` (:func:`hsd_core.seqaudit.as_ids`, tensors flattened first); ``ValueError`` for an
+    id outside the target's ids. ``what`` starts the message ("sample_fn('x', 7) returned",
+    "prompt_ids has")."""
+    items = as_ids(out.flatten().tolist() if isinstance(out, torch.Tensor) else out, what)
     for t in items:
-        if not is_int(t):
-            raise TypeError(f"{what} {t!r} ({type(t).__name__}) among its ids, not an integer id")
         if not 0 <= t < width:
             raise ValueError(f"{what} id {t}, outside the target's {width} ids")
-    return [int(t) for t in items]
+    return items
 
 
 class _Draw:
