@@ -771,7 +771,8 @@ def as_ids(out: Any, what: str) -> list[int]:
     is not a sequence of int ids (None, a str, a float id, which ``int()`` would truncate in silence).
     ``what`` starts the message ("sample_fn('x', 7) returned")."""
     if out is None or isinstance(out, (str, bytes)):
-        raise TypeError(f"{what} {out!r}, not a list of int target ids")
+        got = "None" if out is None else f"a {type(out).__name__} {repr(out)[:40]}"
+        raise TypeError(f"{what} {got}, not a list of int target ids")
     if isinstance(out, np.ndarray):
         out = out.ravel().tolist()
     try:
