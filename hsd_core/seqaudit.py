@@ -367,7 +367,8 @@ class SequenceEvidence:
             self.dir_var += float(np.clip((p * w ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         e = None if extra is None else np.asarray(extra, dtype=np.float64)[ok]
         pick = np.flatnonzero(self._pick.random(u.size) < self.rho)
-        chunk = max(1, _POWER_CHUNK // (len(self.alt.names) * p.shape[1]))
+        width = int((p[pick] > 0).sum(axis=1).max()) if pick.size else 1  # the largest support met
+        chunk = max(1, _POWER_CHUNK // (len(self.alt.names) * width))
         for c0 in range(0, pick.size, chunk):
             sel = pick[c0:c0 + chunk]
             self._power_rows(p[sel], None if q is None else q[sel], None if w is None else w[sel],
@@ -379,9 +380,10 @@ class SequenceEvidence:
         outside ``p``'s support (drawn there, it is a draw of probability 0), and what each test
         sees of it."""
         alt = self.alt
-        m, v = p.shape
+        m = p.shape[0]
         rows = np.arange(m)[:, None]
         order = np.argsort(-p, axis=1, kind="stable")
+        order = order[:, :int((p > 0).sum(axis=1).max())]  # every alternative lives on p's support
         ps = p[rows, order]
         pos = ps > 0
         s = pos.sum(axis=1)

@@ -46,13 +46,13 @@ import numpy as np
 import torch
 
 from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
-from hsd_core.seqaudit import as_ids
 
 from ._args import as_int
+from ._ids import _as_ids, _eos_ids, _width
 from .generate import process_logits
-from .genconfig import end_ids_of
 from .laws import TextSpace, check_processing
 from .runner import check_model, refuse_meta
+from .seqaudit import audit_sequences
 from .text import TokenText
 
 __all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "reference_law"]
@@ -101,20 +101,6 @@ class Reference:
                 return pre + (t,)  # probability 0: outside the law, rejected
             return pre + (RARE,) + (ANY,) * (self.positions - j - 1)
         return s
-
-
-def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's EOS and the target's ``generation_config.eos_token_id`` (the end set of
-    :func:`hsd_torch.rounds.end_ids`, before its cut to the model's logits)."""
-    e = getattr(tokenizer, "eos_token_id", None)
-    return frozenset(([] if e is None else [int(e)]) + end_ids_of(getattr(target, "generation_config", None)))
-
-
-def _width(model: Any) -> int:
-    head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
 
 
 @torch.inference_mode()
@@ -190,18 +176,6 @@ def reference_law(target: Any, prompt_ids: Sequence[int], n: int, positions: int
 def _prefix_mass(law: Mapping[tuple[int, ...], float], pre: tuple[int, ...]) -> float:
     k = len(pre)
     return sum(p for s, p in law.items() if s[:k] == pre and len(s) > k)
-
-
-def _as_ids(out: Any, what: str, width: int) -> list[int]:
-    """``out`` (a list, tuple, numpy array or tensor of target ids) as a list of Python ints in
-    ``[0, width)`` (:func:`hsd_core.seqaudit.as_ids`, tensors flattened first); ``ValueError`` for an
-    id outside the target's ids. ``what`` starts the message ("sample_fn('x', 7) returned",
-    "prompt_ids has")."""
-    items = as_ids(out.flatten().tolist() if isinstance(out, torch.Tensor) else out, what)
-    for t in items:
-        if not 0 <= t < width:
-            raise ValueError(f"{what} id {t}, outside the target's {width} ids")
-    return items
 
 
 class _Draw:
@@ -547,5 +521,3 @@ def audit_generate(
         under=dec(_significant(core.under, core.n, len(ref.law))), core=core,
         prompt=prompt, name=label, tv_corrected=corrected)
 
-
-from .seqaudit import audit_sequences  # noqa: E402  (re-exported: hsd_torch.audit.audit_sequences)

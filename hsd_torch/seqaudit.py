@@ -37,7 +37,7 @@ from hsd_core.seqaudit import (
 )
 
 from ._args import as_int
-from .audit import _as_ids, _eos_ids, _width
+from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .runner import check_model, refuse_meta
 from .text import TokenText

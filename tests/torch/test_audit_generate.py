@@ -198,9 +198,13 @@ def test_only_significant_cells_are_listed_and_ambiguous_text_is_named(pair: Any
     is within chance at 1% / cells); a cell decoding to U+FFFD shows its token form."""
     from hsd_torch.audit import _decode
 
-    target, tt, *_ = pair
-    rep = audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=N, top_k=TOP_K, seed=1,
-                         mask_textless=True, max_detectable_tv=MAX_TV)
+    target, tt, drafter, dt = pair
+
+    def batch(prompts: list[str], seeds: list[int]) -> list[list[int]]:
+        return generate(target, drafter, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method="tli",
+                        lookahead=2, max_new_tokens=2, seed=seeds[0], top_k=TOP_K).sequences
+    rep = audit_generate(None, target, tt, PROMPT, n=N, top_k=TOP_K, seed=1, mask_textless=True,
+                         max_detectable_tv=MAX_TV, sample_batch_fn=batch, batch_size=200)
     assert rep.verdict == "lossless-consistent" and rep.over == () and rep.under == ()
     byte_id = next(i for i in range(len(tt)) if "\ufffd" in tt.decode([i]))
     assert "token" in _decode(tt, (byte_id, ANY)) and "<any>" in _decode(tt, (byte_id, ANY))

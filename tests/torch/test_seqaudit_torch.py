@@ -104,7 +104,7 @@ def test_a_bug_after_the_first_tokens_is_caught_only_by_sequences(pair: Any) -> 
                 out[i] += t
         return out
 
-    first = audit_generate(lambda p, s: late([p], [s])[0], target, tt, PROMPTS[0], n=200, positions=2, seed=3)
+    first = audit_generate(lambda p, s: late([p], [s])[0], target, tt, PROMPTS[0], n=100, positions=2, seed=3)
     assert first.verdict != "lossy"
     rep = audit(pair, late)
     assert rep.verdict == "lossy", rep.to_markdown()
