@@ -24,6 +24,7 @@ when a draw starts with the prompt's ids: return only the new ones) makes the ve
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,7 +62,9 @@ def _prompts(prompts: Any) -> list[str]:
 @torch.inference_mode()
 def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """For each row (ids), the logits (float64, ``[len(at[i]), V]``) after its first ``at[i][j]``
-    ids, for each ``j``: one right-padded forward pass over all rows."""
+    ids, for each ``j`` (every ``at[i]`` non-empty): one right-padded forward pass over all rows, the
+    head run only from the first position any row reads (``logits_to_keep``, where the model takes
+    it: on a 262k-id head the prompt's positions would cost as much as the audited ones)."""
     dev = next(model.parameters()).device
     width = max(len(r) for r in rows)
     x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
@@ -69,8 +72,12 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     for i, r in enumerate(rows):
         x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
         am[i, :len(r)] = 1
-    logits = model(input_ids=x, attention_mask=am).logits
-    return [logits[i, torch.tensor(list(a), dtype=torch.long, device=dev) - 1].double() for i, a in enumerate(at)]
+    lo = min(min(a) for a in at) - 1  # the first position any row reads: the head runs from there on
+    kw = {"logits_to_keep": width - lo} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    logits = model(input_ids=x, attention_mask=am, **kw).logits
+    off = width - logits.shape[1]  # 0 without logits_to_keep, else lo
+    return [logits[i, torch.tensor(list(a), dtype=torch.long, device=dev) - 1 - off].double()
+            for i, a in enumerate(at)]
 
 
 def _law(lg: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:

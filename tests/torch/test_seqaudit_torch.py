@@ -166,3 +166,20 @@ def test_pytest_plugin_sequences_with_a_model(pair: Any) -> None:
                           max_new_tokens=16, sample_batch_fn=batched(pair, "tli", budget=16), drafter=drafter,
                           drafter_tokenizer=dt)
     assert rep.verdict == "lossless-consistent" and rep.n == 100
+
+
+def test_teacher_forcing_reads_the_targets_own_logits(pair: Any) -> None:
+    """The batched, right-padded teacher-forced pass (head only from the first read position) gives,
+    at every audited position, the logits of the target run on that row alone (float32 rounding)."""
+    from hsd_torch.seqaudit import _forced_logits
+
+    target, tt, drafter, _ = pair
+    rows = [tt("def foo(x):\n    return")["input_ids"], tt("a")["input_ids"] + [5, 6, 7, 8, 9, 10, 11]]
+    at = [range(len(rows[0]) - 3, len(rows[0])), range(2, len(rows[1]))]
+    for model in (target, drafter):
+        got = _forced_logits(model, rows, at)
+        for r, a, g in zip(rows, at, got):
+            with torch.inference_mode():
+                alone = model(input_ids=torch.tensor([r])).logits[0].double()
+            want = alone[torch.tensor(list(a)) - 1]
+            assert g.shape == want.shape and torch.allclose(g, want, atol=1e-4), (g - want).abs().max()
