@@ -136,6 +136,10 @@ class AuditReport:
     detectable_by: str = "joint chi-square"
     pooled_mass: float = 0.0
     name: str = "sampler"
+    position_detectable: tuple[float | None, ...] = ()
+    """Exact mode with ``positions``: for each position ``j``, the TV of the ``j``-th token's law (given
+    that the output reaches ``j``) that its own test catches with probability ``power``, at the
+    expected number of outputs reaching ``j`` (None: no power there)."""
 
     @property
     def per_test_alpha(self) -> float:
@@ -154,6 +158,10 @@ class AuditReport:
             f"- detectable TV ({self.detectable_by}, power {self.power}): {det}"
             + ("" if self.eps is None else f"; requested eps = {self.eps:.4g}"),
         ]
+        if self.position_detectable:
+            lines.append("- detectable TV of each position's own law (given the output reaches it): "
+                         + ", ".join(f"position {j}: " + ("n/a" if d is None else f"{d:.4g}")
+                                     for j, d in enumerate(self.position_detectable)))
         if self.pooled_mass > 0:
             lines.append(f"- pooled: {self.pooled_mass:.4g} of the probability lies in cells pooled into one "
                          "(expected count < 5); a discrepancy inside them is not seen, so the detectable TV "
@@ -262,7 +270,7 @@ class _Plan:
     cells: int
 
 
-def _joint_plan(law: Mapping[Output, Prob], n: int, alpha: float, power: float) -> _Plan:
+def _joint_plan(law: Mapping[Any, Prob], n: int, alpha: float, power: float) -> _Plan:
     """The honest promise of the joint test at ``n`` samples (see the module docstring).
 
     A point mass is checked exactly. Otherwise the chi-square table is the one the test builds
@@ -684,6 +692,13 @@ def audit_sampler(
         reason = (f"no test rejects at family-wise alpha {alpha:.3g}; any law at TV >= {detectable:.4g} "
                   f"would be caught with probability >= {power} ({plan.by})")
 
+    pos_det: list[float | None] = []
+    if not two_sample:
+        for j in range(n_positions):
+            pl = _position_law(law, j)
+            reach = sum(float(p) for s, p in law.items() if len(s) > j)
+            n_j = int(n * reach)
+            pos_det.append(_joint_plan(pl, n_j, a_test, power).detectable if pl and n_j > 0 else None)
     expected = {s: n * float(p) for s, p in ref_law.items()}
     keys = list(expected) + [s for s in counts if s not in expected]
     dev = [Deviation(s, counts.get(s, 0), expected.get(s, 0.0)) for s in keys]
@@ -696,7 +711,7 @@ def audit_sampler(
         verdict=verdict, reason=reason, over=over, under=under,
         mode="two-sample" if two_sample else "exact", rng_note=rng_note,
         observed=dict(counts), expected=expected, detectable_by=plan.by, pooled_mass=plan.pooled_mass,
-        name=name,
+        name=name, position_detectable=tuple(pos_det),
     )
 
 

@@ -276,6 +276,10 @@ class GenerateAuditReport:
     tv_corrected: float = float("nan")
     """The bias-corrected TV estimate (inside ``tv_ci`` by construction; ``tv_estimate`` is the
     plug-in, biased upward, which ``tv_null_q95`` is the null quantile of)."""
+    position_detectable: tuple[float | None, ...] = ()
+    """For each position ``j``, the TV of the ``j``-th token's law that its own test catches with
+    probability ``power``: ``core.position_detectable[j]`` plus the mass the coarse cells hide at
+    ``j`` (rare tokens and unexpanded prefixes, given that the output reaches ``j``; None: no power)."""
 
     def to_markdown(self, title: str | None = None) -> str:
         """The report as markdown: the verdict, the sizing, the TV estimate, the decoded largest
@@ -292,6 +296,9 @@ class GenerateAuditReport:
                  f"- estimated TV on the {self.cells}-cell table: {self.tv_corrected:.4g} (bias-corrected; 95% basic "
                  f"bootstrap interval {self.tv_ci[0]:.4g} to {self.tv_ci[1]:.4g}); plug-in TV {self.tv_estimate:.4g}, "
                  f"which a lossless sampler shows up to {self.tv_null_q95:.4g} (95th percentile)",
+                 "- detectable TV of each position's own law (its rare / unexpanded cells' mass included): "
+                 + ", ".join(f"position {j}: " + ("n/a" if d is None else f"{d:.4g}")
+                             for j, d in enumerate(self.position_detectable)),
                  f"- reference: {self.forward_passes} target forward passes"
                  + (f"; next-token tests after {len(self.conditional_prefixes)} frequent prefixes"
                     if self.conditional_prefixes else "")]
@@ -509,6 +516,12 @@ def audit_generate(
                    "prompt + new ids? return only the new ones")
     est, ci, null, corrected = _tv_stats(ref.law, core.observed, core.n, seed)
 
+    pos_det: list[float | None] = []
+    for j, d in enumerate(core.position_detectable):
+        reach = sum(p for c, p in ref.law.items() if len(c) > j)
+        hid = sum(p for c, p in ref.law.items() if len(c) > j and c[j] in (ANY, RARE)) / reach if reach else 0.0
+        pos_det.append(None if d is None or d + hid >= 1.0 else d + hid)
+
     def dec(rows: Sequence[Deviation]) -> tuple[DecodedDeviation, ...]:
         return tuple(DecodedDeviation(tuple(d.output), _decode(target_tokenizer, tuple(d.output)),  # type: ignore[arg-type]
                                       d.observed, d.expected) for d in rows)
@@ -519,5 +532,5 @@ def audit_generate(
         cells=len(ref.law), coarse_mass=hidden, forward_passes=ref.forward_passes,
         conditional_prefixes=ref.frequent, over=dec(_significant(core.over, core.n, len(ref.law))),
         under=dec(_significant(core.under, core.n, len(ref.law))), core=core,
-        prompt=prompt, name=label, tv_corrected=corrected)
+        prompt=prompt, name=label, tv_corrected=corrected, position_detectable=tuple(pos_det))
 

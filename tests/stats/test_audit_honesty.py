@@ -218,3 +218,18 @@ def test_plot_names_the_sampler_bands_cuts_and_log(tmp_path: pathlib.Path) -> No
     for log in (False, True):
         path = tmp_path / f"p{log}.png"
         assert r.save_plot(str(path), max_bars=10, log=log) and path.stat().st_size > 0
+
+
+def test_position_promises_are_reported() -> None:
+    """audit_sampler states each position's detectable TV, from the position's law at the expected
+    number of outputs reaching it (a law whose second token is reached half the time promises less
+    there)."""
+    from fractions import Fraction as F
+
+    from hsd_core.audit import audit_sampler
+
+    law = {(0,): F(1, 2), (1, 0): F(1, 4), (1, 1): F(1, 4)}
+    keys = list(law)
+    rep = audit_sampler(lambda rng: keys[rng.choice(3, p=[.5, .25, .25])], law, n=4000, alpha=1e-3, seed=0)
+    d0, d1 = rep.position_detectable
+    assert d0 is not None and d1 is not None and d0 < d1

@@ -216,3 +216,16 @@ def test_plot_labels_cells_by_text_and_ids(pair: Any, tmp_path: Any) -> None:
                          mask_textless=True, max_detectable_tv=None)
     path = tmp_path / "cells.png"
     assert rep.save_plot(str(path), tokenizer=tt) == path.exists()
+
+
+def test_each_position_states_its_own_promise(pair: Any) -> None:
+    """The report gives each position's detectable TV (its test's, plus the mass of the coarse cells
+    there); the first position, with fewer cells than the joint table, promises no more than the
+    whole table does and is printed."""
+    target, tt, *_ = pair
+    rep = audit_generate(functools.partial(hsd_sampler, pair), target, tt, PROMPT, n=N, top_k=TOP_K, seed=1,
+                         mask_textless=True, max_detectable_tv=MAX_TV)
+    assert len(rep.position_detectable) == 2 and len(rep.core.position_detectable) == 2
+    d0 = rep.position_detectable[0]
+    assert d0 is not None and rep.detectable_tv is not None and d0 <= rep.detectable_tv
+    assert "position 0: " in rep.to_markdown()
