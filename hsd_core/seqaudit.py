@@ -27,6 +27,10 @@ as skipped and counts as not rejected):
   referred to N(0, 1), two-sided (catches a temperature that is off, in either direction);
 * ``PIT KS (position j)`` for the first ``positions`` positions: the PITs of the sequences that
   reach position j (exactly i.i.d. uniform given that they reach it), exact KS;
+* ``first token after prompt g (chi-square)``, for the (at most 4) prompts with the most sequences
+  (at least 20): every sequence after one prompt draws its first token from the same law, so its
+  first tokens are tested cell by cell (chi-square, cells of expected count < 5 pooled), which sees
+  a wrong first context (a prompt fed wrong) that the PIT tests barely see;
 * with a drafter, ``directional (toward the drafter)``: with ``q_t`` the drafter's law mapped to
   target ids and ``w_t = q_t / (p_t + q_t)`` (bounded in [0, 1]), ``D = sum_t (w_t(x_t) -
   E_{p_t} w_t)`` over ``sqrt(sum_t Var_{p_t} w_t)``, one-sided: the usual failure of a lossy
@@ -74,7 +78,7 @@ from numpy.typing import NDArray
 from scipy import stats as sps  # type: ignore[import-untyped]
 
 from ._plot import pyplot
-from .stats import TestResult, _check_alpha, _check_power, holm
+from .stats import InvalidTest, TestResult, _check_alpha, _check_power, chi_square_gof, holm
 
 __all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "FamilyPower", "SequenceAuditReport", "SequenceEvidence",
            "as_ids", "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
@@ -100,6 +104,7 @@ DEFAULT_POWER_STEPS = 1000
 """Positions (at most, a seeded subsample) on which the power is computed."""
 
 _MIN_POSITION_DRAWS = 20
+_FIRST_GROUPS = 4
 _POWER_CHUNK = 4_000_000  # entries of the [positions, alternatives, ids] array of one power chunk
 
 
@@ -309,6 +314,7 @@ class SequenceEvidence:
         self.tokens = 0
         self.impossible: list[tuple[int, int, int]] = []
         self.malformed: list[str] = []
+        self.first: dict[int, tuple[F64, list[int]]] = {}  # prompt -> (its first-token law, first tokens)
         names: list[tuple[str, float]] = []
         if drafter:
             names += [("mixture", float(lam)) for lam in LAMBDAS]
@@ -326,11 +332,16 @@ class SequenceEvidence:
         self.malformed.append(what)
 
     def add_steps(self, p: F64, x: NDArray[np.int64], pos: NDArray[np.int64], v: F64, seq: NDArray[np.int64],
-                  q: F64 | None = None, extra: F64 | None = None) -> None:
-        """Add ``m`` audited positions (class docstring)."""
+                  q: F64 | None = None, extra: F64 | None = None, prompt: int | None = None) -> None:
+        """Add ``m`` audited positions (class docstring). ``prompt`` (an index): these positions are
+        one sequence's, after that prompt; its first token (position 0) then also enters the
+        first-token test of that prompt, whose law is the same for every sequence after it."""
         p = np.asarray(p, dtype=np.float64)
         x = np.asarray(x, dtype=np.int64)
         m = x.shape[0]
+        if prompt is not None and m and int(np.asarray(pos)[0]) == 0:
+            law, toks = self.first.setdefault(int(prompt), (p[0].copy(), []))
+            toks.append(int(x[0]))
         if p.ndim != 2 or p.shape[0] != m:
             raise ValueError(f"p must be [m, V] with m = {m} rows, got shape {p.shape}")
         if (q is None) == self.drafter:
@@ -449,9 +460,19 @@ class SequenceEvidence:
 
     # -- the family and the promise ------------------------------------------------------------
 
+    def _first_groups(self) -> list[int]:
+        """The prompts whose first tokens get a chi-square test: the (at most ``_FIRST_GROUPS``)
+        with the most sequences, at least ``_MIN_POSITION_DRAWS`` of them (sampling only)."""
+        if not self.do_sample:
+            return []
+        big = sorted((g for g, (_, t) in self.first.items() if len(t) >= _MIN_POSITION_DRAWS),
+                     key=lambda g: (-len(self.first[g][1]), g))
+        return big[:_FIRST_GROUPS]
+
     def _planned(self) -> list[str]:
         names = ["PIT KS (pooled)", "PIT chi-square (pooled)", "log-likelihood martingale"]
         names += [f"PIT KS (position {j})" for j in range(self.positions)]
+        names += [f"first token after prompt {g} (chi-square)" for g in self._first_groups()]
         if self.drafter:
             names.append("directional (toward the drafter)")
         return names
@@ -596,6 +617,15 @@ class SequenceEvidence:
                     tests.append(_ks(uj, f"PIT KS (position {j})", a, exact=uj.size <= 10_000))
                 else:
                     skipped.append(f"PIT KS (position {j}): {uj.size} tokens, fewer than {_MIN_POSITION_DRAWS}")
+            for g in self._first_groups():
+                law0, toks = self.first[g]
+                name = f"first token after prompt {g} (chi-square)"
+                try:
+                    r = chi_square_gof({int(t): float(law0[t]) for t in np.flatnonzero(law0 > 0)},
+                                       toks, a, min_kept_mass=0.0)
+                    tests.append(TestResult(name, r.statistic, r.p_value, a, r.n, r.dof, r.rejected, r.detail))
+                except InvalidTest as e:
+                    skipped.append(f"{name}: {e}")
             if self.drafter:
                 if self.dir_var > 0:
                     z = self.dir_sum / math.sqrt(self.dir_var)
@@ -763,7 +793,7 @@ def audit_sequences(
                 qrows.append(np.array([float(v) for v in inter.push(capped, size)]) if capped is not None
                              else rows[-1].copy())
         ev.add_steps(np.array(rows), np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
-                     np.full(len(ids), i), q=np.array(qrows) if inter is not None else None)
+                     np.full(len(ids), i), q=np.array(qrows) if inter is not None else None, prompt=i % len(plist))
     label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
     return ev.report(n=int(n), max_new_tokens=int(max_new_tokens), max_detectable_tv=max_detectable_tv, name=label)
 

@@ -243,7 +243,7 @@ def audit_sequences(
             del t_logits
             for (i, ids), law, q, e in zip(seqs, laws, qs, extras):
                 ev.add_steps(law, np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
-                             np.full(len(ids), i), q=q, extra=e)
+                             np.full(len(ids), i), q=q, extra=e, prompt=i % len(plist))
         t_force += time.perf_counter() - t0
         if progress is not None:
             done = idx[-1] + 1

@@ -331,3 +331,27 @@ def test_save_plot(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "seq.png")
     written = rep.save_plot(path)
     assert written == os.path.exists(path)
+
+
+def test_a_wrong_first_law_is_caught_by_the_first_token_test() -> None:
+    """A sampler exact from the second token on, whose first token is drawn at temperature 3: every
+    sequence after one prompt shares the first law, so the per-prompt chi-square sees it (n = 600,
+    one prompt, alpha 1e-3); the test is in the report's family."""
+    w = builtin_world()
+    eos = w.target.vocab.eos_id
+    base = tuple(w.target.tokenizer.encode(w.prompt))
+
+    def sampler(prompt: str, seed: int) -> list[int]:
+        rng = np.random.default_rng(seed)
+        out: list[int] = []
+        while len(out) < 12 and not (out and out[-1] == eos):
+            p = np.array([float(v) for v in w.target.next_probs(base + tuple(out))])
+            if not out:
+                p = p ** (1 / 3)
+                p /= p.sum()
+            out.append(int(rng.choice(len(p), p=p)))
+        return out
+
+    rep = audit_sequences(sampler, w.target, w.prompt, n=600, max_new_tokens=12)
+    names = [t.name for t, r in zip(rep.tests, rep.holm_rejected) if r]
+    assert rep.verdict == "lossy" and "first token after prompt 0 (chi-square)" in names, rep.to_markdown()
