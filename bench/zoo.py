@@ -7,7 +7,8 @@ sequences of 32 tokens (batched 16 per call), with the smallest p-value and the 
 Writes a JSON file and prints the markdown table recorded in ``docs/auditing.md``.
 
     python bench/zoo.py --json bench/zoo.json                  # about 10 minutes on one thread
-    python bench/zoo.py --sharp --json bench/zoo_sharp.json    # the target sharpened (see sharpen)
+    python bench/zoo.py --sharp --json bench/zoo_sharp.json    # the target sharpened (hsd_torch.tiny.sharpen)
+    python bench/zoo.py --table bench/zoo.json bench/zoo_sharp.json   # the table of docs/auditing.md
     python bench/zoo.py --only cache_cropped_short --generate-n 200 --sizes 200
 
 The exact first-token TV of a variant is not computed: hsd_torch's variants have no exact
@@ -32,9 +33,34 @@ PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
 
 
+def doc_table(plain: str, sharp: str) -> str:
+    """The table of ``docs/auditing.md`` from the JSON files of a plain and a ``--sharp`` run."""
+    def cell(r: dict[str, Any]) -> str:
+        why = f"{r['impossible']} draws of p = 0" if r["impossible"] else f"min p {r['min_p']:.1e}, {r['by']}"
+        return f"**{r['verdict']}** ({why})" if r["verdict"] == "lossy" else f"{r['verdict']} ({why})"
+
+    with open(plain, encoding="utf-8") as f:
+        rows_p = json.load(f)["rows"]
+    with open(sharp, encoding="utf-8") as f:
+        rows_s = json.load(f)["rows"]
+    lines = ["| variant (bug class) | target | tokens changed | audit_generate, n = 1,000 | audit_sequences, n = 200 "
+             "| audit_sequences, n = 1,000 |", "|---|---|---|---|---|---|"]
+    for a, b in zip(rows_p, rows_s):
+        for label, r in (("plain", a), ("sharpened", b)):
+            g = r["generate"]
+            gv = f"**{g['verdict']}**" if g["verdict"] == "lossy" else g["verdict"]
+            name = (f"`{r['variant']}`" + (" (lossless on purpose)" if r["lossless"] else "") + f": {r['seen_in']}"
+                    if label == "plain" else "")
+            lines.append(f"| {name} | {label} | {r['tokens_changed']} | {gv} | {cell(r['sequences_200'])} | "
+                         f"{cell(r['sequences_1000'])} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--table", nargs=2, metavar=("PLAIN.json", "SHARP.json"),
+                    help="print the table of docs/auditing.md from two recorded runs, and stop")
     ap.add_argument("--only", default=None, help="comma-separated variant names")
     ap.add_argument("--generate-n", type=int, default=1000, help="draws of audit_generate (0: skip it)")
     ap.add_argument("--sizes", default="200,1000", help="numbers of sequences of audit_sequences")
@@ -42,6 +68,9 @@ def main() -> None:
     ap.add_argument("--sharp", action="store_true",
                     help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
+    if a.table:
+        print(doc_table(*a.table))
+        return
     torch.set_num_threads(1)
     target, tt, drafter, dt = tiny.tiny_pair()
     if a.sharp:

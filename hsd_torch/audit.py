@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -199,6 +199,61 @@ class _Draw:
 def _starts_with(ids: Sequence[int], head: Sequence[int]) -> bool:
     """Whether ``ids`` is ``head`` (non-empty) followed by more ids: a sampler returning prompt + new."""
     return bool(head) and len(ids) > len(head) and list(ids[:len(head)]) == list(head)
+
+
+_MAX_FIT_PASSES = 64
+
+
+def _cell_law(target: Any, ids: Sequence[int], ref: Reference, mask: torch.Tensor,
+              process: Mapping[str, Any], cells: Sequence[tuple[int, ...]] = ()) -> dict[tuple[int, ...], float]:
+    """The probability of each of ``ref``'s cells under another processing of the target's logits
+    (one forward pass per expanded prefix), and of the other ``cells`` given (observed ones outside
+    the reference, such as a token of probability 0): the product, along the cell, of each token's
+    probability, the mass outside the kept tokens for ``RARE``, 1 for ``ANY``."""
+    rows: dict[tuple[int, ...], np.ndarray] = {}
+    for depth in sorted({len(pre) for pre in ref.kept}):  # _laws takes contexts of one length
+        pres = [pre for pre in ref.kept if len(pre) == depth]
+        rows.update(zip(pres, _laws(target, [list(ids) + list(pre) for pre in pres], mask, process)))
+    out: dict[tuple[int, ...], float] = {}
+    for cell in list(ref.law) + [c for c in cells if c not in ref.law]:
+        prob, pre = 1.0, cast(tuple[int, ...], ())
+        for t in cell:
+            if t == ANY:
+                break
+            row = rows.get(pre)
+            if row is None:
+                break
+            prob *= float(1.0 - row[sorted(ref.kept[pre])].sum()) if t == RARE else float(row[t])
+            if t == RARE:
+                break
+            pre = pre + (t,)
+        out[cell] = prob
+    return out
+
+
+def _best_fit(target: Any, ids: Sequence[int], ref: Reference, mask: torch.Tensor, claimed: Mapping[str, Any],
+              observed: Mapping[Any, int]) -> str | None:
+    """Which of a few processings (the claimed one, temperature 1 with no truncation, the claimed
+    temperature with no truncation) the observed cells fit best, by log-likelihood; None when the
+    claimed one fits best (nothing to say) or when none gives every observed cell mass."""
+    cands = {"the claimed processing": dict(claimed),
+             "temperature 1 without top-k / top-p": {"temperature": 1.0, "top_k": None, "top_p": None},
+             f"temperature {claimed['temperature']} without top-k / top-p":
+                 {"temperature": claimed["temperature"], "top_k": None, "top_p": None}}
+    scores: dict[str, float] = {}
+    for name, proc in cands.items():
+        if name != "the claimed processing" and proc == dict(claimed):
+            continue
+        law = _cell_law(target, ids, ref, mask, proc, [tuple(c) for c in observed])
+        ll = 0.0
+        for cell, c in observed.items():
+            pr = law.get(tuple(cell), 0.0)
+            ll += c * math.log(pr) if pr > 0 else -math.inf
+        scores[name] = ll
+    best = max(scores, key=lambda k: scores[k])
+    if best == "the claimed processing" or scores[best] == -math.inf:
+        return None
+    return f"{best} (log-likelihood {scores[best]:.1f} against {scores['the claimed processing']:.1f} for the claimed one)"
 
 
 class _Replay:
@@ -510,6 +565,10 @@ def audit_generate(
                 f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
         verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
                                            f"max_detectable_tv {max_detectable_tv:.4g}{more}")
+    if verdict == "lossy" and do_sample and ref.forward_passes <= _MAX_FIT_PASSES:
+        fit = _best_fit(target, ids, ref, mask, process, core.observed)
+        if fit is not None:
+            reason += f"; of a few processings, the draws fit best {fit}"
     with_prompt = getattr(draw, "with_prompt", 0)  # counted in this process (not on an executor's workers)
     if verdict == "lossy" and with_prompt > core.n / 2:
         reason += (f"; {with_prompt} of {core.n} draws start with the prompt's own ids: does the sampler return "

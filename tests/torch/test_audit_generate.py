@@ -229,3 +229,13 @@ def test_each_position_states_its_own_promise(pair: Any) -> None:
     d0 = rep.position_detectable[0]
     assert d0 is not None and rep.detectable_tv is not None and d0 <= rep.detectable_tv
     assert "position 0: " in rep.to_markdown()
+
+
+def test_a_lossy_sampler_is_told_what_it_fits(pair: Any) -> None:
+    """A sampler that ignores the claimed top-k (it samples the whole law at temperature 1): the
+    reason says that the draws fit temperature 1 without truncation better than the claim."""
+    target, tt, *_ = pair
+    rep = audit_generate(functools.partial(hsd_sampler, pair, method="ar", top_k=None), target, tt, PROMPT, n=300,
+                         top_k=TOP_K, seed=3)
+    assert rep.verdict == "lossy" and "fit best temperature 1" in rep.reason and "without top-k" in rep.reason, \
+        rep.reason
