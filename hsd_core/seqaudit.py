@@ -339,15 +339,14 @@ class SequenceEvidence:
         p = np.asarray(p, dtype=np.float64)
         x = np.asarray(x, dtype=np.int64)
         m = x.shape[0]
-        if prompt is not None and m and int(np.asarray(pos)[0]) == 0:
-            law, toks = self.first.setdefault(int(prompt), (p[0].copy(), []))
-            toks.append(int(x[0]))
         if p.ndim != 2 or p.shape[0] != m:
             raise ValueError(f"p must be [m, V] with m = {m} rows, got shape {p.shape}")
         if (q is None) == self.drafter:
             raise ValueError("q must be given exactly when the evidence was made with drafter=True")
         if (extra is None) == self.extra:
             raise ValueError("extra must be given exactly when the evidence was made with extra=True")
+        if prompt is not None and m and int(np.asarray(pos)[0]) == 0:
+            self.first.setdefault(int(prompt), (p[0].copy(), []))[1].append(int(x[0]))
         rows = np.arange(m)
         px = p[rows, x]
         ok = px > 0
