@@ -103,6 +103,10 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
         return f"--impl {args.impl} needs --drafter DIR (the assistant model of assisted generation)"
     if args.prompt is None:
         return f"--impl {args.impl} needs --prompt"
+    if args.sequences and args.positions != 2:
+        return "--positions is the first-token audit's; with --sequences every token is audited (--max-new-tokens L)"
+    if not args.sequences and args.max_new_tokens != 32:
+        return "--max-new-tokens is the sequence audit's: add --sequences (the first-token audit takes --positions)"
     drafter = args.drafter if _uses_drafter(args) else None
     problem = ca.folders_problem(args.target, drafter, args.target_tokenizer, args.drafter_tokenizer)
     if problem is not None:

@@ -290,3 +290,12 @@ def test_a_weak_promise_is_inconclusive(ckpt: Path, capsys: pytest.CaptureFixtur
     assert main(a) == 0
     out = capsys.readouterr().out
     assert "inconclusive" in out and "above max_detectable_tv 0.1" in out and "draws would reach it" in out
+
+
+@pytest.mark.parametrize("extra, says", [(["--sequences", "--positions", "3"], "--positions is the first-token"),
+                                         (["--max-new-tokens", "8"], "--max-new-tokens is the sequence audit's")])
+def test_options_of_the_other_audit_are_refused(ckpt: Path, extra: list[str], says: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+                 "--prompt", PROMPT, *extra]) == 2
+    assert says in capsys.readouterr().err
