@@ -196,6 +196,54 @@ class _Draw:
         return self.ref.cell(ids)
 
 
+class _TextCells:
+    """Text mode: the law of the decoded text of the first ``positions`` tokens, cells numbered
+    ``(i,)`` in order of the reference's cells (several token cells may decode to one text: their
+    masses add); ``(len(texts),)`` is "a text no such token sequence decodes to", of probability 0.
+    ``ValueError`` when the reference pooled cells (their texts are unknown, so the text law would
+    not be exact)."""
+
+    def __init__(self, ref: Reference, tokenizer: Any, prompt: str) -> None:
+        if ref.coarse_mass > 0:
+            raise ValueError(f"text=True needs every cell of the reference expanded, but {ref.coarse_mass:.4g} of the "
+                             "mass is pooled in rare / unexpanded cells, whose texts are unknown: give a top_k (or "
+                             "top_p) that keeps few tokens, fewer positions, or audit ids")
+        self.prompt = prompt
+        self.index: dict[str, int] = {}
+        law: dict[tuple[int, ...], float] = {}
+        for cell, p in ref.law.items():
+            t = tokenizer.decode(list(cell), skip_special_tokens=True)
+            i = self.index.setdefault(t, len(self.index))
+            law[(i,)] = law.get((i,), 0.0) + p
+        self.texts = list(self.index)
+        self.law = law
+
+    def cell(self, out: Any, what: str) -> tuple[int, ...]:
+        """The cell of a sampler's text (``TypeError`` for anything but a str)."""
+        if not isinstance(out, str):
+            raise TypeError(f"{what} a {type(out).__name__}, not the new text (a str; text=True)")
+        return (self.index.get(out, len(self.texts)),)
+
+    def text_of(self, cell: tuple[int, ...]) -> str:
+        return self.texts[cell[0]] if cell[0] < len(self.texts) else "<a text the target cannot write here>"
+
+    def starts_with_prompt(self, out: Any) -> bool:
+        return isinstance(out, str) and bool(self.prompt) and len(out) > len(self.prompt) and out.startswith(self.prompt)
+
+
+class _TextDraw:
+    """One audited draw in text mode (as :class:`_Draw`)."""
+
+    def __init__(self, sample_fn: Callable[[str, int], Any], prompt: str, texts: _TextCells) -> None:
+        self.sample_fn, self.prompt, self.texts, self.with_prompt = sample_fn, prompt, texts, 0
+
+    def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
+        seed = int(rng.integers(0, 2**32))
+        out = self.sample_fn(self.prompt, seed)
+        self.with_prompt += self.texts.starts_with_prompt(out)
+        return self.texts.cell(out, f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned")
+
+
 def _starts_with(ids: Sequence[int], head: Sequence[int]) -> bool:
     """Whether ``ids`` is ``head`` (non-empty) followed by more ids: a sampler returning prompt + new."""
     return bool(head) and len(ids) > len(head) and list(ids[:len(head)]) == list(head)
@@ -268,9 +316,9 @@ class _Replay:
         return self.cells[self.at - 1]
 
 
-def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]], prompt: str,
+def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Any]], prompt: str,
                    ref: Reference, width: int, n: int, seed: int, chunk_size: int, batch_size: int,
-                   head: Sequence[int]) -> _Replay:
+                   head: Sequence[int], texts: _TextCells | None = None) -> _Replay:
     """The cells of ``n`` draws of a batched sampler, each draw with the seed it would get from
     :class:`_Draw` (chunk ``j``'s generator, one 32-bit integer per draw, in order), to replay."""
     seeds: list[int] = []
@@ -285,6 +333,10 @@ def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Se
         if len(outs) != len(sb):
             raise ValueError(f"sample_batch_fn returned {len(outs)} outputs for {len(sb)} prompts")
         for s, out in zip(sb, outs):
+            if texts is not None:
+                cells.append(texts.cell(out, f"sample_batch_fn (the draw with seed {s}) returned"))
+                with_prompt += texts.starts_with_prompt(out)
+                continue
             ids = _as_ids(out, f"sample_batch_fn (the draw with seed {s}) returned", width)
             with_prompt += _starts_with(ids, head)
             cells.append(ref.cell(ids))
@@ -464,9 +516,10 @@ def audit_generate(
     chunk_size: int = 1000,
     power: float = 0.99,
     name: str | None = None,
-    sample_batch_fn: Callable[[list[str], list[int]], Sequence[Sequence[int]]] | None = None,
+    sample_batch_fn: Callable[[list[str], list[int]], Sequence[Any]] | None = None,
     batch_size: int = 64,
     max_detectable_tv: float | None = 0.1,
+    text: bool = False,
 ) -> GenerateAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s own
     law of the first ``positions`` new tokens (module docstring).
@@ -485,7 +538,12 @@ def audit_generate(
     seeds are those the draws would get one by one; its rows must be independent draws; not with
     ``executor``). ``max_detectable_tv``: a verdict that would be "lossless-consistent" with a
     detectable TV above it is "inconclusive", and the reason says about how many draws would reach
-    it (None: no threshold). Returns a :class:`GenerateAuditReport`.
+    it (None: no threshold). ``text=True``: the sampler returns the new **text** of exactly
+    ``positions`` tokens (ask it for ``max_new_tokens=positions``), and the cells are texts: the
+    reference is the law of ``target_tokenizer.decode(ids, skip_special_tokens=True)`` of the first
+    ``positions`` tokens, which is exact only when no cell was pooled (``ValueError`` otherwise: give
+    a top-k or top-p that keeps few tokens, or fewer positions); a text no such token sequence
+    decodes to is a draw of probability 0. Returns a :class:`GenerateAuditReport`.
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -532,14 +590,21 @@ def audit_generate(
     ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
     label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
     draw: Any
+    law: dict[tuple[int, ...], float] = ref.law
+    texts: _TextCells | None = None
+    if text:
+        texts = _TextCells(ref, target_tokenizer, prompt)
+        law = texts.law
     if sample_batch_fn is not None:
         draw = _batched_cells(sample_batch_fn, prompt, ref, width, int(n), seed, chunk_size,
-                              as_int("batch_size", batch_size, 1), ids)
+                              as_int("batch_size", batch_size, 1), ids, texts)
+    elif texts is not None:
+        draw = _TextDraw(sample_fn, prompt, texts)  # type: ignore[arg-type]
     else:
         draw = _Draw(sample_fn, prompt, ref, width, ids)  # type: ignore[arg-type]
-    core = audit_sampler(draw, ref.law, n=int(n), alpha=alpha, power=power,
+    core = audit_sampler(draw, law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
-                         prefixes=list(ref.frequent), name=label,
+                         prefixes=[] if text else list(ref.frequent), name=label,
                          rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}")
     detectable: float | None = None
     hidden = ref.coarse_mass
@@ -565,31 +630,35 @@ def audit_generate(
                 f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
         verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
                                            f"max_detectable_tv {max_detectable_tv:.4g}{more}")
-    if verdict == "lossy" and do_sample and ref.forward_passes <= _MAX_FIT_PASSES:
+    if verdict == "lossy" and do_sample and not text and ref.forward_passes <= _MAX_FIT_PASSES:
         fit = _best_fit(target, ids, ref, mask, process, core.observed)
         if fit is not None:
             reason += f"; of a few processings, the draws fit best {fit}"
     with_prompt = getattr(draw, "with_prompt", 0)  # counted in this process (not on an executor's workers)
     if verdict == "lossy" and with_prompt > core.n / 2:
-        reason += (f"; {with_prompt} of {core.n} draws start with the prompt's own ids: does the sampler return "
-                   "prompt + new ids? return only the new ones")
-    est, ci, null, corrected = _tv_stats(ref.law, core.observed, core.n, seed)
+        what = "text" if text else "ids"
+        reason += (f"; {with_prompt} of {core.n} draws start with the prompt's own {what}: does the sampler return "
+                   f"prompt + new {what}? return only the new ones")
+    est, ci, null, corrected = _tv_stats(law, core.observed, core.n, seed)
 
     pos_det: list[float | None] = []
-    for j, d in enumerate(core.position_detectable):
+    for j, d in enumerate(() if text else core.position_detectable):
         reach = sum(p for c, p in ref.law.items() if len(c) > j)
         hid = sum(p for c, p in ref.law.items() if len(c) > j and c[j] in (ANY, RARE)) / reach if reach else 0.0
         pos_det.append(None if d is None or d + hid >= 1.0 else d + hid)
 
     def dec(rows: Sequence[Deviation]) -> tuple[DecodedDeviation, ...]:
+        if texts is not None:
+            return tuple(DecodedDeviation(tuple(d.output), repr(texts.text_of(tuple(d.output)))[1:-1],  # type: ignore[arg-type]
+                                          d.observed, d.expected) for d in rows)
         return tuple(DecodedDeviation(tuple(d.output), _decode(target_tokenizer, tuple(d.output)),  # type: ignore[arg-type]
                                       d.observed, d.expected) for d in rows)
 
     return GenerateAuditReport(
         verdict=verdict, reason=reason, n=core.n, alpha=alpha, seed=seed, positions=positions, do_sample=do_sample,
         processing=processing, detectable_tv=detectable, tv_estimate=est, tv_ci=ci, tv_null_q95=null,
-        cells=len(ref.law), coarse_mass=hidden, forward_passes=ref.forward_passes,
-        conditional_prefixes=ref.frequent, over=dec(_significant(core.over, core.n, len(ref.law))),
-        under=dec(_significant(core.under, core.n, len(ref.law))), core=core,
+        cells=len(law), coarse_mass=hidden, forward_passes=ref.forward_passes,
+        conditional_prefixes=() if text else ref.frequent, over=dec(_significant(core.over, core.n, len(law))),
+        under=dec(_significant(core.under, core.n, len(law))), core=core,
         prompt=prompt, name=label, tv_corrected=corrected, position_detectable=tuple(pos_det))
 

@@ -239,3 +239,28 @@ def test_a_lossy_sampler_is_told_what_it_fits(pair: Any) -> None:
                          top_k=TOP_K, seed=3)
     assert rep.verdict == "lossy" and "fit best temperature 1" in rep.reason and "without top-k" in rep.reason, \
         rep.reason
+
+
+def test_text_mode(pair: Any) -> None:
+    """text=True: the sampler returns the new text of its first two tokens; cells are texts (several
+    token pairs decoding alike add up). N = 800 draws at top-k 3 (at most 9 token pairs, no pooled
+    cell): lossless-consistent; at temperature 2 (TV about 0.3 on the ids): lossy; a text the target
+    cannot write there: lossy; no top-k (pooled cells): refused; a non-str output: TypeError."""
+    target, tt, *_ = pair
+
+    def as_text(temperature: float = 1.0) -> Any:
+        def fn(prompt: str, seed: int) -> str:
+            ids = hsd_sampler(pair, prompt, seed, temperature=temperature)
+            return str(tt.decode(ids, skip_special_tokens=True))
+        return fn
+    ok = audit_generate(as_text(), target, tt, PROMPT, n=N, top_k=TOP_K, seed=1, text=True, max_detectable_tv=MAX_TV)
+    assert ok.verdict == "lossless-consistent", ok.reason
+    assert ok.cells <= TOP_K ** 2 and all(isinstance(d.text, str) for d in ok.over + ok.under)
+    hot = audit_generate(as_text(2.0), target, tt, PROMPT, n=N, top_k=TOP_K, seed=2, text=True)
+    assert hot.verdict == "lossy", hot.reason
+    odd = audit_generate(lambda p, s: "\u2603 not a likely text", target, tt, PROMPT, n=N, top_k=TOP_K, text=True)
+    assert odd.verdict == "lossy"
+    with pytest.raises(ValueError, match="text=True needs every cell"):
+        audit_generate(as_text(), target, tt, PROMPT, n=50, text=True)
+    with pytest.raises(TypeError, match="not the new text"):
+        audit_generate(lambda p, s: [1, 2], target, tt, PROMPT, n=N, top_k=TOP_K, text=True)
