@@ -176,6 +176,10 @@ def audit_sequences(
         tt, dt = TokenText.get(target_tokenizer, width), TokenText.get(drafter_tokenizer, d_width)
         d_mask = torch.ones(d_width, dtype=torch.bool)
         d_contexts = [[int(i) for i in drafter_tokenizer(p)["input_ids"]] for p in plist]
+        for p, d in zip(plist, d_contexts):
+            if not d:
+                raise ValueError(f"prompt {p!r} encodes to no drafter ids: the drafter has no law before the first "
+                                 "token (give a longer prompt, or no drafter)")
     top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
     ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=int(seed),
                           drafter=drafter is not None, extra=top_extra, do_sample=do_sample, power_steps=power_steps,
