@@ -40,6 +40,7 @@ from hsd_core.seqaudit import (
 from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
+from .methods.tli import resync_ids
 from .runner import check_model, refuse_meta
 from .text import TokenText
 from .vocab import VocabBridge
@@ -229,14 +230,7 @@ def audit_sequences(
                     ends = []
                     for t in ids:
                         ends.append(len(d))
-                        dd = bridge.to_drafter_list[t]
-                        if dd >= 0:
-                            d.append(dd)
-                        else:
-                            if t not in memo:
-                                b = tt.bytes_of[t]
-                                memo[t] = [] if b is None else dt.encode(b, free=True)
-                            d.extend(memo[t])
+                        d.extend(resync_ids(t, bridge.to_drafter_list, tt, dt, memo))
                     drows.append(d)
                     dstarts.append(ends)
                 qs = _drafter_laws(drafter, bridge, drows, dstarts, d_mask, process, not do_sample, laws)

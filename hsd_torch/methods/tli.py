@@ -26,6 +26,7 @@ Greedy mode drafts the argmax of the drafter over the intersection (ties to the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,7 +44,7 @@ from .base import Method
 if TYPE_CHECKING:
     from ..rounds import Generation
 
-__all__ = ["TLI", "tli_columns"]
+__all__ = ["TLI", "resync_ids", "tli_columns"]
 
 _COLUMNS: IdentityCache[Any] = IdentityCache(16)
 
@@ -99,12 +100,20 @@ class TLI(Method):
         assert gen.bridge is not None and gen.dt is not None
         to_d, d_ctx = gen.bridge.to_drafter_list, gen.d_ctx[i]
         for t in out:
-            d = to_d[t]
-            if d >= 0:
-                d_ctx.append(d)
-                continue
-            ids = self.resync_memo.get(t)
-            if ids is None:
-                b = gen.tt.bytes_of[t]  # None: an id without text (the target's own law keeps them): no text
-                ids = self.resync_memo[t] = [] if b is None else gen.dt.encode(b, free=True)
-            d_ctx.extend(ids)
+            d_ctx.extend(resync_ids(t, to_d, gen.tt, gen.dt, self.resync_memo))
+
+
+def resync_ids(t: int, to_drafter: Sequence[int], tt: TokenText, dt: TokenText,
+               memo: dict[int, list[int]]) -> list[int]:
+    """The drafter ids target id ``t`` re-syncs to: the drafter id with its string
+    (``to_drafter[t] >= 0``), else the drafter's encoding of its text, memoized in ``memo``; none
+    for an id without text (the target's own law keeps them). What ``TLI.resync`` appends, and what
+    :func:`hsd_torch.audit.audit_sequences` builds the drafter's context from."""
+    d = to_drafter[t]
+    if d >= 0:
+        return [d]
+    ids = memo.get(t)
+    if ids is None:
+        b = tt.bytes_of[t]
+        ids = memo[t] = [] if b is None else dt.encode(b, free=True)
+    return ids
