@@ -178,22 +178,33 @@ def _prefix_mass(law: Mapping[tuple[int, ...], float], pre: tuple[int, ...]) -> 
     return sum(p for s, p in law.items() if s[:k] == pre and len(s) > k)
 
 
+class _IdCells:
+    """Id mode: a sampler's output checked (:func:`_as_ids`) and mapped to its reference cell, and
+    whether it starts with the prompt's ids (a sampler returning prompt + new ids)."""
+
+    def __init__(self, ref: Reference, width: int, head: Sequence[int]) -> None:
+        self.ref, self.width, self.head = ref, width, list(head)
+
+    def cell(self, out: Any, what: str) -> tuple[tuple[int, ...], bool]:
+        ids = _as_ids(out, what, self.width)
+        return self.ref.cell(ids), _starts_with(ids, self.head)
+
+
 class _Draw:
     """One audited draw: ``sample_fn(prompt, seed)`` with a 32-bit seed from the chunk's generator,
-    its output checked (:func:`_as_ids`, naming the draw by its seed) and mapped to its cell. A class
-    (not a closure) so process executors can pickle it."""
+    its output checked and mapped to its cell by ``cells`` (:class:`_IdCells` or :class:`_TextCells`,
+    naming the draw by its seed); ``with_prompt`` counts the outputs that start with the prompt. A
+    class (not a closure) so process executors can pickle it."""
 
-    def __init__(self, sample_fn: Callable[[str, int], Sequence[int]], prompt: str, ref: Reference,
-                 width: int, head: Sequence[int] = ()) -> None:
-        self.sample_fn, self.prompt, self.ref, self.width = sample_fn, prompt, ref, width
-        self.head, self.with_prompt = list(head), 0
+    def __init__(self, sample_fn: Callable[[str, int], Any], prompt: str, cells: _IdCells | _TextCells) -> None:
+        self.sample_fn, self.prompt, self.cells, self.with_prompt = sample_fn, prompt, cells, 0
 
     def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
         seed = int(rng.integers(0, 2**32))
-        ids = _as_ids(self.sample_fn(self.prompt, seed),
-                      f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned", self.width)
-        self.with_prompt += _starts_with(ids, self.head)
-        return self.ref.cell(ids)
+        cell, with_prompt = self.cells.cell(self.sample_fn(self.prompt, seed),
+                                            f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned")
+        self.with_prompt += with_prompt
+        return cell
 
 
 class _TextCells:
@@ -218,30 +229,16 @@ class _TextCells:
         self.texts = list(self.index)
         self.law = law
 
-    def cell(self, out: Any, what: str) -> tuple[int, ...]:
-        """The cell of a sampler's text (``TypeError`` for anything but a str)."""
+    def cell(self, out: Any, what: str) -> tuple[tuple[int, ...], bool]:
+        """The cell of a sampler's text (``TypeError`` for anything but a str), and whether the text
+        starts with the prompt (a sampler returning prompt + new text)."""
         if not isinstance(out, str):
             raise TypeError(f"{what} a {type(out).__name__}, not the new text (a str; text=True)")
-        return (self.index.get(out, len(self.texts)),)
+        with_prompt = bool(self.prompt) and len(out) > len(self.prompt) and out.startswith(self.prompt)
+        return (self.index.get(out, len(self.texts)),), with_prompt
 
     def text_of(self, cell: tuple[int, ...]) -> str:
         return self.texts[cell[0]] if cell[0] < len(self.texts) else "<a text the target cannot write here>"
-
-    def starts_with_prompt(self, out: Any) -> bool:
-        return isinstance(out, str) and bool(self.prompt) and len(out) > len(self.prompt) and out.startswith(self.prompt)
-
-
-class _TextDraw:
-    """One audited draw in text mode (as :class:`_Draw`)."""
-
-    def __init__(self, sample_fn: Callable[[str, int], Any], prompt: str, texts: _TextCells) -> None:
-        self.sample_fn, self.prompt, self.texts, self.with_prompt = sample_fn, prompt, texts, 0
-
-    def __call__(self, rng: np.random.Generator) -> tuple[int, ...]:
-        seed = int(rng.integers(0, 2**32))
-        out = self.sample_fn(self.prompt, seed)
-        self.with_prompt += self.texts.starts_with_prompt(out)
-        return self.texts.cell(out, f"sample_fn({self.prompt!r}, {seed}) (the draw with seed {seed}) returned")
 
 
 def _starts_with(ids: Sequence[int], head: Sequence[int]) -> bool:
@@ -317,8 +314,7 @@ class _Replay:
 
 
 def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[Any]], prompt: str,
-                   ref: Reference, width: int, n: int, seed: int, chunk_size: int, batch_size: int,
-                   head: Sequence[int], texts: _TextCells | None = None) -> _Replay:
+                   cells_of: _IdCells | _TextCells, n: int, seed: int, chunk_size: int, batch_size: int) -> _Replay:
     """The cells of ``n`` draws of a batched sampler, each draw with the seed it would get from
     :class:`_Draw` (chunk ``j``'s generator, one 32-bit integer per draw, in order), to replay."""
     seeds: list[int] = []
@@ -333,13 +329,9 @@ def _batched_cells(sample_batch_fn: Callable[[list[str], list[int]], Sequence[An
         if len(outs) != len(sb):
             raise ValueError(f"sample_batch_fn returned {len(outs)} outputs for {len(sb)} prompts")
         for s, out in zip(sb, outs):
-            if texts is not None:
-                cells.append(texts.cell(out, f"sample_batch_fn (the draw with seed {s}) returned"))
-                with_prompt += texts.starts_with_prompt(out)
-                continue
-            ids = _as_ids(out, f"sample_batch_fn (the draw with seed {s}) returned", width)
-            with_prompt += _starts_with(ids, head)
-            cells.append(ref.cell(ids))
+            cell, starts = cells_of.cell(out, f"sample_batch_fn (the draw with seed {s}) returned")
+            cells.append(cell)
+            with_prompt += starts
     return _Replay(cells, with_prompt)
 
 
@@ -595,13 +587,13 @@ def audit_generate(
     if text:
         texts = _TextCells(ref, target_tokenizer, prompt)
         law = texts.law
+    cells_of = texts if texts is not None else _IdCells(ref, width, ids)
     if sample_batch_fn is not None:
-        draw = _batched_cells(sample_batch_fn, prompt, ref, width, int(n), seed, chunk_size,
-                              as_int("batch_size", batch_size, 1), ids, texts)
-    elif texts is not None:
-        draw = _TextDraw(sample_fn, prompt, texts)  # type: ignore[arg-type]
+        draw = _batched_cells(sample_batch_fn, prompt, cells_of, int(n), seed, chunk_size,
+                              as_int("batch_size", batch_size, 1))
     else:
-        draw = _Draw(sample_fn, prompt, ref, width, ids)  # type: ignore[arg-type]
+        assert sample_fn is not None
+        draw = _Draw(sample_fn, prompt, cells_of)
     core = audit_sampler(draw, law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
                          prefixes=[] if text else list(ref.frequent), name=label,
