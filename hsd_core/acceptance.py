@@ -34,7 +34,8 @@ def first_candidate_law(method: SLEM | SLRS, target: Model, drafter: Model, stat
     """psi: exact law over target ids of the first candidate SLEM's procedure reads off the draft."""
 
     def first(rand: Rand) -> int:
-        return draft_candidates(target, drafter, state, rand, method.lookahead, False, method.lookbehind)[0]
+        return draft_candidates(target, drafter, state, rand, method.lookahead, False, method.lookbehind,
+                                resync=method.resync)[0]
 
     law = Enumerator().law(first)
     zero: Prob = Fraction(0)

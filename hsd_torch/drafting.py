@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hsd_core.methods.resync import Resync, ResyncMemo, drafter_context_ids
+
 from . import kernels
 from .laws import TextSpace, space_law
 from .rounds import Drafts
@@ -42,16 +44,34 @@ class DraftColumns:
     stop_on_empty: bool
 
 
-def drafter_context_from_text(gen: Generation, active: Sequence[bool]) -> None:
-    """Each active row's drafter context becomes its encoding of (prompt + emitted text) after its
-    special prefix (and its own chat template's ids of a conversation, ``gen.d_head``): the drafter
-    is re-synced from the accepted text (SLEM, SLRS). What the drafter
-    cannot encode is left out (``TokenText.encode(free=True)``: its context only shapes proposals)."""
+def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: Resync) -> None:
+    """Each active row's drafter context becomes its ids of (prompt + emitted text) under ``resync``
+    (``hsd_core.methods.resync.drafter_context_ids``, the rule ``hsd_core``'s SLEM and SLRS use, over
+    bytes), after its special prefix (and its own chat template's ids of a conversation,
+    ``gen.d_head``): the drafter is re-synced from the accepted text (SLEM, SLRS), re-encoding
+    only the tail that can change (each row keeps a memo of its committed blocks, and its emitted
+    text is decoded once per id). What the drafter cannot encode is left out
+    (``TokenText.encode(free=True)``: its context only shapes proposals)."""
     dt, tt = gen.dt, gen.tt
     assert dt is not None
-    gen.d_ctx = [gen.d_start[i] + gen.d_head[i] + dt.encode(gen.prompt_bytes[i] + tt.decode(gen.emitted[i]),
-                                                            free=True)
-                 if active[i] else gen.d_ctx[i] for i in range(gen.batch)]
+    if len(gen.d_memos) != gen.batch:
+        gen.d_memos = [ResyncMemo(b"") for _ in range(gen.batch)]
+        gen.e_text = [(0, b"") for _ in range(gen.batch)]
+
+    def encode(b: bytes) -> list[int]:
+        return dt.encode(b, free=True)
+
+    for i in range(gen.batch):
+        if not active[i]:
+            continue
+        n, text = gen.e_text[i]
+        emitted = gen.emitted[i]
+        if n > len(emitted):  # never within a generation (emitted ids only grow): start afresh
+            n, text = 0, b""
+        text += tt.decode(emitted[n:])
+        gen.e_text[i] = (len(emitted), text)
+        gen.d_ctx[i] = gen.d_start[i] + gen.d_head[i] + drafter_context_ids(gen.prompt_bytes[i] + text, encode,
+                                                                            dt.decode, resync, gen.d_memos[i])
 
 
 def drafting_uniforms(gen: Generation, k: Sequence[int]) -> list[list[float]]:

@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from hsd_core.methods.resync import Resync
+
 from ._args import as_int
 from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
@@ -84,6 +86,7 @@ def generate(
     drafter_temperature: float | None = None,
     record_uniforms: bool = False,
     lookbehind: int | None = None,
+    resync: Resync | None = None,
     progress: Callable[[int], None] | None = None,
     min_path_prob: float | None = None,
     proposal_map: str | None = None,
@@ -105,15 +108,14 @@ def generate(
     ``attention_mask``): the target's context is what transformers feeds (:mod:`hsd_torch.prompts`).
     ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring); options a method does not
     use are refused: ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind``
-    (SLEM's, None: 4), ``proposal_map="longest_prefix"`` and ``min_path_prob`` (bounded SLRS, needed
-    beyond ``lookahead=1``; greedy needs no stop), ``max_tokens`` (bounded SLRS's target ids per
-    round, default 1; None: up to the budget).
+    (SLEM's, None: 4), ``resync`` (SLEM's and SLRS's drafter re-sync, ``hsd_core.methods.Resync``),
+    ``proposal_map="longest_prefix"``, ``min_path_prob`` (bounded SLRS, needed beyond lookahead 1;
+    greedy needs none), ``max_tokens`` (its target ids per round, 1; None: up to the budget).
 
     ``do_sample=False``: greedy (argmax, ties to the lowest id); ``temperature`` (1e-3 to 1e3),
     ``top_k``, ``top_p``: both models' processing (:func:`process_logits`; ``drafter_temperature``
     replaces the drafter's, which is free); ``seed``: an int, a ``torch.Generator`` or None.
-    ``mask_textless=True`` removes ids without text (but EOS and the end ids) from the target's law
-    (``hsd_core``'s setting); by default the law is the target's own over every id.
+    ``mask_textless=True`` removes ids without text (not EOS, end ids) from the target's law (as ``hsd_core``).
     ``generation_config`` (None: the target's): end ids, ``min_new_tokens`` and ``stop_strings`` are
     honoured, fields that change the law otherwise are refused (:mod:`hsd_torch.genconfig`);
     ``logits_processor``, ``min_new_tokens``, ``stop_strings``: as transformers applies them, at
@@ -134,7 +136,7 @@ def generate(
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
-             proposal_map=proposal_map, max_tokens=max_tokens)
+             proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
     config = _check_config(target, generation_config)
     extras = _check_extras(config, logits_processor, min_new_tokens, stop_strings)

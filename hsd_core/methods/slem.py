@@ -13,7 +13,7 @@ Glossary
 
 Steps of one round
     1. Drafter context = the drafter's encoding of (prompt + decoded emitted ids): it is re-synced
-       from the accepted text every round.
+       from the accepted text every round, incrementally (``resync``, :mod:`.resync`).
     2. Draft ``min(k, budget)`` drafter tokens (sampling, or argmax when greedy), stopping after
        drafter EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
@@ -31,6 +31,7 @@ from ..laws import argmax
 from ..models import Model
 from .base import HeterogeneousMethod, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind, draft_autoregressive, sample
 from ..rand import Rand
+from .resync import Resync, as_resync, drafter_context_ids
 
 
 def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) -> tuple[int, ...]:
@@ -52,6 +53,13 @@ def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) 
     raise AssertionError("unreachable: the empty look-behind always matches")
 
 
+def drafter_context(target: Model, drafter: Model, state: State, resync: Resync | None) -> tuple[int, ...]:
+    """Step 1: the drafter's ids of (prompt + decoded emitted ids) under ``resync``
+    (:func:`hsd_core.methods.resync.drafter_context_ids`; ``None``: the default :class:`Resync`)."""
+    tok = drafter.tokenizer
+    return tuple(drafter_context_ids(state.text(target), tok.encode, tok.decode, as_resync(resync)))
+
+
 def draft_candidates(
     target: Model,
     drafter: Model,
@@ -61,13 +69,15 @@ def draft_candidates(
     greedy: bool,
     lookbehind: int,
     target_ctx: tuple[int, ...] | None = None,
+    resync: Resync | None = None,
 ) -> tuple[int, ...]:
-    """SLEM's proposal: steps 1-3 of a round (shared with SLRS, whose psi is this function's law).
+    """SLEM's proposal: steps 1-3 of a round (shared with SLRS, whose psi is this function's law);
+    the drafter's context is :func:`drafter_context` under ``resync`` (``None``: the default).
 
     Returns the candidate target ids (never empty: the drafter either writes text or ends).
     """
     ctx_t = state.target_context(target) if target_ctx is None else target_ctx
-    d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+    d_ctx = drafter_context(target, drafter, state, resync)
     drafts, _ = draft_autoregressive(drafter, d_ctx, lookahead, rand, greedy)
     ended = bool(drafts) and drafts[-1] == drafter.vocab.eos_id
     text = drafter.tokenizer.decode(drafts)
@@ -79,15 +89,18 @@ class SLEM(HeterogeneousMethod):
     """String-level exact match: the target keeps the longest prefix of the re-tokenized draft that
     agrees with its own draws, plus one token of its own.
 
-    Defaults: ``lookahead=3``, ``greedy=False``, ``lookbehind=4``.
+    Defaults: ``lookahead=3``, ``greedy=False``, ``lookbehind=4`` (the target's re-tokenization),
+    ``resync=Resync(stride=256, lookbehind=4)`` (the drafter's context, :mod:`.resync`).
     """
 
     name = "SLEM"
 
-    def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4) -> None:
+    def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4,
+                 resync: Resync | None = Resync()) -> None:
         self.lookahead = check_lookahead(lookahead)
         self.greedy = check_greedy(greedy)
         self.lookbehind = check_lookbehind(lookbehind)
+        self.resync = as_resync(resync)
 
     def _target_context(self, target: Model, state: State) -> tuple[int, ...]:
         return state.target_context(target)
@@ -95,7 +108,7 @@ class SLEM(HeterogeneousMethod):
     def candidates(self, target: Model, drafter: Model, state: State, rand: Rand) -> tuple[int, ...]:
         """The round's candidate target ids (steps 1-3)."""
         return draft_candidates(target, drafter, state, rand, min(self.lookahead, state.budget), self.greedy,
-                                self.lookbehind, state.target_context(target))
+                                self.lookbehind, state.target_context(target), self.resync)
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
         assert drafter is not None

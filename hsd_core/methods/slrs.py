@@ -14,7 +14,8 @@ Glossary
     bonus       a token from p after the last proposal, when every proposal is accepted.
 
 The drafting procedure, exactly: the drafter's context is its encoding of (prompt + decoded
-emitted ids); it drafts ``min(k, budget)`` tokens autoregressively from its own law (argmax when greedy),
+emitted ids), re-synced incrementally (``resync``, :mod:`.resync`); it drafts ``min(k, budget)``
+tokens autoregressively from its own law (argmax when greedy),
 stopping after its EOS; the drafted text is re-tokenized for the target after the target
 context with SLEM's look-behind (:func:`~hsd_core.methods.slem.retokenize`), with the target EOS
 appended when the drafter ended; the proposal is the first ``max_tokens`` of those ids (all of
@@ -60,7 +61,8 @@ from ..tokenizers import Tokenizer
 from ..vocab import Vocabulary
 from .base import (HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead,
                    check_lookbehind, sample)
-from .slem import draft_candidates, retokenize
+from .resync import Resync, as_resync
+from .slem import draft_candidates, drafter_context, retokenize
 
 Proposal = tuple[int, ...]
 
@@ -184,7 +186,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
     Defaults: ``lookahead=2``, ``max_tokens=1``, ``greedy=False``, ``lookbehind=4``,
     ``max_psi_calls=200_000`` (the cost guard of :meth:`psi`; above it, ``CostLimitError``),
     ``min_path_prob=None``, ``proposal_map='retokenize'`` (these two give the procedure of the
-    module docstring exactly).
+    module docstring exactly), ``resync=Resync(stride=256, lookbehind=4)`` (the drafter's context, :mod:`.resync`).
 
     The bounded procedure: ``min_path_prob=tau`` (0 < tau <= 1, a Fraction or float) stops a draft
     path once its drafter probability is below ``tau``, so psi costs at most
@@ -197,8 +199,10 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
 
     def __init__(self, lookahead: int = 2, max_tokens: int | None = 1, greedy: bool = False,
                  lookbehind: int = 4, max_psi_calls: int = DEFAULT_MAX_PSI_CALLS,
-                 min_path_prob: Prob | float | None = None, proposal_map: str = "retokenize") -> None:
+                 min_path_prob: Prob | float | None = None, proposal_map: str = "retokenize",
+                 resync: Resync | None = Resync()) -> None:
         self.lookahead = check_lookahead(lookahead)
+        self.resync = as_resync(resync)
         if min_path_prob is not None:
             if isinstance(min_path_prob, bool) or not isinstance(min_path_prob, (int, float, Fraction)) \
                     or not 0 <= min_path_prob <= 1:
@@ -240,7 +244,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         m = state.budget if self.max_tokens is None else min(self.max_tokens, state.budget)
         if not self.bounded:
             cands = draft_candidates(target, drafter, state, rand, min(self.lookahead, state.budget), self.greedy,
-                                     self.lookbehind)
+                                     self.lookbehind, resync=self.resync)
             return cands[:m]
         return self._propose_bounded(target, drafter, state, rand, m)
 
@@ -253,7 +257,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         """The bounded procedure: draft until the drafter's EOS, ``min(lookahead, budget)`` tokens, a path
         probability below ``min_path_prob``, or (longest-prefix map) a settled proposal; then read
         the first ``m`` target ids off the drafted text (target EOS appended after drafter EOS)."""
-        d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+        d_ctx = drafter_context(target, drafter, state, self.resync)
         eos_d = drafter.vocab.eos_id
         longest = self.proposal_map == "longest_prefix"
         pmap = self.prefix_map(target.vocab) if longest else None
@@ -292,7 +296,7 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         :class:`~hsd_core.rand.CostLimitError`."""
         target, drafter = checked(target, "target"), checked(drafter, "drafter")
         key = (id(target), id(drafter), state, self.lookahead, self.max_tokens, self.greedy, self.lookbehind,
-               self.min_path_prob, self.proposal_map)
+               self.min_path_prob, self.proposal_map, self.resync)
         hit = self._psi_cache.get(key)
         if hit is not None and self._models.get(id(target)) is target and self._models.get(id(drafter)) is drafter:
             return hit

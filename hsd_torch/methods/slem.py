@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hsd_core.methods.resync import Resync
+
 from ..drafting import DraftColumns, draft_tokens, drafter_context_from_text
 from ..rounds import Drafts, Verdicts
 from ..text import TokenText, Unencodable
@@ -55,12 +57,13 @@ def retokenize(text_of: TokenText, ctx: Sequence[int], text: bytes, lookbehind: 
 
 
 class SLEM(Method):
-    """String-level exact match with look-behind ``lookbehind``."""
+    """String-level exact match with look-behind ``lookbehind`` (the target's re-tokenization) and
+    the drafter's context re-synced under ``resync`` (:mod:`hsd_core.methods.resync`)."""
 
     name = "slem"
 
-    def __init__(self, lookbehind: int) -> None:
-        self.lookbehind = lookbehind
+    def __init__(self, lookbehind: int, resync: Resync = Resync()) -> None:
+        self.lookbehind, self.text_resync = lookbehind, resync
 
     def setup(self, gen: Generation) -> None:
         """Drafts come from the drafter's whole text space; candidates are mapped after re-tokenizing."""
@@ -70,7 +73,7 @@ class SLEM(Method):
     def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
         """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
         assert gen.dt is not None
-        drafter_context_from_text(gen, active)
+        drafter_context_from_text(gen, active, self.text_resync)
         k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
         out, drafts_d = draft_tokens(gen, active, k, self.cols)
         tt, t_pos, eos_d = gen.tt, gen.t_space.pos, gen.dt.eos_id

@@ -14,7 +14,7 @@ import pytest
 
 import hsd_core as hc
 from hsd_core.exact import LossyError, assert_laws_equal
-from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, State
+from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Resync, State
 from hsd_core.methods.base import check_lookbehind, truncate
 from hsd_core.worlds import builtin_world
 
@@ -89,10 +89,10 @@ def test_truncate_stops_at_eos_and_budget() -> None:
 DEFAULTS: dict[type, dict[str, Any]] = {
     AR: {"greedy": False},
     SD: {"lookahead": 3, "greedy": False},
-    SLEM: {"lookahead": 3, "greedy": False, "lookbehind": 4},
+    SLEM: {"lookahead": 3, "greedy": False, "lookbehind": 4, "resync": Resync()},
     TLI: {"lookahead": 3, "greedy": False},
     SLRS: {"lookahead": 2, "max_tokens": 1, "greedy": False, "lookbehind": 4, "max_psi_calls": 200_000,
-           "min_path_prob": None, "proposal_map": "retokenize"},
+           "min_path_prob": None, "proposal_map": "retokenize", "resync": Resync()},
 }
 
 

@@ -22,6 +22,7 @@ from hsd_core.laws import Law, Prob, argmax, residual
 from hsd_core.methods import AR, SD, SLEM, SLRS, TLI, Method, RoundOutcome, State
 from hsd_core.methods.base import RejectionVerifier, draft_autoregressive, sample
 from hsd_core.acceptance import closed_form_acceptance
+from hsd_core.methods.resync import Resync, ResyncMemo, drafter_context_ids
 from hsd_core.methods.slem import draft_candidates, retokenize
 from hsd_core.methods.slrs import LongestPrefixMap
 from hsd_core.methods.tli import drafter_context, intersection
@@ -439,6 +440,91 @@ def test_slem_acceptance_is_sum_p_psi(data: st.DataObject, k: int) -> None:
 def test_slem_full_law(w: World, k: int, n: int, greedy: bool) -> None:
     """SLEM's exact output law equals target_law (greedy: identical tokens)."""
     assert_lossless(SLEM(lookahead=k, greedy=greedy), w, n)
+
+
+@st.composite
+def resyncs(draw: st.DrawFn) -> Resync:
+    """A re-sync rule that cuts often on toy texts (strides 1-3), or the whole-text encoding."""
+    return Resync(draw(st.one_of(st.none(), st.integers(1, 3))), draw(st.integers(0, 2)))
+
+
+@MANY
+@given(tokenizers(), st.text("abc", max_size=12), resyncs(), st.lists(st.integers(0, 12), max_size=4))
+def test_resync_context_spells_the_text(tok: Tokenizer, text: str, rs: Resync, cuts: list[int]) -> None:
+    """The incremental re-sync (proofs/slem.md step 1) is a function of the text alone: it spells
+    the text, equals the whole text's encoding when no block is complete (or ``stride=None``),
+    and a memo carried over any growing sequence of prefixes (or a text that does not extend the
+    memo's) gives the same ids as a fresh computation."""
+    ids = drafter_context_ids(text, tok.encode, tok.decode, rs)
+    assert tok.decode(ids) == text
+    if rs.stride is None or len(text) < rs.stride:
+        assert ids == tok.encode(text)
+    memo: ResyncMemo[str] = ResyncMemo("")
+    for c in sorted(cuts) + [len(text)]:
+        assert drafter_context_ids(text[:c], tok.encode, tok.decode, rs, memo) == \
+            drafter_context_ids(text[:c], tok.encode, tok.decode, rs)
+    other = text[::-1] + "a"
+    assert drafter_context_ids(other, tok.encode, tok.decode, rs, memo) == \
+        drafter_context_ids(other, tok.encode, tok.decode, rs)
+
+
+def test_resync_lookbehind_repairs_a_cut() -> None:
+    """Pinned: with merges ``a+b``, the text ``ab`` cut after ``a`` is ``[a, b]`` without look-behind
+    and the whole text's ``[ab]`` with look-behind 1 (the cut's last id stays pending)."""
+    from hsd_core.tokenizers import BPETokenizer
+    tok = BPETokenizer(Vocabulary(["a", "b", "ab"]), [("a", "b")])
+    assert tok.encode("ab") == [2]
+    assert drafter_context_ids("ab", tok.encode, tok.decode, Resync(1, 0)) == [0, 1]
+    assert drafter_context_ids("ab", tok.encode, tok.decode, Resync(1, 1)) == [2]
+    assert drafter_context_ids("abab", tok.encode, tok.decode, Resync(2, 0)) == [2, 2]
+
+
+def test_resync_refusals() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="stride"):
+            Resync(bad)  # type: ignore[arg-type]
+    for bad in (-1, 0.5, False):
+        with pytest.raises(ValueError, match="lookbehind"):
+            Resync(4, bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Resync"):
+        SLEM(resync=4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Resync"):
+        SLRS(resync=(4, 1))  # type: ignore[arg-type]
+
+
+@SOME
+@given(world_strategy(), st.integers(1, 2), st.integers(1, 3), st.booleans(), resyncs())
+def test_slem_incremental_resync_is_lossless(w: World, k: int, n: int, greedy: bool, rs: Resync) -> None:
+    """SLEM with the drafter re-synced in blocks of 1-3 characters (a cut after almost every
+    character, so the drafter often sees another segmentation of the text) is lossless."""
+    assert_lossless(SLEM(lookahead=k, greedy=greedy, resync=rs), w, n)
+
+
+@FEW
+@given(world_strategy(), st.integers(1, 2), st.integers(1, 2), resyncs(), st.sampled_from([1, None]))
+def test_slrs_incremental_resync_is_lossless(w: World, k: int, n: int, rs: Resync, max_tokens: int | None) -> None:
+    """SLRS (one token and multi-token) with the incremental re-sync is lossless: psi is computed
+    by the same procedure under the same rule."""
+    assert_lossless(SLRS(lookahead=k, max_tokens=max_tokens, resync=rs), w, n)
+
+
+def test_resync_changes_proposals_on_a_pinned_world() -> None:
+    """The cut is not a no-op: on a pinned world the first-candidate law under ``Resync(1, 0)``
+    differs from the whole-text encoding's, and both methods stay lossless there."""
+    from hsd_core.tokenizers import BPETokenizer
+    vocab = Vocabulary(["a", "b", "ab"])
+    tok = BPETokenizer(vocab, [("a", "b")])
+    target = const_model(vocab, [F(1, 3), F(1, 3), F(1, 3), ZERO])
+    drafter = FunctionModel(vocab, tok, lambda ctx: [F(1, 2), F(1, 2), ZERO, ZERO] if len(ctx) == 1
+                            else [F(1, 6), F(1, 6), F(1, 2), F(1, 6)])
+    state = State("ab", (), 2)
+    whole = first_candidate_psi(target, drafter, state, 1, 4)
+    cut = vec(Enumerator().law(lambda rand: draft_candidates(target, drafter, state, rand, 1, False, 4,
+                                                             resync=Resync(1, 0))[0]), len(vocab))
+    assert whole != cut
+    w = World(target, drafter, "ab", "pinned")
+    for m in (SLEM(lookahead=2, resync=Resync(1, 0)), SLRS(lookahead=2, resync=Resync(1, 0))):
+        assert_lossless(m, w, 2)
 
 
 def test_slem_retokenized_context_counterexample() -> None:

@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hsd_core.methods import AR, SD, SLEM, SLRS, TLI  # noqa: E402
+from hsd_core.methods import Resync  # noqa: E402
 from hsd_core.methods.base import Method  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
@@ -69,12 +70,14 @@ FAST_CASES = CASES + SLRS_CASES[:1]
 GREEDY_CASES = CASES + SLRS_CASES
 
 
-def core_method(method: str, lookahead: int, greedy: bool = False) -> Method:
+def core_method(method: str, lookahead: int, greedy: bool = False, resync: Resync | None = None) -> Method:
     if method == "ar":
         return AR(greedy=greedy)
     if method == "slrs":
-        return SLRS(lookahead=1, lookbehind=0, greedy=greedy)
-    cls = {"sd": SD, "tli": TLI, "slem": SLEM}[method]
+        return SLRS(lookahead=1, lookbehind=0, greedy=greedy, resync=resync)
+    if method == "slem":
+        return SLEM(lookahead=lookahead, greedy=greedy, resync=resync)
+    cls = {"sd": SD, "tli": TLI}[method]
     return cls(lookahead=lookahead, greedy=greedy)  # type: ignore[no-any-return]
 
 
@@ -88,18 +91,21 @@ def unpack(pair: str, toks: dict[str, Any], models: dict[str, Any]) -> tuple[Any
 
 
 def check_mirror(method: str, pair: str, prompts: list[str], toks: dict[str, Any], models: dict[str, Any],
-                 **process: Any) -> None:
+                 resync: Resync | None = None, **process: Any) -> None:
+    """hsd_torch's output equals the reference's fed the same uniforms (``resync``: the drafter's
+    re-sync rule, on both sides)."""
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
     lookahead, max_new = (1 if method == "slrs" else 3), 10
     use_drafter = method != "ar"
+    extra = {} if resync is None else {"resync": resync}
     out = generate(target, drafter if use_drafter else None, prompts, target_tokenizer=tt,
                    drafter_tokenizer=dt if use_drafter else None, method=method, lookahead=lookahead,
-                   max_new_tokens=max_new, seed=11, record_uniforms=True, drafter_temperature=dtemp, **process)
+                   max_new_tokens=max_new, seed=11, record_uniforms=True, drafter_temperature=dtemp, **extra, **process)
     assert out.uniforms is not None
     ct = CoreModel(target, tt, **process)
     dprocess = dict(process, temperature=dtemp if dtemp is not None else process.get("temperature", 1.0))
     cd = CoreModel(drafter, dt, **dprocess) if use_drafter else None
-    ref_method = core_method(method, lookahead)
+    ref_method = core_method(method, lookahead, resync=resync)
     for i, prompt in enumerate(prompts):
         rand = UniformRand(out.uniforms[i])
         ref = ref_method.generate(ct, cd, core_text(prompt), max_new, rng=rand)
@@ -111,6 +117,16 @@ def check_mirror(method: str, pair: str, prompts: list[str], toks: dict[str, Any
 def test_mirror_reference_emits_the_same_tokens(method: str, pair: str, toks: dict[str, Any],
                                                 models: dict[str, Any]) -> None:
     check_mirror(method, pair, PROMPTS[:FAST // 2 if method == "slrs" else FAST], toks, models)
+
+
+@pytest.mark.parametrize("method,pair,resync", [("slem", "fallback<-bpe", Resync(3, 1)), ("slem", "bpe<-unigram", Resync(2, 0)),
+                                               ("slrs", "unigram<-fallback", Resync(2, 0))])
+def test_mirror_incremental_resync(method: str, pair: str, resync: Resync, toks: dict[str, Any],
+                                   models: dict[str, Any]) -> None:
+    """The drafter's incremental re-sync is hsd_core's rule over bytes: at strides of 2-3 bytes (a
+    cut every few bytes) the reference under the same rule emits the same tokens (the contexts
+    themselves are compared in test_resync_torch.py)."""
+    check_mirror(method, pair, PROMPTS[:FAST], toks, models, resync=resync)
 
 
 @pytest.mark.parametrize("method,pair", [("tli", "bpe<-unigram"), ("slem", "fallback<-bpe"), ("sd", "bpe<-self")])

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from hsd_core.methods.resync import Resync
+
 from ..._args import is_int, is_real
 from ..._cache import IdentityCache
 from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
@@ -170,9 +172,13 @@ def slrs_columns(tt: TokenText, dt: TokenText, t_space: TextSpace, d_space: Text
 
 
 class SLRS(Method):
-    """The paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0)``)."""
+    """The paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1, lookbehind=0,
+    resync=resync)``)."""
 
     name = "slrs"
+
+    def __init__(self, resync: Resync = Resync()) -> None:
+        self.text_resync = resync
 
     def setup(self, gen: Generation) -> None:
         """The first-target map's columns and psi's pushforward."""
@@ -185,7 +191,7 @@ class SLRS(Method):
         """One drafter token per active row, proposing its first target id; a draft that maps to no
         target id (:attr:`FirstTargetMap.unmappable`) proposes nothing (its uniform is consumed):
         the row's round is the target's own token."""
-        drafter_context_from_text(gen, active)
+        drafter_context_from_text(gen, active, self.text_resync)
         k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
         out = draft_tokens(gen, active, k, self.cols)[0]
         for i in range(gen.batch):
@@ -210,8 +216,8 @@ class BoundedSLRSMethod(Method):
 
     name = "slrs"
 
-    def __init__(self, min_path_prob: float | None, max_tokens: int | None) -> None:
-        self.min_path_prob, self.max_tokens = min_path_prob, max_tokens
+    def __init__(self, min_path_prob: float | None, max_tokens: int | None, resync: Resync = Resync()) -> None:
+        self.min_path_prob, self.max_tokens, self.text_resync = min_path_prob, max_tokens, resync
 
     def setup(self, gen: Generation) -> None:
         """The psi procedure for this pair of tokenizers."""
@@ -223,7 +229,7 @@ class BoundedSLRSMethod(Method):
         """Each active row's proposal and its psi (multi-token: the conditional psi of each position),
         from the draft tree walked from its context; the drafting uniforms it read are recorded."""
         assert gen.drun is not None and gen.d_drop is not None
-        drafter_context_from_text(gen, active)
+        drafter_context_from_text(gen, active, self.text_resync)
         k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
         d_uniforms = drafting_uniforms(gen, k)
         last = feed_drafter(gen, [gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])

@@ -58,6 +58,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hsd_core.methods.resync import Resync, drafter_context_ids
+
 from ... import kernels
 from ...laws import process_with_drop
 from ...runner import Runner, logit_width
@@ -283,7 +285,8 @@ def _first(target_tokenizer: Any, target_vocab_size: int, drafter: Any, drafter_
     dev = next(drafter.parameters()).device
     bounded = BoundedSLRS(tt, dt, lookahead, min_path_prob, greedy, dev, max_tokens=1 if m is None else m)
     starts = [dt.start(p) for p in prompts]
-    ctx = [starts[i] + dt.encode(p.encode("utf-8"), free=True) for i, p in enumerate(prompts)]
+    ctx = [starts[i] + drafter_context_ids(p.encode("utf-8"), lambda b: dt.encode(b, free=True), dt.decode, Resync())
+           for i, p in enumerate(prompts)]  # the drafter's context in a first round (drafting module)
     runner = Runner(drafter, len(prompts), dt.eos_id, "drafter", window=True, n_prefix=[len(s) for s in starts])
     drop = ~dt.text_mask.to(dev)
 
