@@ -1,6 +1,13 @@
-"""What a round of ``hsd_torch.generate`` costs beyond the two models' forward passes (issue 9, section 2).
+"""What a round of ``hsd_torch.generate`` costs beyond the two models' forward passes (issue 9, section 2;
+on the real pair, issue 23, section 3).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py [--repeats 5] [--new 48]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py --pair real [--top-p 0.9 --temperature 0.7]
+
+``--pair real``: target Gemma-3-270M (262,144 ids), drafter SmolLM2-135M-Instruct (49,152 ids),
+both from ``hsd_torch.real_models`` (float32; installed with the README's real-model extra); no SD
+(no drafter shares Gemma's vocabulary). ``--top-p`` / ``--temperature``: both models' processing
+(the chat-style setting of issue 23 is ``--temperature 0.7 --top-p 0.9``).
 
 Setup: batch 1, one thread, float32, CPU. Target: GPT-2 style 6 layers x 320 (random init, peaked
 head) over a byte-level BPE of 4096 ids trained here (about 10M parameters); drafter: GPT-2 style 2
@@ -40,6 +47,8 @@ import torch  # noqa: E402
 from hsd_torch import generate, kernels, tiny  # noqa: E402
 
 PROMPT = "def parse(self, text):\n    "
+REAL_PROMPT = ("Write a short Python function that parses a date in the format YYYY-MM-DD and returns the "
+               "day of the week.\n\ndef day_of_week(date):\n    ")
 
 
 class Timer:
@@ -110,20 +119,39 @@ def setup() -> tuple[Any, Any, Any, Any, Any]:
     return tt, dt, target, drafter, same
 
 
+def setup_real() -> tuple[Any, Any, Any, Any, Any]:
+    """The real pair: (Gemma's tokenizer, SmolLM2's, Gemma-3-270M, SmolLM2-135M-Instruct, None)."""
+    from hsd_torch import real_models
+
+    target, tt = real_models.load("gemma-3-270m")
+    drafter, dt = real_models.load("smollm2-135m-instruct")
+    return tt, dt, target, drafter, None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--new", type=int, default=48, help="max_new_tokens per call")
-    ap.add_argument("--methods", default="ar,sd,tli,slem,slrs")
+    ap.add_argument("--methods", default=None, help="default: ar,sd,tli,slem,slrs (real pair: ar,tli,slem,slrs)")
+    ap.add_argument("--pair", choices=("tiny", "real"), default="tiny")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=None)
     args = ap.parse_args()
+    if args.methods is None:
+        args.methods = "ar,tli,slem,slrs" if args.pair == "real" else "ar,sd,tli,slem,slrs"
+    if args.pair == "real" and "sd" in args.methods.split(","):
+        ap.error("--pair real has no SD: no drafter shares Gemma's vocabulary")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tt, dt, target, drafter, same = setup()
+    tt, dt, target, drafter, same = setup_real() if args.pair == "real" else setup()
+    prompt = REAL_PROMPT if args.pair == "real" else PROMPT
     n_params = sum(p.numel() for p in target.parameters())
     print(f"setup {time.perf_counter() - t0:.1f} s; target {n_params / 1e6:.1f}M params, {len(tt)} ids; "
           f"drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params, {len(dt)} ids; "
           f"torch {torch.__version__}, 1 thread")
-    timers = {id(m): Timer(m) for m in (target, drafter, same)}
+    print(f"pair {args.pair}, temperature {args.temperature}, top_p {args.top_p}, {args.new} new tokens, "
+          f"lookahead 4 (one-token SLRS 1)")
+    timers = {id(m): Timer(m) for m in (target, drafter, same) if m is not None}
     for name in ("_draw_host", "_rejection_host", "_exact_match_host"):  # what generate calls, through the module
         setattr(kernels, name, _timed(getattr(kernels, name)))
     methods = args.methods.split(",")
@@ -132,8 +160,9 @@ def main() -> None:
         d = None if method == "ar" else (same if method == "sd" else drafter)
         dtk = None if d is None else (tt if method == "sd" else dt)
         kws[method] = (d, dict(target_tokenizer=tt, drafter_tokenizer=dtk, method=method,
-                               lookahead=1 if method == "slrs" else 4, max_new_tokens=args.new))
-        generate(target, d, PROMPT, seed=0, **kws[method][1])  # warm-up: bridge, maps, allocator
+                               lookahead=1 if method == "slrs" else 4, max_new_tokens=args.new,
+                               temperature=args.temperature, top_p=args.top_p))
+        generate(target, d, prompt, seed=0, **kws[method][1])  # warm-up: bridge, maps, allocator
     rows: dict[str, dict[str, list[float]]] = {m: {k: [] for k in ("ratio", "ratio_best", "round", "fwd", "rounds", "toks",
                                                                     "kern", "ref", "ref_best")}
                                                for m in methods}
@@ -149,7 +178,7 @@ def main() -> None:
                 t.total = 0.0
             KERNEL_TIME[0] = 0.0
             t1 = time.perf_counter()
-            out = generate(target, d, PROMPT, seed=r + 1, **kw)
+            out = generate(target, d, prompt, seed=r + 1, **kw)
             wall = time.perf_counter() - t1
             inside = sum(t.total for t in timers.values())
             rounds = out.stats[0].target_calls

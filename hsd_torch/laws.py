@@ -124,19 +124,61 @@ def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: i
     device): ``[..., V]`` probabilities, float64 for float64 logits, else float32; what
     ``generate`` calls at every step, without re-deriving the mask."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    probs = _tempered_softmax((logits if logits.dtype == cdt else logits.to(cdt)).masked_fill(drop, float("-inf")),
-                              temperature, top_k)
+    x = logits if logits.dtype == cdt else logits.to(cdt)
+    if drop.device.type != "cpu" or bool(drop.any()):  # nothing removed (the target's own law): no pass
+        x = x.masked_fill(drop, float("-inf"))
+    probs = _tempered_softmax(x, temperature, top_k)
     if top_p is not None and top_p < 1.0:
-        sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        before = torch.cumsum(sp, dim=-1) - sp
+        if probs is logits:  # never (softmax allocates); the in-place steps below must not write the input
+            probs = probs.clone()
+        probs.mul_(top_p_keep(probs, top_p))  # the removed ids' probabilities become +0, as torch.where would
+        probs.div_(probs.sum(-1, keepdim=True))
+    return probs
+
+
+TOP_P_FIRST_K = 256
+"""How many of the largest probabilities :func:`top_p_keep` sorts first (then 8 times more, until
+the kept head ends inside the sorted part; from a quarter of the vocabulary, all of it)."""
+
+
+def top_p_keep(probs: Tensor, top_p: float, first_k: int | None = None) -> Tensor:
+    """The ids top-p keeps in ``probs [..., V]`` (bool, same shape): in order of decreasing
+    probability, ties by lower id, those whose preceding mass is below ``top_p``, and always the
+    first.
+
+    Only the head is sorted: the ``k`` largest values (``torch.topk``, ``k`` from ``first_k``,
+    default :data:`TOP_P_FIRST_K`, growing until every row's kept head ends before the ``k``-th
+    value). The kept set is the one a full stable sort gives, bit for bit: the preceding masses are
+    the cumulative sums of the same sorted values (ties are equal values, so their order does not
+    change the sums), a prefix of which is the prefix of the full sums; a row's count ``m`` of kept
+    positions is final once ``m < k`` (the masses only grow); and the kept ids are those above the
+    ``m``-th value plus, among the ids equal to it, the lowest ones, as many as the count asks."""
+    v = probs.shape[-1]
+    k = min(TOP_P_FIRST_K if first_k is None else first_k, v)
+    while True:
+        if 4 * k >= v:
+            k = v
+        vals = (torch.sort(probs, dim=-1, descending=True).values if k == v
+                else torch.topk(probs, k, dim=-1, sorted=True).values)
+        before = torch.cumsum(vals, dim=-1) - vals
         keep_sorted = before < top_p
         # the top id's preceding mass is 0 < top_p: kept, also where top_p underflows the compute dtype
         # (a top_p below 1.2e-38 is 0 in float32, and the comparison alone would keep no id)
         keep_sorted[..., :1] = True
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = torch.where(keep, probs, torch.zeros((), dtype=cdt, device=probs.device))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+        m = keep_sorted.sum(-1, keepdim=True)
+        if k == v or bool((m < k).all()):
+            break
+        k *= 8
+    last = vals.gather(-1, m - 1)  # the smallest kept value of each row
+    at_least = probs >= last
+    if bool((at_least.sum(-1, keepdim=True) == m).all()):  # no tie at the boundary left out (the usual case)
+        return at_least
+    above = probs > last
+    tied = probs == last
+    need = m - above.sum(-1, keepdim=True)  # how many of the ids equal to it are kept (>= 1)
+    if bool((tied.sum(-1, keepdim=True) == need).all()):
+        return above | tied
+    return above | (tied & (torch.cumsum(tied, dim=-1, dtype=torch.int64) <= need))
 
 
 

@@ -63,7 +63,7 @@ from transformers.generation.logits_process import (  # noqa: E402
 from hsd_core.methods import AR, SD  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_core.vocab import Vocabulary  # noqa: E402
-from hsd_torch import generate  # noqa: E402
+from hsd_torch import generate, laws  # noqa: E402
 from hsd_torch.generate import process_logits  # noqa: E402
 from hsd_torch.mirror import CoreTokenizer, core_text  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
@@ -114,6 +114,17 @@ def assert_law(got: Sequence[float], want: Sequence[float], dtype: torch.dtype =
     quotient of exact dyadic sums, rounded once, on both sides), to float32's rounding in float32."""
     assert support(got) == support(want), (sorted(support(got)), sorted(support(want)))
     assert list(got) == pytest.approx(list(want), rel=0 if dtype == torch.float64 else 2**-23, abs=0)
+
+
+@pytest.fixture(autouse=True, scope="module", params=["full sort", "partial sort"])
+def top_p_head(request: pytest.FixtureRequest) -> Any:
+    """Every test here runs twice: with top-p sorting the whole law (the first head is wider than
+    these laws), and with the first head one id wide (``laws.TOP_P_FIRST_K = 1``), so that its
+    growth and its tie rule are checked against the reference too."""
+    saved = laws.TOP_P_FIRST_K
+    laws.TOP_P_FIRST_K = 10**9 if request.param == "full sort" else 1
+    yield request.param
+    laws.TOP_P_FIRST_K = saved
 
 
 def processed(logits: Sequence[float], mask: Sequence[bool], dtype: torch.dtype = torch.float64,
@@ -413,3 +424,35 @@ def test_generate_samples_the_reference_law(method: str, process: dict[str, Any]
         got = ct.core.to_hf(ref.generate(ct, cd, core_text(prompt), max_new, rng=rand))
         assert got == out.sequences[i], (method, process, prompt)
         assert rand.used == len(out.uniforms[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("first_k", [1, 3, 64])
+def test_partial_top_p_is_the_full_sort_bit_for_bit(dtype: torch.dtype, first_k: int) -> None:
+    """On large laws (V = 50,000, rows of different sharpness, rounded logits so that many ids tie,
+    ties across the boundary among them), the kept set from a partial sort is the full sort's,
+    and the processed laws are equal bit for bit, at several top-p values."""
+    g = torch.Generator().manual_seed(0)
+    v = 50_000
+    x = torch.randn((4, v), generator=g, dtype=torch.float64) * torch.tensor([[1.0], [4.0], [8.0], [16.0]],
+                                                                            dtype=torch.float64)
+    x = (x * 2).round() / 2  # many equal logits: ties everywhere, the boundary among them
+    x[0, :5] = x[0].max()  # a row whose top five tie
+    probs = torch.softmax(x.to(dtype), dim=-1)
+    drop = torch.zeros(v, dtype=torch.bool)
+    n_partial_ties = 0
+    for top_p in (1e-9, 0.1, 0.5, 0.9, 0.99):
+        full = laws.top_p_keep(probs, top_p, first_k=v)
+        got = laws.top_p_keep(probs, top_p, first_k=first_k)
+        assert torch.equal(got, full), top_p
+        last = torch.where(full, probs, torch.full_like(probs, 2.0)).min(-1, keepdim=True).values
+        n_partial_ties += int(((probs == last) & ~full).any(-1).sum())  # a tie split by the boundary
+        saved = laws.TOP_P_FIRST_K
+        try:
+            laws.TOP_P_FIRST_K = v
+            want = laws.process_with_drop(x.to(dtype), drop, 1.0, None, top_p)
+            laws.TOP_P_FIRST_K = first_k
+            assert torch.equal(laws.process_with_drop(x.to(dtype), drop, 1.0, None, top_p), want)
+        finally:
+            laws.TOP_P_FIRST_K = saved
+    assert n_partial_ties > 0, "no case split a tie at the boundary: the tie rule went untested"
