@@ -1,7 +1,15 @@
 """End-to-end generation speed: hsd_torch against transformers and autoregressive decoding (issue 13).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py                      # full run (builds the pair if needed)
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --quick --json out.json   # <= 3 minutes
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --quick --json out.json   # <= 3 minutes once built
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair real --quick --json out.json   # the real pair
+
+A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
+in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M target,
+SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no SD, as no
+drafter shares Gemma's vocabulary), prompts from HumanEval and English prose
+(``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7, top-p 0.9) beside greedy and
+sampling.
 
 The pair is ``bench/pair.py``'s (its module doc says what it is: a narrow codec-table domain, a
 distilled drafter with a smaller byte-level BPE, a target inflated with zero-branch blocks), the
@@ -66,6 +74,7 @@ import pair as pairmod  # noqa: E402
 
 HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs")
 MODES = ("greedy", "sample")
+CHAT = {"temperature": 0.7, "top_p": 0.9}  # the chat-style sampling of mode "chat" (--modes)
 VS = {"ar-greedy": "ar-greedy", "ar-sample": "ar-sample", "sd-greedy": "sd-greedy", "sd-sample": "sd-sample",
       "tli-sample": "uag-sample", "slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy"}
 # hsd TLI against transformers' universal speculative decoding made lossless by the issue-12 patch
@@ -120,14 +129,17 @@ class Bench:
         # transformers' assistants: own copies (UAG sampling prunes its assistant's head in place, and
         # its translator cache is keyed by the tokenizers: one assistant per mode, kept for the run)
         self.hf_assist = {"uag-greedy": copy.deepcopy(pair["drafter"]), "uag-sample": copy.deepcopy(pair["drafter"]),
-                          "uagfix-sample": copy.deepcopy(pair["drafter"]),
-                          "sd-greedy": copy.deepcopy(pair["sd_drafter"]), "sd-sample": copy.deepcopy(pair["sd_drafter"])}
+                          "uagfix-sample": copy.deepcopy(pair["drafter"])}
+        if pair.get("sd_drafter") is not None:
+            self.hf_assist.update({"sd-greedy": copy.deepcopy(pair["sd_drafter"]),
+                                   "sd-sample": copy.deepcopy(pair["sd_drafter"])})
         for m in self.hf_assist.values():
             gc = m.generation_config
             gc.num_assistant_tokens = lookahead
             gc.num_assistant_tokens_schedule = "constant"
             gc.assistant_confidence_threshold = 0.0
-        models = [pair["target"], pair["drafter"], pair["sd_drafter"], *self.hf_assist.values()]
+        models = [m for m in (pair["target"], pair["drafter"], pair.get("sd_drafter"), *self.hf_assist.values())
+                  if m is not None]
         self.timers = {id(m): FwdTimer(m, cuda) for m in models}
         self.b1 = len(prompts)
         self.enc = [self.tt(p, return_tensors="pt")["input_ids"].to(device) for p in prompts]
@@ -154,7 +166,8 @@ class Bench:
         for i in range(0, len(prompts), batch):
             out = ht.generate(p["target"], drafter, prompts[i:i + batch], target_tokenizer=self.tt,
                               drafter_tokenizer=dtok, method=method, lookahead=1 if method == "slrs" else self.k,
-                              max_new_tokens=new or self.new, do_sample=mode == "sample", seed=seed * 1000 + i)
+                              max_new_tokens=new or self.new, do_sample=mode != "greedy", seed=seed * 1000 + i,
+                              **(CHAT if mode == "chat" else {}))
             seqs += [list(x) for x in out.sequences]
             for s in out.stats:
                 new_tok += s.new_tokens
@@ -170,10 +183,12 @@ class Bench:
         p = self.p
         target = p["target"]
         assistant = None if kind == "ar" else self.hf_assist[f"{kind}-{mode}"]
-        kw: dict[str, Any] = dict(max_new_tokens=new or self.new, do_sample=mode == "sample",
+        kw: dict[str, Any] = dict(max_new_tokens=new or self.new, do_sample=mode != "greedy",
                                   pad_token_id=self.tt.pad_token_id, eos_token_id=self.tt.eos_token_id)
         if mode == "sample":
             kw.update(temperature=1.0, top_k=0, top_p=1.0)
+        if mode == "chat":
+            kw.update(top_k=0, **CHAT)
         if assistant is not None:
             kw["assistant_model"] = assistant
         if kind in ("uag", "uagfix"):
@@ -225,12 +240,38 @@ class Bench:
                 "forward_s": fwd, "forward_share": fwd / wall, "tokens_per_forward_s": new_tok / fwd}
 
 
-def configs(batches: list[int], hf: bool) -> list[tuple[str, str, str, int]]:
-    out = [("hsd", m, mode, b) for b in batches for m in HSD_METHODS for mode in MODES]
+def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...] = MODES
+            ) -> list[tuple[str, str, str, int]]:
+    """The configurations: hsd's methods (SD only with an SD drafter) in ``modes`` at every batch;
+    with ``hf``, transformers' at batch 1 (its UAG and patched USD in greedy and sampling only:
+    the chat mode's top-p is not what the patch was checked for)."""
+    out = [("hsd", m, mode, b) for b in batches for m in HSD_METHODS if sd or m != "sd" for mode in modes]
     if hf:
-        out += [("hf", k, mode, 1) for k in ("ar", "sd", "uag") for mode in MODES]
-        out.append(("hf", "uagfix", "sample", 1))
+        out += [("hf", k, mode, 1) for k in ("ar", "sd", "uag") if sd or k != "sd" for mode in modes
+                if k == "ar" or mode != "chat"]
+        if "sample" in modes:
+            out.append(("hf", "uagfix", "sample", 1))
     return out
+
+
+def load_real(dtype: Any, device: str, n_prompts: int) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The real pair as ``Bench`` takes it (no SD drafter), its description, and ``n_prompts``
+    prompts, half HumanEval code and half prose (``bench/acceptance_real.py``'s)."""
+    import acceptance_real
+
+    from hsd_torch import real_models
+
+    target, tt = real_models.load("gemma-3-270m", dtype=dtype)
+    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
+    target, drafter = target.to(device), drafter.to(device)
+    got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
+    prompts = [x for pair in zip(got["code"], got["prose"] + [None] * len(got["code"])) for x in pair if x][:n_prompts]
+    desc = {"target": "gemma-3-270m", "drafter": "smollm2-135m-instruct",
+            "target_params": sum(p.numel() for p in target.parameters()),
+            "drafter_params": sum(p.numel() for p in drafter.parameters()),
+            "target_vocab": len(tt), "drafter_vocab": len(dt)}
+    return ({"target": target, "drafter": drafter, "sd_drafter": None, "target_tokenizer": tt, "drafter_tokenizer": dt,
+             "build": {}}, desc, prompts)
 
 
 def key(impl: str, m: str, mode: str, b: int) -> str:
@@ -299,9 +340,10 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
         return []
     folder.mkdir(parents=True, exist_ok=True)
     m = summary["methods"]
+    modes = summary.get("setup", {}).get("modes", MODES)
     written = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, mode in zip(axes, MODES):
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
         names, vals, colors = [], [], []
         for k, r in m.items():
             if k.endswith(f"-{mode}@b1"):
@@ -315,8 +357,8 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     fig.savefig(folder / "generate_tokens_per_s.png", dpi=110)
     written.append(str(folder / "generate_tokens_per_s.png"))
     plt.close(fig)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, mode in zip(axes, MODES):
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
         for name, by_b in summary["throughput_by_batch"].items():
             if name.endswith(mode):
                 bs = sorted(by_b)
@@ -352,7 +394,9 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="hsd_torch vs transformers and AR on bench/pair.py's pair")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
-    ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT), help="a bench/pair.py build (built if missing)")
+    ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT),
+                    help="a bench/pair.py build (built if missing), or 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct)")
+    ap.add_argument("--modes", default=None, help="greedy,sample[,chat] (default greedy,sample; real pair: all three)")
     ap.add_argument("--fast-pair", action="store_true", help="build a barely trained pair if missing (tests)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--b1-prompts", type=int, default=None, help="batch-1 configurations use only the first N prompts")
@@ -373,16 +417,27 @@ def main(argv: list[str] | None = None) -> int:
         args.batches = ",".join(sorted({str(min(int(b), args.prompts)) for b in args.batches.split(",")}, key=int))
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    root = pairmod.ensure_pair(args.pair, fast=args.fast_pair)
+    real = args.pair == "real"
+    modes = tuple((args.modes or ("greedy,sample,chat" if real else "greedy,sample")).split(","))
+    if any(m not in MODES + ("chat",) for m in modes):
+        ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")
     dtype = getattr(torch, args.dtype)
-    p = pairmod.load_pair(root, extra_layers=args.extra_layers, dtype=dtype, device=args.device)
-    desc = pairmod.describe(p)
-    prompts = pairmod.prompts(args.prompts)
+    if real:
+        p, desc, prompts = load_real(dtype, args.device, args.prompts)
+        root: Path | str = "real"
+    else:
+        if not (Path(args.pair) / "build.json").exists():
+            print(f"no pair at {args.pair}: building it first (bench/pair.py; about 60 minutes on 2 quiet cores, "
+                  "cached there for later runs; --pair real needs no build)", flush=True)
+        root = pairmod.ensure_pair(args.pair, fast=args.fast_pair)
+        p = pairmod.load_pair(root, extra_layers=args.extra_layers, dtype=dtype, device=args.device)
+        desc = pairmod.describe(p)
+        prompts = pairmod.prompts(args.prompts)
     batches = [int(b) for b in args.batches.split(",")]
     bench = Bench(p, prompts, args.new, args.lookahead, args.device)
     if args.b1_prompts:
         bench.b1 = min(args.b1_prompts, len(prompts))
-    cfgs = configs(batches, not args.no_transformers)
+    cfgs = configs(batches, not args.no_transformers, sd=p.get("sd_drafter") is not None, modes=modes)
     print(f"pair {root} ({json.dumps(desc)}); {len(prompts)} held-out prompts, {args.new} new tokens, "
           f"lookahead {args.lookahead}, {args.repeats} repeats, torch {torch.__version__} {args.device} {args.dtype}, "
           f"{torch.get_num_threads()} thread(s)", flush=True)
@@ -413,9 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
-    ref = greedy["hsd:ar-greedy@b1"]
+    ref = greedy.get("hsd:ar-greedy@b1", [])
     summary["greedy_mismatches"] = {k: sum(a != b for a, b in zip(ref, v)) for k, v in greedy.items()}
-    summary["setup"] = {"pair": desc, "build": {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
+    summary["setup"] = {"pair": desc, "pair_kind": "real" if real else "synthetic", "modes": list(modes),
+                        "build": {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
                         "prompts": len(prompts), "batch1_prompts": bench.b1, "new_tokens": args.new, "lookahead": args.lookahead,
                         "repeats": args.repeats, "batches": batches, "device": args.device, "dtype": args.dtype,
                         "threads": torch.get_num_threads(), "torch": torch.__version__,

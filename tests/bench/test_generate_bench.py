@@ -126,3 +126,45 @@ def test_generate_bench_keeps_finished_repeats_when_cut(tmp_path: Path, monkeypa
     finally:
         torch.set_num_threads(threads)
     assert "partial" not in json.loads(out.read_text())
+
+
+def test_configs_without_sd_drafter_and_with_chat_mode() -> None:
+    """The real pair has no SD drafter: no SD configuration on either side; mode chat runs every hsd
+    method and transformers' plain generate, not its UAG (the patch was checked for full-law sampling)."""
+    gen = _load("generate")
+    cfgs = gen.configs([1, 4], True, sd=False, modes=("greedy", "sample", "chat"))
+    assert not [c for c in cfgs if c[1] == "sd"]
+    assert {(m, b) for impl, m, mode, b in cfgs if impl == "hsd" and mode == "chat"} == \
+        {(m, b) for m in ("ar", "slem", "tli", "slrs") for b in (1, 4)}
+    assert {(m, mode) for impl, m, mode, _ in cfgs if impl == "hf"} == {
+        ("ar", "greedy"), ("ar", "sample"), ("ar", "chat"), ("uag", "greedy"), ("uag", "sample"), ("uagfix", "sample")}
+    assert gen.configs([1], True) == gen.configs([1], True, sd=True, modes=("greedy", "sample"))
+
+
+@pytest.mark.slow
+def test_generate_bench_real_pair_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--pair real``: the real pair runs end to end (one prompt, two tokens, batch 1, greedy and
+    chat), greedy output of every method equal to AR's."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from hsd_torch import real_models
+
+    if set(real_models.available()) != {"gemma-3-270m", "smollm2-135m-instruct"}:
+        pytest.skip("the real-model extra is not installed")
+    threads = torch.get_num_threads()
+    gen = _load("generate")
+    out = tmp_path / "r.json"
+    try:
+        assert gen.main(["--pair", "real", "--quick", "--prompts", "1", "--new", "3", "--repeats", "1",
+                         "--batches", "1", "--modes", "greedy,chat", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads(out.read_text())
+    m = res["methods"]
+    assert res["setup"]["pair_kind"] == "real" and res["setup"]["pair"]["target_vocab"] == 262144
+    for method in ("ar", "slem", "tli", "slrs"):
+        for mode in ("greedy", "chat"):
+            assert m[f"hsd:{method}-{mode}@b1"]["new_tokens"] == 3
+    assert "hf:uag-greedy@b1" in m and "hf:ar-chat@b1" in m and not [k for k in m if ":sd-" in k]
+    assert all(v == 0 for v in res["greedy_mismatches"].values())
