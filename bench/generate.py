@@ -3,13 +3,15 @@
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py                      # full run (builds the pair if needed)
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --quick --json out.json   # <= 3 minutes once built
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair real --quick --json out.json   # the real pair
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair distilled --quick   # Gemma <- a distilled drafter
 
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
 in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M target,
 SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no SD, as no
 drafter shares Gemma's vocabulary), prompts from HumanEval and English prose
 (``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7, top-p 0.9) beside greedy and
-sampling.
+sampling. ``--pair distilled``: the same target and prompts with the tiny drafter that
+``bench/distill_drafter.py`` distils from Gemma's own samples (built first if missing: about an hour).
 
 The pair is ``bench/pair.py``'s (its module doc says what it is: a narrow codec-table domain, a
 distilled drafter with a smaller byte-level BPE, a target inflated with zero-branch blocks), the
@@ -254,24 +256,38 @@ def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...
     return out
 
 
-def load_real(dtype: Any, device: str, n_prompts: int) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """The real pair as ``Bench`` takes it (no SD drafter), its description, and ``n_prompts``
-    prompts, half HumanEval code and half prose (``bench/acceptance_real.py``'s)."""
+def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real"
+              ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The real target with a drafter as ``Bench`` takes them (no SD drafter), their description,
+    and ``n_prompts`` prompts, half HumanEval code and half prose (``bench/acceptance_real.py``'s).
+    ``drafter_kind``: ``"real"`` (SmolLM2-135M-Instruct) or ``"distilled"`` (the build of
+    ``bench/distill_drafter.py``, made first if missing: about an hour)."""
     import acceptance_real
 
     from hsd_torch import real_models
 
     target, tt = real_models.load("gemma-3-270m", dtype=dtype)
-    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
+    build: dict[str, Any] = {}
+    if drafter_kind == "distilled":
+        import distill_drafter
+
+        if not (distill_drafter.DEFAULT_OUT / "build.json").exists():
+            print(f"no distilled drafter at {distill_drafter.DEFAULT_OUT}: building it first "
+                  "(bench/distill_drafter.py, about an hour on 2 cores)", flush=True)
+            distill_drafter.main([])
+        drafter, dt, build = distill_drafter.load()
+        drafter = drafter.to(dtype)
+    else:
+        drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
     target, drafter = target.to(device), drafter.to(device)
     got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
     prompts = [x for pair in zip(got["code"], got["prose"] + [None] * len(got["code"])) for x in pair if x][:n_prompts]
-    desc = {"target": "gemma-3-270m", "drafter": "smollm2-135m-instruct",
+    desc = {"target": "gemma-3-270m", "drafter": "smollm2-135m-instruct" if drafter_kind == "real" else "distilled",
             "target_params": sum(p.numel() for p in target.parameters()),
             "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "target_vocab": len(tt), "drafter_vocab": len(dt)}
     return ({"target": target, "drafter": drafter, "sd_drafter": None, "target_tokenizer": tt, "drafter_tokenizer": dt,
-             "build": {}}, desc, prompts)
+             "build": build}, desc, prompts)
 
 
 def key(impl: str, m: str, mode: str, b: int) -> str:
@@ -395,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="hsd_torch vs transformers and AR on bench/pair.py's pair")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
     ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT),
-                    help="a bench/pair.py build (built if missing), or 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct)")
+                    help="a bench/pair.py build (built if missing), 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct) "
+                         "or 'distilled' (Gemma-3-270M <- bench/distill_drafter.py's drafter)")
     ap.add_argument("--modes", default=None, help="greedy,sample[,chat] (default greedy,sample; real pair: all three)")
     ap.add_argument("--fast-pair", action="store_true", help="build a barely trained pair if missing (tests)")
     ap.add_argument("--prompts", type=int, default=16)
@@ -417,14 +434,14 @@ def main(argv: list[str] | None = None) -> int:
         args.batches = ",".join(sorted({str(min(int(b), args.prompts)) for b in args.batches.split(",")}, key=int))
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    real = args.pair == "real"
+    real = args.pair in ("real", "distilled")
     modes = tuple((args.modes or ("greedy,sample,chat" if real else "greedy,sample")).split(","))
     if any(m not in MODES + ("chat",) for m in modes):
         ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")
     dtype = getattr(torch, args.dtype)
     if real:
-        p, desc, prompts = load_real(dtype, args.device, args.prompts)
-        root: Path | str = "real"
+        p, desc, prompts = load_real(dtype, args.device, args.prompts, args.pair)
+        root: Path | str = args.pair
     else:
         if not (Path(args.pair) / "build.json").exists():
             print(f"no pair at {args.pair}: building it first (bench/pair.py; about 60 minutes on 2 quiet cores, "
@@ -470,8 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
     ref = greedy.get("hsd:ar-greedy@b1", [])
     summary["greedy_mismatches"] = {k: sum(a != b for a, b in zip(ref, v)) for k, v in greedy.items()}
-    summary["setup"] = {"pair": desc, "pair_kind": "real" if real else "synthetic", "modes": list(modes),
-                        "build": {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
+    summary["setup"] = {"pair": desc, "pair_kind": args.pair if real else "synthetic", "modes": list(modes),
+                        "build": p["build"] if args.pair == "distilled" else
+                        {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
                         "prompts": len(prompts), "batch1_prompts": bench.b1, "new_tokens": args.new, "lookahead": args.lookahead,
                         "repeats": args.repeats, "batches": batches, "device": args.device, "dtype": args.dtype,
                         "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -128,10 +128,10 @@ def generate(
     The models are never modified; everything runs under ``torch.inference_mode``.
     """
     t_start = time.perf_counter()
-    items, n_rows = _check_rows(prompts, input_ids, attention_mask)
+    items, ids = _check_rows(prompts, input_ids, attention_mask)
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(do_sample, mask_textless, progress, streamer, n_rows)
+    _check_flags(do_sample, mask_textless, progress, streamer, len(items) if ids is None else len(ids))
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
@@ -141,7 +141,7 @@ def generate(
     config = _check_config(target, generation_config)
     extras = _check_extras(config, logits_processor, min_new_tokens, stop_strings)
     rendered = (render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None) if input_ids is None
-                else from_ids(input_ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target))))
+                else from_ids(ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target))))
     run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
@@ -160,17 +160,17 @@ def _check_extras(config: Any, logits_processor: Any, min_new_tokens: Any, stop_
                                                else stop_strings)}
 
 
-def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list[Any], int]:
+def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list[Any], list[list[int]] | None]:
     """The checked prompts (:func:`hsd_torch.prompts.check_prompts`; none when ``input_ids`` is
-    given) and the number of rows; ``ValueError`` for both prompts and ids, or a mask without ids."""
+    given) and ``input_ids`` as lists of ints (converted once; None without them); ``ValueError``
+    for both prompts and ids, or a mask without ids."""
     if input_ids is None:
         if attention_mask is not None:
             raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
-        items = check_prompts(prompts)
-        return list(items), len(items)
+        return list(check_prompts(prompts)), None
     if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
         raise ValueError("give prompts or input_ids, not both")
-    return [], len(_as_rows(input_ids, "input_ids"))
+    return [], _as_rows(input_ids, "input_ids")
 
 
 def _check_config(target: Any, config: Any) -> Any:
