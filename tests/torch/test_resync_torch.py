@@ -74,3 +74,18 @@ def test_context_across_rounds_equals_a_fresh_one(rule: Resync, toks: dict[str, 
                 text = gen.prompt_bytes[i] + tt.decode(gen.emitted[i])
                 fresh = drafter_context_ids(text, lambda b: dt.encode(b, free=True), dt.decode, rule)
                 assert gen.d_ctx[i] == gen.d_start[i] + gen.d_head[i] + fresh, (r, i)
+
+
+def test_generate_refuses_resync_where_unused_and_bad_values(toks: dict[str, Any], models: dict[str, Any]) -> None:
+    """``resync`` is SLEM's and SLRS's option: refused with TLI (naming the methods that take it),
+    a value that is not a ``Resync`` is a ``TypeError``, and SLEM runs with a given rule."""
+    from hsd_torch import generate
+
+    kw = dict(target_tokenizer=toks["byte_bpe"], drafter_tokenizer=toks["unigram"], max_new_tokens=3)
+    target, drafter = models["llama_bpe"], models["gpt2_uni_pad"]
+    with pytest.raises(ValueError, match="resync is an option of method 'slem' or 'slrs' only"):
+        generate(target, drafter, "x", method="tli", resync=Resync(8, 1), **kw)
+    with pytest.raises(TypeError, match="Resync"):
+        generate(target, drafter, "x", method="slem", resync=(8, 1), **kw)
+    out = generate(target, drafter, "def foo(x):\n", method="slem", resync=Resync(2, 1), **kw)
+    assert len(out.sequences[0]) == 3
