@@ -126,23 +126,12 @@ def sample(out: Path, seed_texts: list[str], *, new: int, batch: int, seed: int,
     return done
 
 
-def forward_ms(model: Any, vocab: int, reps: int = 20) -> float:
-    """Median milliseconds of one token's forward pass with a KV cache at 64 (1 thread)."""
-    import statistics
+def forward_ms(model: Any, vocab: int) -> float:
+    """Median milliseconds of one token's forward pass with a KV cache at 64 (``bench/overhead.py``'s
+    measure, 30 repeats)."""
+    from overhead import one_token_forward
 
-    import torch
-    from transformers import DynamicCache
-
-    times = []
-    with torch.inference_mode():
-        ids = torch.randint(4, vocab, (1, 64), generator=torch.Generator().manual_seed(0))
-        for _ in range(reps):
-            cache = DynamicCache(config=model.config)
-            model(input_ids=ids, cache=cache, use_cache=True)
-            t0 = time.perf_counter()
-            model(input_ids=ids[:, :1], cache=cache, use_cache=True)
-            times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * one_token_forward(model, vocab)[1]
 
 
 def build(out: Path, *, samples: int, new: int, batch: int, vocab: int, layers: int, width: int, steps: int,
