@@ -8,7 +8,7 @@ Writes a JSON file and prints the markdown table recorded in ``docs/auditing.md`
 
     python bench/zoo.py --json bench/zoo.json                  # about 10 minutes on one thread
     python bench/zoo.py --sharp --json bench/zoo_sharp.json    # the target sharpened (hsd_torch.tiny.sharpen)
-    python bench/zoo.py --table bench/zoo.json bench/zoo_sharp.json   # the table of docs/auditing.md
+    python bench/zoo.py --table bench/zoo.json bench/zoo_sharp.json bench/zoo_trained.json   # docs/auditing.md's table
     python bench/zoo.py --only cache_cropped_short --generate-n 200 --sizes 200
     python bench/zoo.py --trained --json bench/zoo_trained.json   # bench/pair.py's trained pair (built first)
 
@@ -44,20 +44,24 @@ PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
 
 
-def doc_table(plain: str, sharp: str) -> str:
-    """The table of ``docs/auditing.md`` from the JSON files of a plain and a ``--sharp`` run."""
+def doc_table(plain: str, sharp: str, trained: str | None = None) -> str:
+    """The table of ``docs/auditing.md`` from the JSON files of a plain, a ``--sharp`` and (optional)
+    a ``--trained`` run."""
     def cell(r: dict[str, Any]) -> str:
         why = f"{r['impossible']} draws of p = 0" if r["impossible"] else f"min p {r['min_p']:.1e}, {r['by']}"
         return f"**{r['verdict']}** ({why})" if r["verdict"] == "lossy" else f"{r['verdict']} ({why})"
 
-    with open(plain, encoding="utf-8") as f:
-        rows_p = json.load(f)["rows"]
-    with open(sharp, encoding="utf-8") as f:
-        rows_s = json.load(f)["rows"]
+    runs = [("plain", plain), ("sharpened", sharp)] + ([("trained pair", trained)] if trained else [])
+    tables = []
+    for label, path in runs:
+        with open(path, encoding="utf-8") as f:
+            tables.append((label, json.load(f)["rows"]))
     lines = ["| variant (bug class) | target | tokens changed | audit_generate, n = 1,000 | audit_sequences, n = 200 "
              "| audit_sequences, n = 1,000 |", "|---|---|---|---|---|---|"]
-    for a, b in zip(rows_p, rows_s):
-        for label, r in (("plain", a), ("sharpened", b)):
+    for i, first in enumerate(tables[0][1]):
+        for label, rows in tables:
+            r = rows[i]
+            assert r["variant"] == first["variant"], "the runs list the variants in different orders"
             g = r["generate"]
             gv = f"**{g['verdict']}**" if g["verdict"] == "lossy" else g["verdict"]
             name = (f"`{r['variant']}`" + (" (lossless on purpose)" if r["lossless"] else "") + f": {r['seen_in']}"
@@ -70,8 +74,9 @@ def doc_table(plain: str, sharp: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
-    ap.add_argument("--table", nargs=2, metavar=("PLAIN.json", "SHARP.json"),
-                    help="print the table of docs/auditing.md from two recorded runs, and stop")
+    ap.add_argument("--table", nargs="+", metavar="RUN.json",
+                    help="print the table of docs/auditing.md from the plain, the --sharp and (optional) the "
+                         "--trained recorded runs, and stop")
     ap.add_argument("--only", default=None, help="comma-separated variant names")
     ap.add_argument("--generate-n", type=int, default=1000, help="draws of audit_generate (0: skip it)")
     ap.add_argument("--sizes", default="200,1000", help="numbers of sequences of audit_sequences")
@@ -81,6 +86,8 @@ def main() -> None:
                     help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
     if a.table:
+        if len(a.table) not in (2, 3):
+            ap.error("--table takes the plain, the --sharp and optionally the --trained run's JSON files")
         print(doc_table(*a.table))
         return
     torch.set_num_threads(1)
