@@ -139,10 +139,11 @@ def test_drafter_reads_its_own_template_where_it_has_one(world: dict[str, Any]) 
     assert g2.d_ctx[0] == plain.start(t_text) + plain.encode(t_text.encode(), free=True)
     assert all(plain.bytes_of[i] is not None for i in g2.d_ctx[0][len(plain.start(t_text)):])
     # SLEM's re-sync keeps the drafter's template ids in front of the emitted text
+    from hsd_core.methods import Resync
     from hsd_torch.drafting import drafter_context_from_text
 
     g.emitted[0] = world["tt"]("ab", add_special_tokens=False)["input_ids"]
-    drafter_context_from_text(g, [True, False])
+    drafter_context_from_text(g, [True, False], Resync())
     assert g.d_ctx[0] == _chat_ids(dt_chat, CONV) + text.encode(b"ab", free=True)
 
 
