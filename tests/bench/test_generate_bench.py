@@ -168,3 +168,40 @@ def test_generate_bench_real_pair_quick(tmp_path: Path, monkeypatch: pytest.Monk
             assert m[f"hsd:{method}-{mode}@b1"]["new_tokens"] == 3
     assert "hf:uag-greedy@b1" in m and "hf:ar-chat@b1" in m and not [k for k in m if ":sd-" in k]
     assert all(v == 0 for v in res["greedy_mismatches"].values())
+
+
+def test_distilled_drafter_seeds_hold_out_the_benchmark_sources() -> None:
+    """bench/distill_drafter.py never reads the files the benchmark's prose prompts come from, nor a
+    test suite; its seeds alternate code and prose and are deterministic."""
+    dd = _load("distill_drafter")
+    names = {p.name for p in dd.stdlib_files()}
+    assert names and not names & {"json", "argparse.py", "textwrap.py", "statistics.py"}
+    assert not [n for n in names if n.startswith("test")]
+    a, b = dd.seeds(40), dd.seeds(40)
+    assert a == b and len(a) == 40
+    assert all(s.strip() for s in a)
+
+
+@pytest.mark.slow
+def test_distilled_drafter_fast_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--fast`` builds end to end: Gemma's continuations saved, a tokenizer of the drafter's own (not
+    Gemma's), a model that loads, and build.json with the counts and the cost ratio."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from hsd_torch import real_models
+
+    if "gemma-3-270m" not in real_models.available():
+        pytest.skip("the real-model extra is not installed")
+    threads = torch.get_num_threads()
+    dd = _load("distill_drafter")
+    try:
+        assert dd.main(["--fast", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    model, tok, info = dd.load(tmp_path)
+    assert len(tok) == info["drafter_vocab"] == 512 and info["seeds"] == {"code": 32, "prose": 32}
+    assert info["target_tokens_sampled"] > 0 and info["greedy_continuations"] == 32
+    assert 0 < info["cost_ratio"] < 1 and info["training_tokens"] > info["target_tokens_sampled"]
+    assert sum(1 for _ in (tmp_path / "samples.jsonl").open()) == 64
+    assert model.config.vocab_size == len(tok)
