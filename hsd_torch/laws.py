@@ -129,9 +129,8 @@ def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: i
         x = x.masked_fill(drop, float("-inf"))
     probs = _tempered_softmax(x, temperature, top_k)
     if top_p is not None and top_p < 1.0:
-        if probs is logits:  # never (softmax allocates); the in-place steps below must not write the input
-            probs = probs.clone()
-        probs.mul_(top_p_keep(probs, top_p))  # the removed ids' probabilities become +0, as torch.where would
+        # in place: softmax allocated ``probs``; the removed ids' probabilities become +0, as torch.where gave
+        probs.mul_(top_p_keep(probs, top_p))
         probs.div_(probs.sum(-1, keepdim=True))
     return probs
 
@@ -154,7 +153,7 @@ def top_p_keep(probs: Tensor, top_p: float, first_k: int | None = None) -> Tenso
     positions is final once ``m < k`` (the masses only grow); and the kept ids are those above the
     ``m``-th value plus, among the ids equal to it, the lowest ones, as many as the count asks."""
     v = probs.shape[-1]
-    k = min(TOP_P_FIRST_K if first_k is None else first_k, v)
+    k = max(1, min(TOP_P_FIRST_K if first_k is None else first_k, v))
     while True:
         if 4 * k >= v:
             k = v
