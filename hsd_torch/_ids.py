@@ -26,13 +26,14 @@ def _width(model: Any) -> int:
     return int(model.config.vocab_size)
 
 
-def _as_ids(out: Any, what: str, width: int) -> list[int]:
-    """``out`` (a list, tuple, numpy array or tensor of target ids) as a list of Python ints in
-    ``[0, width)`` (:func:`hsd_core.seqaudit.as_ids`, tensors flattened first); ``ValueError`` for an
-    id outside the target's ids. ``what`` starts the message ("sample_fn('x', 7) returned",
-    "prompt_ids has")."""
+def _as_ids(out: Any, what: str, width: int | None) -> list[int]:
+    """``out`` (a list, tuple, numpy array or tensor of target ids) as a list of Python ints
+    (:func:`hsd_core.seqaudit.as_ids`, tensors flattened first); with ``width``, ``ValueError`` for
+    an id outside ``[0, width)``, the target's ids (None: any int, for a caller that reports such
+    ids itself). ``what`` starts the message ("sample_fn('x', 7) returned", "prompt_ids has")."""
     items = as_ids(out.flatten().tolist() if isinstance(out, torch.Tensor) else out, what)
-    for t in items:
-        if not 0 <= t < width:
-            raise ValueError(f"{what} id {t}, outside the target's {width} ids")
+    if width is not None:
+        for t in items:
+            if not 0 <= t < width:
+                raise ValueError(f"{what} id {t}, outside the target's {width} ids")
     return items
