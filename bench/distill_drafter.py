@@ -163,8 +163,7 @@ def build(out: Path, *, samples: int, new: int, batch: int, vocab: int, layers: 
     info = {
         "settings": {"samples": samples, "new": new, "batch": batch, "vocab": vocab, "layers": layers,
                      "width": width, "steps": steps, "seed": seed},
-        "seeds": {"code": sum(1 for i in range(len(recs)) if i % 2 == 0),
-                  "prose": sum(1 for i in range(len(recs)) if i % 2 == 1)},
+        "seeds": {"code": (len(recs) + 1) // 2, "prose": len(recs) // 2},  # seeds() alternates them
         "target_tokens_sampled": sum(r["target_tokens"] for r in recs),
         "greedy_continuations": sum(r["mode"] == "greedy" for r in recs),
         "training_tokens": len(data), "drafter_vocab": len(tok),

@@ -280,8 +280,11 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
     else:
         drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
     target, drafter = target.to(device), drafter.to(device)
+    if n_prompts > 2 * len(acceptance_real.PROSE_MODULES):
+        raise SystemExit(f"--prompts {n_prompts}: the real pairs have {2 * len(acceptance_real.PROSE_MODULES)} prompts "
+                         "(half HumanEval, half prose paragraphs)")
     got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
-    prompts = [x for pair in zip(got["code"], got["prose"] + [None] * len(got["code"])) for x in pair if x][:n_prompts]
+    prompts = [got["code" if i % 2 == 0 else "prose"][i // 2] for i in range(n_prompts)]  # code, prose, code, ...
     desc = {"target": "gemma-3-270m", "drafter": "smollm2-135m-instruct" if drafter_kind == "real" else "distilled",
             "target_params": sum(p.numel() for p in target.parameters()),
             "drafter_params": sum(p.numel() for p in drafter.parameters()),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hsd_core.methods.resync import Resync, ResyncMemo, drafter_context_ids
+from hsd_core.methods.resync import Resync, drafter_context_ids
 
 from . import kernels
 from .laws import TextSpace, space_law
@@ -54,9 +54,6 @@ def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: R
     (``TokenText.encode(free=True)``: its context only shapes proposals)."""
     dt, tt = gen.dt, gen.tt
     assert dt is not None
-    if len(gen.d_memos) != gen.batch:
-        gen.d_memos = [ResyncMemo(b"") for _ in range(gen.batch)]
-        gen.e_text = [(0, b"") for _ in range(gen.batch)]
 
     def encode(b: bytes) -> list[int]:
         return dt.encode(b, free=True)

@@ -234,8 +234,9 @@ class Generation:
         self.d_ctx: list[list[int]] = []
         self.d_start: list[list[int]] = []  # the drafter's special prefix per row (kept by its window)
         self.d_head: list[list[int]] = []  # then its own chat template's ids of the prompt (else empty)
-        self.d_memos: list[ResyncMemo[bytes]] = []  # the string-level re-sync's memos (drafting module)
-        self.e_text: list[tuple[int, bytes]] = []  # (n, the text of the first n emitted ids) per row
+        # the string-level re-sync's memos, and (n, the text of the first n emitted ids), per row (drafting module)
+        self.d_memos: list[ResyncMemo[bytes]] = [ResyncMemo(b"") for _ in range(batch)]
+        self.e_text: list[tuple[int, bytes]] = [(0, b"") for _ in range(batch)]
         self.d_drop: Tensor | None = None
         self.d_space: TextSpace | None = None  # the drafter's text space: its laws' columns
         if drafter is not None:

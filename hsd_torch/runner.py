@@ -41,6 +41,11 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (its head then runs only where asked)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def model_device(model: Any) -> torch.device:
     """The device of a model's (first) parameters."""
     dev: torch.device = next(model.parameters()).device
@@ -188,7 +193,7 @@ class Runner:
         self.n_prefix = list(n_prefix) if n_prefix else [0] * batch
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keep_kw = "logits_to_keep" in params
+        self._keep_kw = takes_logits_to_keep(model)
 
     def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;

@@ -24,7 +24,6 @@ when a draw starts with the prompt's ids: return only the new ones) makes the ve
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,7 +40,7 @@ from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
-from .runner import check_model, refuse_meta
+from .runner import check_model, refuse_meta, takes_logits_to_keep
 from .text import TokenText
 from .vocab import VocabBridge
 
@@ -74,7 +73,7 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
         x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
         am[i, :len(r)] = 1
     lo = min(min(a) for a in at) - 1  # the first position any row reads: the head runs from there on
-    kw = {"logits_to_keep": width - lo} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    kw = {"logits_to_keep": width - lo} if takes_logits_to_keep(model) else {}
     logits = model(input_ids=x, attention_mask=am, **kw).logits
     off = width - logits.shape[1]  # 0 without logits_to_keep, else lo
     return [logits[i, torch.tensor(list(a), dtype=torch.long, device=dev) - 1 - off].double()

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hsd_core.methods import Resync  # noqa: E402
-from hsd_core.methods.resync import drafter_context_ids  # noqa: E402
+from hsd_core.methods.resync import ResyncMemo, drafter_context_ids  # noqa: E402
 from hsd_torch.drafting import drafter_context_from_text  # noqa: E402
 from hsd_torch.mirror import CoreTokenizer, core_text  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
@@ -60,7 +60,8 @@ def test_context_across_rounds_equals_a_fresh_one(rule: Resync, toks: dict[str, 
     applied to the whole text afresh."""
     tt, dt = text_of(toks["bpe_fallback"]), text_of(toks["byte_bpe"])
     targets = [tt.encode(t.encode("utf-8")) for t in TEXTS[:3]]
-    gen = SimpleNamespace(dt=dt, tt=tt, batch=3, d_memos=[], e_text=[], d_ctx=[[], [], []],
+    gen = SimpleNamespace(dt=dt, tt=tt, batch=3, d_memos=[ResyncMemo(b"") for _ in range(3)], e_text=[(0, b"")] * 3,
+                          d_ctx=[[], [], []],
                           d_start=[[], [7], []], d_head=[[], [], [5, 6]], prompt_bytes=[b"p: ", b"", "é ".encode()],
                           emitted=[[], [], []])
     for r in range(12):
