@@ -23,8 +23,17 @@ the slow phases of a shared machine do not always hit the same ones.
 Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, lookahead 1):
 
 - ``hsd:<method>-<mode>@b<B>``: ``hsd_torch.generate`` with method AR, SD (the SD drafter, on the
-  target's tokenizer), SLEM, TLI, SLRS; mode ``greedy`` or ``sample`` (temperature 1, full vocabulary);
-  batch B (1: one call per prompt; 4, 16: prompts in groups).
+  target's tokenizer), SLEM, TLI, SLRS (the paper's one-token SLRS), BSLRS and BSLRSM (bounded
+  SLRS, issue 11: ``proposal_map="longest_prefix"``, ``min_path_prob`` 0.05, the lookahead's drafter
+  tokens; BSLRS proposes one target id a round, BSLRSM every target id its draft spells,
+  ``max_tokens=None``); mode ``greedy`` or ``sample`` (temperature 1, full vocabulary);
+  batch B (1: one call per prompt; 4, 16: prompts in groups). ``--methods`` picks a subset.
+- ``--sweep 1,2,8``: the methods that take a lookahead (TLI, SLEM, BSLRS, BSLRSM; with transformers
+  its UAG greedy and patched USD sampling) also at batch 1 at those lookaheads, in the modes of
+  ``--sweep-modes`` (keys ``...@b1/k<K>``); ``"lookahead_sweep"`` in the JSON gathers speed-up, bound,
+  acceptance and tokens per target call by lookahead (the main lookahead's from the batch-1 rows),
+  ``"vs_transformers_by_lookahead"`` the ratios to transformers there, and ``--plots`` draws
+  speed-up and bound against lookahead.
 - ``hf:ar-<mode>@b1``: the target's own ``model.generate``;
   ``hf:sd-<mode>@b1``: transformers' assisted generation with the SD drafter (same tokenizer);
   ``hf:uag-<mode>@b1``: its assisted generation across tokenizers
@@ -74,13 +83,25 @@ import torch  # noqa: E402
 
 import pair as pairmod  # noqa: E402
 
-HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs")
+HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm")
+BOUNDED = {"proposal_map": "longest_prefix", "min_path_prob": 0.05}  # bounded SLRS (issue 11), as bench/acceptance_real.py
+# hsd_torch.generate's options per benchmark method (lookahead: the run's unless given)
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "ar": {"method": "ar"}, "sd": {"method": "sd"}, "slem": {"method": "slem"}, "tli": {"method": "tli"},
+    "slrs": {"method": "slrs", "lookahead": 1},
+    "bslrs": {"method": "slrs", **BOUNDED}, "bslrsm": {"method": "slrs", **BOUNDED, "max_tokens": None}}
+SWEPT = ("tli", "slem", "bslrs", "bslrsm")  # the methods whose rounds take a lookahead
+HF_SWEPT = (("uag", "greedy"), ("uagfix", "sample"))
 MODES = ("greedy", "sample")
 CHAT = {"temperature": 0.7, "top_p": 0.9}  # the chat-style sampling of mode "chat" (--modes)
 VS = {"ar-greedy": "ar-greedy", "ar-sample": "ar-sample", "sd-greedy": "sd-greedy", "sd-sample": "sd-sample",
       "tli-sample": "uag-sample", "slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy"}
 # hsd TLI against transformers' universal speculative decoding made lossless by the issue-12 patch
 VS_PATCHED = {"tli-sample": "uagfix-sample"}
+# at every lookahead of the sweep: hsd's configuration -> transformers' on the same prompts and lookahead
+VS_SWEEP = {"slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy", "bslrs-greedy": "uag-greedy",
+            "bslrsm-greedy": "uag-greedy", "tli-sample": "uagfix-sample", "bslrs-sample": "uagfix-sample",
+            "bslrsm-sample": "uagfix-sample"}
 
 
 class FwdTimer:
@@ -150,10 +171,11 @@ class Bench:
         return self.timers[id(m)]
 
     def run_hsd(self, method: str, mode: str, batch: int, seed: int, n: int | None = None,
-                new: int | None = None) -> dict[str, Any]:
+                new: int | None = None, k: int | None = None) -> dict[str, Any]:
         import hsd_torch as ht
 
         p = self.p
+        opts = dict({"lookahead": k or self.k}, **METHOD_OPTIONS[method])
         drafter = None if method == "ar" else (p["sd_drafter"] if method == "sd" else p["drafter"])
         dtok = None if drafter is None else (self.tt if method == "sd" else self.dt)
         prompts = self.prompts[:n] if n else (self.prompts[:self.b1] if batch == 1 else self.prompts)
@@ -167,9 +189,8 @@ class Bench:
         t0 = time.perf_counter()
         for i in range(0, len(prompts), batch):
             out = ht.generate(p["target"], drafter, prompts[i:i + batch], target_tokenizer=self.tt,
-                              drafter_tokenizer=dtok, method=method, lookahead=1 if method == "slrs" else self.k,
-                              max_new_tokens=new or self.new, do_sample=mode != "greedy", seed=seed * 1000 + i,
-                              **(CHAT if mode == "chat" else {}))
+                              drafter_tokenizer=dtok, max_new_tokens=new or self.new, do_sample=mode != "greedy",
+                              seed=seed * 1000 + i, **opts, **(CHAT if mode == "chat" else {}))
             seqs += [list(x) for x in out.sequences]
             for s in out.stats:
                 new_tok += s.new_tokens
@@ -181,10 +202,13 @@ class Bench:
         self.last_sequences = seqs
         return self._figures(wall, new_tok, tm, dm, rounds=rounds, proposed=proposed, accepted=accepted)
 
-    def run_hf(self, kind: str, mode: str, seed: int, n: int | None = None, new: int | None = None) -> dict[str, Any]:
+    def run_hf(self, kind: str, mode: str, seed: int, n: int | None = None, new: int | None = None,
+               k: int | None = None) -> dict[str, Any]:
         p = self.p
         target = p["target"]
         assistant = None if kind == "ar" else self.hf_assist[f"{kind}-{mode}"]
+        if assistant is not None:  # the assistant drafts exactly k tokens a round (constant schedule)
+            assistant.generation_config.num_assistant_tokens = k or self.k
         kw: dict[str, Any] = dict(max_new_tokens=new or self.new, do_sample=mode != "greedy",
                                   pad_token_id=self.tt.pad_token_id, eos_token_id=self.tt.eos_token_id)
         if mode == "sample":
@@ -242,17 +266,27 @@ class Bench:
                 "forward_s": fwd, "forward_share": fwd / wall, "tokens_per_forward_s": new_tok / fwd}
 
 
-def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...] = MODES
-            ) -> list[tuple[str, str, str, int]]:
-    """The configurations: hsd's methods (SD only with an SD drafter) in ``modes`` at every batch;
+def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...] = MODES,
+            methods: tuple[str, ...] = HSD_METHODS) -> list[tuple[str, str, str, int]]:
+    """The configurations: hsd's ``methods`` (SD only with an SD drafter) in ``modes`` at every batch;
     with ``hf``, transformers' at batch 1 (its UAG and patched USD in greedy and sampling only:
     the chat mode's top-p is not what the patch was checked for)."""
-    out = [("hsd", m, mode, b) for b in batches for m in HSD_METHODS if sd or m != "sd" for mode in modes]
+    out = [("hsd", m, mode, b) for b in batches for m in methods if sd or m != "sd" for mode in modes]
     if hf:
         out += [("hf", k, mode, 1) for k in ("ar", "sd", "uag") if sd or k != "sd" for mode in modes
                 if k == "ar" or mode != "chat"]
         if "sample" in modes:
             out.append(("hf", "uagfix", "sample", 1))
+    return out
+
+
+def sweep_configs(lookaheads: list[int], hf: bool, modes: tuple[str, ...],
+                  methods: tuple[str, ...] = HSD_METHODS) -> list[tuple[str, str, str, int, int]]:
+    """The lookahead sweep's configurations, batch 1: hsd's methods of :data:`SWEPT` among ``methods``
+    and, with ``hf``, transformers' UAG greedy and patched USD sampling, in ``modes``, at each lookahead."""
+    out = [("hsd", m, mode, 1, k) for k in lookaheads for m in SWEPT if m in methods for mode in modes]
+    if hf:
+        out += [("hf", kind, mode, 1, k) for k in lookaheads for kind, mode in HF_SWEPT if mode in modes]
     return out
 
 
@@ -293,18 +327,26 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
              "build": build}, desc, prompts)
 
 
-def key(impl: str, m: str, mode: str, b: int) -> str:
-    return f"{impl}:{m}-{mode}@b{b}"
+def key(impl: str, m: str, mode: str, b: int, k: int | None = None) -> str:
+    """``impl:method-mode@bB``, with ``/kK`` for a configuration of the lookahead sweep."""
+    return f"{impl}:{m}-{mode}@b{b}" + ("" if k is None else f"/k{k}")
 
 
-def summarize(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+def parse_key(k: str) -> tuple[str, str, str, int, int | None]:
+    """:func:`key`'s parts: implementation, method, mode, batch, sweep lookahead (None: the run's)."""
+    impl, rest = k.split(":")
+    name, tail = rest.split("@b")
+    m, mode = name.rsplit("-", 1)
+    b, _, la = tail.partition("/k")
+    return impl, m, mode, int(b), (int(la) if la else None)
+
+
+def summarize(runs: list[dict[str, dict[str, Any]]], lookahead: int | None = None) -> dict[str, Any]:
     """Per configuration: median of each figure over the repeats, plus min/median of the ratios that
     are taken inside each repeat (speedup over AR, bound, speedup/bound, vs transformers)."""
     methods: dict[str, Any] = {}
     for k in runs[0]:
-        impl, rest = k.split(":")
-        name, b = rest.split("@b")
-        mode = name.rsplit("-", 1)[1]
+        impl, _, mode, b, _ = parse_key(k)
         ar = f"{impl}:ar-{mode}@b{b}"
         row: dict[str, Any] = {}
         for f in runs[0][k]:
@@ -329,11 +371,46 @@ def summarize(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
                     vs_min[ours] = round(min(rs), 3)
     batch: dict[str, Any] = {}
     for k, row in methods.items():
-        if k.startswith("hsd:"):
-            name, b = k[4:].split("@b")
-            batch.setdefault(name, {})[int(b)] = row["tokens_per_s"]
-    return {"methods": methods, "vs_transformers": vs, "vs_transformers_min": vs_min,
-            "vs_transformers_patched": vs_fix, "throughput_by_batch": batch}
+        impl, m, mode, b, la = parse_key(k)
+        if impl == "hsd" and la is None:
+            batch.setdefault(f"{m}-{mode}", {})[b] = row["tokens_per_s"]
+    out = {"methods": methods, "vs_transformers": vs, "vs_transformers_min": vs_min,
+           "vs_transformers_patched": vs_fix, "throughput_by_batch": batch}
+    if lookahead is not None and any(parse_key(k)[4] is not None for k in runs[0]):
+        out.update(sweep_summary(runs, methods, lookahead))
+    return out
+
+
+def sweep_summary(runs: list[dict[str, dict[str, Any]]], methods: dict[str, Any], lookahead: int) -> dict[str, Any]:
+    """The lookahead sweep: per ``impl:method-mode``, per lookahead (the run's own from its batch-1
+    row), median speed-up over AR, bound, their ratio, acceptance and tokens per target call; and
+    transformers' time per token / hsd's (:data:`VS_SWEEP`, median over the repeats) per lookahead."""
+    def at(impl: str, name: str, k: int) -> str | None:
+        for cand in (f"{impl}:{name}@b1/k{k}",) + ((f"{impl}:{name}@b1",) if k == lookahead else ()):
+            if cand in runs[0]:
+                return cand
+        return None
+
+    ks = sorted({la for la in (parse_key(k)[4] for k in runs[0]) if la is not None} | {lookahead})
+    names = sorted({f"{parse_key(k)[0]}:{parse_key(k)[1]}-{parse_key(k)[2]}" for k in runs[0] if parse_key(k)[4] is not None})
+    sweep: dict[str, Any] = {}
+    for full in names:
+        impl, name = full.split(":")
+        for k in ks:
+            c = at(impl, name, k)
+            if c is not None:
+                r = methods[c]
+                sweep.setdefault(full, {})[k] = {f: r[f] for f in ("speedup_median", "speedup_min", "bound_median",
+                                                                  "of_bound_median", "acceptance",
+                                                                  "tokens_per_target_call", "ms_per_token")}
+    vs: dict[int, dict[str, float]] = {}
+    for k in ks:
+        for ours, theirs in VS_SWEEP.items():
+            a, b_ = at("hsd", ours, k), at("hf", theirs, k)
+            if a is not None and b_ is not None:
+                vs.setdefault(k, {})[ours] = round(statistics.median(
+                    r[b_]["ms_per_token"] / r[a]["ms_per_token"] for r in runs), 3)
+    return {"lookahead_sweep": sweep, "vs_transformers_by_lookahead": vs}
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -365,7 +442,7 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     for ax, mode in zip(axes[0], modes):
         names, vals, colors = [], [], []
         for k, r in m.items():
-            if k.endswith(f"-{mode}@b1"):
+            if k.endswith(f"-{mode}@b1"):  # the sweep's keys end in /kK
                 names.append(k.replace(f"-{mode}@b1", ""))
                 vals.append(r["tokens_per_s"])
                 colors.append("tab:blue" if k.startswith("hsd") else "tab:orange")
@@ -392,7 +469,7 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     written.append(str(folder / "generate_batch.png"))
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ks = [k for k in m if k.endswith("@b1") and ":ar-" not in k]
+    ks = [k for k in m if k.endswith("@b1") and ":ar-" not in k]  # not the sweep's
     ax.scatter([m[k]["bound_median"] for k in ks], [m[k]["speedup_median"] for k in ks],
                c=["tab:blue" if k.startswith("hsd") else "tab:orange" for k in ks])
     for k in ks:
@@ -407,6 +484,26 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     fig.savefig(folder / "generate_bound.png", dpi=110)
     written.append(str(folder / "generate_bound.png"))
     plt.close(fig)
+    sweep = summary.get("lookahead_sweep")
+    if sweep:
+        smodes = [md for md in modes if any(n.endswith(f"-{md}") for n in sweep)]
+        fig, axes = plt.subplots(1, len(smodes), figsize=(6 * len(smodes), 4.5), squeeze=False)
+        for ax, mode in zip(axes[0], smodes):
+            for i, (name, by_k) in enumerate(sorted((n, v) for n, v in sweep.items() if n.endswith(f"-{mode}"))):
+                ks = sorted(by_k, key=int)
+                color = f"C{i}"
+                label = name.rsplit("-", 1)[0].replace("hsd:", "").replace("hf:", "transformers ")
+                ax.plot([int(k) for k in ks], [by_k[k]["speedup_median"] for k in ks], marker="o", color=color, label=label)
+                ax.plot([int(k) for k in ks], [by_k[k]["bound_median"] for k in ks], ls="--", color=color, lw=0.9)
+            ax.axhline(1.0, color="k", lw=0.6)
+            ax.set_xlabel("lookahead (drafter tokens a round)")
+            ax.set_ylabel("speed-up over AR (solid); bound (dashed)")
+            ax.set_title(f"batch 1, {mode}: speed-up vs lookahead")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / "generate_lookahead.png", dpi=110)
+        written.append(str(folder / "generate_lookahead.png"))
+        plt.close(fig)
     return written
 
 
@@ -424,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--lookahead", type=int, default=4)
+    ap.add_argument("--methods", default=",".join(HSD_METHODS), help=f"hsd's methods, of {','.join(HSD_METHODS)}")
+    ap.add_argument("--sweep", default=None, metavar="K,K,...",
+                    help="also run the lookahead-taking methods at batch 1 at these lookaheads")
+    ap.add_argument("--sweep-modes", default="greedy,sample", help="the sweep's modes (of --modes)")
     ap.add_argument("--extra-layers", type=int, default=36)
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -441,6 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     modes = tuple((args.modes or ("greedy,sample,chat" if real else "greedy,sample")).split(","))
     if any(m not in MODES + ("chat",) for m in modes):
         ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")
+    methods = tuple(args.methods.split(","))
+    if not methods or any(m not in HSD_METHODS for m in methods) or "ar" not in methods:
+        ap.error(f"--methods takes {', '.join(HSD_METHODS)}, AR among them (the speed-ups' reference); got {args.methods!r}")
+    sweep = [int(k) for k in args.sweep.split(",")] if args.sweep else []
+    sweep_modes = tuple(md for md in args.sweep_modes.split(",") if md in modes)
+    if any(k < 1 for k in sweep) or (sweep and not sweep_modes):
+        ap.error(f"--sweep takes lookaheads >= 1 and --sweep-modes some of {modes}; got {args.sweep!r}, {args.sweep_modes!r}")
+    sweep = [k for k in sweep if k != args.lookahead]  # the run's own lookahead is in the batch-1 rows
     dtype = getattr(torch, args.dtype)
     if real:
         p, desc, prompts = load_real(dtype, args.device, args.prompts, args.pair)
@@ -457,15 +566,18 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(p, prompts, args.new, args.lookahead, args.device)
     if args.b1_prompts:
         bench.b1 = min(args.b1_prompts, len(prompts))
-    cfgs = configs(batches, not args.no_transformers, sd=p.get("sd_drafter") is not None, modes=modes)
+    cfgs: list[tuple[str, str, str, int, int | None]] = [
+        (*c, None) for c in configs(batches, not args.no_transformers, sd=p.get("sd_drafter") is not None,
+                                    modes=modes, methods=methods)]
+    cfgs += sweep_configs(sweep, not args.no_transformers, sweep_modes, methods)
     print(f"pair {root} ({json.dumps(desc)}); {len(prompts)} held-out prompts, {args.new} new tokens, "
           f"lookahead {args.lookahead}, {args.repeats} repeats, torch {torch.__version__} {args.device} {args.dtype}, "
           f"{torch.get_num_threads()} thread(s)", flush=True)
-    for impl, m, mode, b in cfgs:  # warm-up: bridges, translators, allocator
+    for impl, m, mode, b, k in cfgs:  # warm-up: bridges, translators, allocator
         if impl == "hsd":
-            bench.run_hsd(m, mode, b, seed=99, n=min(b, len(prompts)), new=4)
+            bench.run_hsd(m, mode, b, seed=99, n=min(b, len(prompts)), new=4, k=k)
         else:
-            bench.run_hf(m, mode, seed=99, n=1, new=4)
+            bench.run_hf(m, mode, seed=99, n=1, new=4, k=k)
     runs: list[dict[str, dict[str, Any]]] = []
     greedy: dict[str, list[list[int]]] = {}
     for r in range(args.repeats):
@@ -473,19 +585,19 @@ def main(argv: list[str] | None = None) -> int:
         res: dict[str, dict[str, Any]] = {}
         order = list(cfgs)
         random.Random(r).shuffle(order)  # a new order each repeat: slow phases of a shared machine hit all alike
-        for impl, m, mode, b in order:
-            res[key(impl, m, mode, b)] = (bench.run_hsd(m, mode, b, seed=r) if impl == "hsd"
-                                          else bench.run_hf(m, mode, seed=r))
+        for impl, m, mode, b, k in order:
+            res[key(impl, m, mode, b, k)] = (bench.run_hsd(m, mode, b, seed=r, k=k) if impl == "hsd"
+                                             else bench.run_hf(m, mode, seed=r, k=k))
             if r == 0 and mode == "greedy":
-                greedy[key(impl, m, mode, b)] = bench.last_sequences
+                greedy[key(impl, m, mode, b, k)] = bench.last_sequences
         runs.append({key(*c): res[key(*c)] for c in cfgs})
         print(f"repeat {r + 1}/{args.repeats}: {time.perf_counter() - t1:.0f} s", flush=True)
         if args.json and r + 1 < args.repeats:  # a run cut short (a device's time limit) keeps its finished repeats
-            part = summarize(runs)
+            part = summarize(runs, args.lookahead)
             part["partial"] = {"repeats_done": r + 1, "repeats_asked": args.repeats}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(part, indent=1))
-    summary = summarize(runs)
+    summary = summarize(runs, args.lookahead)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
     ref = greedy.get("hsd:ar-greedy@b1", [])
@@ -494,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
                         "build": p["build"] if args.pair == "distilled" else
                         {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
                         "prompts": len(prompts), "batch1_prompts": bench.b1, "new_tokens": args.new, "lookahead": args.lookahead,
+                        "methods": list(methods), "sweep": sweep, "sweep_modes": list(sweep_modes), "bounded_slrs": BOUNDED,
                         "repeats": args.repeats, "batches": batches, "device": args.device, "dtype": args.dtype,
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "transformers": __import__("transformers").__version__,
@@ -503,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     print("vs_transformers (median / min over repeats):", json.dumps(summary["vs_transformers"]),
           json.dumps(summary["vs_transformers_min"]))
     print("vs transformers' UAG sampling with the issue-12 patch (lossless):", json.dumps(summary["vs_transformers_patched"]))
+    for name, by_k in summary.get("lookahead_sweep", {}).items():
+        print(f"lookahead sweep {name}: " + "; ".join(
+            f"k{k} {r['speedup_median']:.2f}x (bound {r['bound_median']:.2f}, {r['tokens_per_target_call']:.2f} tok/call)"
+            for k, r in sorted(by_k.items())))
+    if summary.get("vs_transformers_by_lookahead"):
+        print("vs transformers by lookahead:", json.dumps(summary["vs_transformers_by_lookahead"]))
     if args.plots:
         summary["plots"] = plots(summary, Path(args.plots))
     if args.json:

@@ -38,12 +38,12 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     try:
         assert gen.main(["--quick", "--fast-pair", "--pair", str(tmp_path / "pair"), "--prompts", "2", "--new", "5",
                          "--repeats", "1", "--batches", "1,2", "--extra-layers", "2", "--json", str(out),
-                         "--plots", str(tmp_path / "plots")]) == 0
+                         "--plots", str(tmp_path / "plots"), "--sweep", "2,4", "--sweep-modes", "greedy"]) == 0
     finally:
         torch.set_num_threads(threads)
     res = json.loads(out.read_text())
     m = res["methods"]
-    for method in ("ar", "sd", "slem", "tli", "slrs"):
+    for method in ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm"):
         for mode in ("greedy", "sample"):
             for b in (1, 2):
                 row = m[f"hsd:{method}-{mode}@b{b}"]
@@ -62,10 +62,24 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     from transformers.generation import candidate_generator as cg
 
     assert cg.AssistantToTargetTranslator.get_target_logits.__module__ == cg.__name__, "the patch was left installed"
-    # greedy: every hsd method at batch 1 emits the target's own greedy tokens (the AR run's)
-    assert all(v == 0 for k, v in res["greedy_mismatches"].items() if k.startswith("hsd:") and k.endswith("@b1"))
+    # the lookahead sweep: lookahead 2 at batch 1 in greedy mode (4 is the run's own: its batch-1 rows)
+    swept = {k for k in m if "/k" in k}
+    assert swept == {f"hsd:{x}-greedy@b1/k2" for x in ("tli", "slem", "bslrs", "bslrsm")} | {"hf:uag-greedy@b1/k2"}
+    for x in ("tli", "slem", "bslrs"):  # one-token proposals: at most the lookahead's drafts a round
+        row = m[f"hsd:{x}-greedy@b1/k2"]
+        assert row["new_tokens"] == 2 * 5 and 0 < row["proposed"] <= 2 * row["rounds"]
+    assert res["setup"]["sweep"] == [2] and res["setup"]["bounded_slrs"]["min_path_prob"] == 0.05
+    sw = res["lookahead_sweep"]
+    assert set(sw) == {"hsd:tli-greedy", "hsd:slem-greedy", "hsd:bslrs-greedy", "hsd:bslrsm-greedy", "hf:uag-greedy"}
+    assert all(set(by_k) == {"2", "4"} for by_k in sw.values())
+    assert sw["hsd:tli-greedy"]["4"]["speedup_median"] == m["hsd:tli-greedy@b1"]["speedup_median"]
+    assert sw["hsd:tli-greedy"]["2"]["tokens_per_target_call"] == m["hsd:tli-greedy@b1/k2"]["tokens_per_target_call"]
+    assert set(res["vs_transformers_by_lookahead"]) == {"2", "4"}
+    assert set(res["vs_transformers_by_lookahead"]["2"]) == {"slem-greedy", "tli-greedy", "bslrs-greedy", "bslrsm-greedy"}
+    # greedy: every hsd method at batch 1 emits the target's own greedy tokens (the AR run's), swept too
+    assert all(v == 0 for k, v in res["greedy_mismatches"].items() if k.startswith("hsd:") and "@b1" in k)
     assert {Path(p).name for p in res["plots"]} == {"generate_tokens_per_s.png", "generate_batch.png",
-                                                     "generate_bound.png"}
+                                                     "generate_bound.png", "generate_lookahead.png"}
 
 
 def test_pair_rebuilds_the_tli_drafter_alone_and_diagnoses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +149,7 @@ def test_configs_without_sd_drafter_and_with_chat_mode() -> None:
     cfgs = gen.configs([1, 4], True, sd=False, modes=("greedy", "sample", "chat"))
     assert not [c for c in cfgs if c[1] == "sd"]
     assert {(m, b) for impl, m, mode, b in cfgs if impl == "hsd" and mode == "chat"} == \
-        {(m, b) for m in ("ar", "slem", "tli", "slrs") for b in (1, 4)}
+        {(m, b) for m in ("ar", "slem", "tli", "slrs", "bslrs", "bslrsm") for b in (1, 4)}
     assert {(m, mode) for impl, m, mode, _ in cfgs if impl == "hf"} == {
         ("ar", "greedy"), ("ar", "sample"), ("ar", "chat"), ("uag", "greedy"), ("uag", "sample"), ("uagfix", "sample")}
     assert gen.configs([1], True) == gen.configs([1], True, sd=True, modes=("greedy", "sample"))
