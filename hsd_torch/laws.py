@@ -122,22 +122,81 @@ def _tempered_softmax(x: Tensor, temperature: float, top_k: int | None) -> Tenso
 def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
     """:func:`process_logits` with the mask of removed ids given (``drop [V]``, bool, on ``logits``'
     device): ``[..., V]`` probabilities, float64 for float64 logits, else float32; what
-    ``generate`` calls at every step, without re-deriving the mask."""
+    ``generate`` calls at every step, without re-deriving the mask.
+
+    With top-p, the kept probabilities are divided by their sum taken in decreasing order (one
+    canonical order: ties are equal values, so the same bits whichever sort found them), and the law
+    is built from the sorted head alone when its boundary is strict (:func:`top_p_law`)."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits if logits.dtype == cdt else logits.to(cdt)
     if drop.device.type != "cpu" or bool(drop.any()):  # nothing removed (the target's own law): no pass
         x = x.masked_fill(drop, float("-inf"))
     probs = _tempered_softmax(x, temperature, top_k)
     if top_p is not None and top_p < 1.0:
-        # in place: softmax allocated ``probs``; the removed ids' probabilities become +0, as torch.where gave
-        probs.mul_(top_p_keep(probs, top_p))
-        probs.div_(probs.sum(-1, keepdim=True))
+        return top_p_law(probs, top_p)
     return probs
 
 
 TOP_P_FIRST_K = 256
 """How many of the largest probabilities :func:`top_p_keep` sorts first (then 8 times more, until
 the kept head ends inside the sorted part; from a quarter of the vocabulary, all of it)."""
+
+
+def top_p_law(probs: Tensor, top_p: float, first_k: int | None = None) -> Tensor:
+    """``probs [..., V]`` (a law; softmax's output, which may be overwritten) kept on
+    :func:`top_p_keep`'s set and renormalized: same shape and dtype, the removed ids +0, each kept
+    probability divided by the kept mass summed in decreasing order (the cumulative sum top-p
+    reads). Where every row's kept head ends strictly above the next value (no tie across the
+    boundary, the usual case), the law is written from the sorted head alone (zeros and a
+    scatter of at most ``k`` values into ``probs``), without reading the removed ids; else through the kept
+    mask. Both give the same bits: the kept values are the head's values, divided by the same sum."""
+    vals, ids, csum, m = _top_p_head(probs, top_p, first_k)
+    mass = csum.gather(-1, m - 1)  # the kept mass, summed in decreasing order
+    k = vals.shape[-1]
+    if bool((m < k).all()) and bool((vals.gather(-1, m - 1) > vals.gather(-1, m)).all()):
+        pos = torch.arange(k, device=vals.device)
+        head = torch.where(pos < m, vals / mass, torch.zeros((), dtype=vals.dtype, device=vals.device))
+        return probs.zero_().scatter_(-1, ids, head)  # in place: no new buffer of V columns
+    # in place: the removed ids' probabilities become +0 (probs are >= 0), as torch.where gave
+    return probs.mul_(_kept(probs, vals, m)).div_(mass)
+
+
+def _top_p_head(probs: Tensor, top_p: float, first_k: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The sorted head top-p reads in ``probs [..., V]``: its ``k`` largest values in decreasing
+    order, their ids, their cumulative sums (``[..., k]`` each) and each row's count ``m [..., 1]``
+    (int64) of kept positions, ``m < k`` unless ``k = V`` (:func:`top_p_keep`)."""
+    v = probs.shape[-1]
+    k = max(1, min(TOP_P_FIRST_K if first_k is None else first_k, v))
+    while True:
+        if 4 * k >= v:
+            k = v
+        vals, ids = (torch.sort(probs, dim=-1, descending=True) if k == v
+                     else torch.topk(probs, k, dim=-1, sorted=True))
+        csum = torch.cumsum(vals, dim=-1)
+        keep_sorted = (csum - vals) < top_p
+        # the top id's preceding mass is 0 < top_p: kept, also where top_p underflows the compute dtype
+        # (a top_p below 1.2e-38 is 0 in float32, and the comparison alone would keep no id)
+        keep_sorted[..., :1] = True
+        m = keep_sorted.sum(-1, keepdim=True)
+        if k == v or bool((m < k).all()):
+            return vals, ids, csum, m
+        k *= 8
+
+
+def _kept(probs: Tensor, vals: Tensor, m: Tensor) -> Tensor:
+    """The kept ids of ``probs [..., V]`` (bool, same shape) given the sorted head ``vals`` and
+    each row's kept count ``m``: those above the ``m``-th value and, among those equal to it, the
+    lowest ids, as many as the count asks."""
+    last = vals.gather(-1, m - 1)  # the smallest kept value of each row
+    at_least = probs >= last
+    if bool((at_least.sum(-1, keepdim=True) == m).all()):  # no tie at the boundary left out (the usual case)
+        return at_least
+    above = probs > last
+    tied = probs == last
+    need = m - above.sum(-1, keepdim=True)  # how many of the ids equal to it are kept (>= 1)
+    if bool((tied.sum(-1, keepdim=True) == need).all()):
+        return above | tied
+    return above | (tied & (torch.cumsum(tied, dim=-1, dtype=torch.int64) <= need))
 
 
 def top_p_keep(probs: Tensor, top_p: float, first_k: int | None = None) -> Tensor:
@@ -152,32 +211,8 @@ def top_p_keep(probs: Tensor, top_p: float, first_k: int | None = None) -> Tenso
     change the sums), a prefix of which is the prefix of the full sums; a row's count ``m`` of kept
     positions is final once ``m < k`` (the masses only grow); and the kept ids are those above the
     ``m``-th value plus, among the ids equal to it, the lowest ones, as many as the count asks."""
-    v = probs.shape[-1]
-    k = max(1, min(TOP_P_FIRST_K if first_k is None else first_k, v))
-    while True:
-        if 4 * k >= v:
-            k = v
-        vals = (torch.sort(probs, dim=-1, descending=True).values if k == v
-                else torch.topk(probs, k, dim=-1, sorted=True).values)
-        before = torch.cumsum(vals, dim=-1) - vals
-        keep_sorted = before < top_p
-        # the top id's preceding mass is 0 < top_p: kept, also where top_p underflows the compute dtype
-        # (a top_p below 1.2e-38 is 0 in float32, and the comparison alone would keep no id)
-        keep_sorted[..., :1] = True
-        m = keep_sorted.sum(-1, keepdim=True)
-        if k == v or bool((m < k).all()):
-            break
-        k *= 8
-    last = vals.gather(-1, m - 1)  # the smallest kept value of each row
-    at_least = probs >= last
-    if bool((at_least.sum(-1, keepdim=True) == m).all()):  # no tie at the boundary left out (the usual case)
-        return at_least
-    above = probs > last
-    tied = probs == last
-    need = m - above.sum(-1, keepdim=True)  # how many of the ids equal to it are kept (>= 1)
-    if bool((tied.sum(-1, keepdim=True) == need).all()):
-        return above | tied
-    return above | (tied & (torch.cumsum(tied, dim=-1, dtype=torch.int64) <= need))
+    vals, _, _, m = _top_p_head(probs, top_p, first_k)
+    return _kept(probs, vals, m)
 
 
 

@@ -33,7 +33,9 @@ preceding masses summed exactly in ``fractions.Fraction``), and compared:
 Mutants this file kills (each checked by hand on a copy): ``x * temperature`` for
 ``x / temperature``; top-k keeping k+1 or k-1 (``topk(x, top_k + 1)``, ``topk(x, top_k - 1)``);
 top-p keeping an exact tie (``before <= top_p``); generate's no-top-p path ignoring temperature;
-the drafter processed with the target's temperature instead of ``drafter_temperature``.
+the drafter processed with the target's temperature instead of ``drafter_temperature``; top-p's
+sorted-head path taken at a tied boundary (``>=`` for ``>``) or writing one head value too many
+(``pos <= m``).
 """
 
 from __future__ import annotations
@@ -456,3 +458,36 @@ def test_partial_top_p_is_the_full_sort_bit_for_bit(dtype: torch.dtype, first_k:
         finally:
             laws.TOP_P_FIRST_K = saved
     assert n_partial_ties > 0, "no case split a tie at the boundary: the tie rule went untested"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_p_law_is_the_kept_probabilities_over_their_sorted_sum(dtype: torch.dtype) -> None:
+    """``top_p_law`` (both of its paths: written from the sorted head where every row's boundary is
+    strict, through the kept mask where a tie crosses it) equals, bit for bit, the law built
+    independently: the full stable sort's kept set, each kept probability divided by the kept values'
+    sum taken in decreasing order, +0 elsewhere."""
+    g = torch.Generator().manual_seed(1)
+    v = 20_000
+    x = torch.randn((4, v), generator=g, dtype=torch.float64) * torch.tensor([[1.0], [4.0], [8.0], [16.0]],
+                                                                            dtype=torch.float64)
+    strict_rows = x.clone()  # continuous logits: no ties anywhere (the sorted-head path)
+    tied_rows = (x * 2).round() / 2  # many equal values: the boundary falls among ties for some top-p
+    paths = set()
+    for rows in (strict_rows, tied_rows):
+        probs = torch.softmax(rows.to(dtype), dim=-1)
+        for top_p in (1e-9, 0.3, 0.9, 0.99):
+            srt = torch.sort(probs, dim=-1, descending=True, stable=True)
+            csum = torch.cumsum(srt.values, dim=-1)
+            keep_sorted = (csum - srt.values) < top_p
+            keep_sorted[..., :1] = True
+            m = keep_sorted.sum(-1, keepdim=True)
+            keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, srt.indices, keep_sorted)
+            want = torch.where(keep, probs / csum.gather(-1, m - 1), torch.zeros((), dtype=dtype))
+            strict = bool((srt.values.gather(-1, m - 1) > srt.values.gather(-1, torch.clamp(m, max=v - 1))).all())
+            paths.add(strict)
+            got = laws.top_p_law(probs.clone(), top_p)
+            assert torch.equal(got, want), (top_p, strict)
+            assert torch.equal(got != 0, keep)
+            assert torch.equal(laws.process_with_drop(rows.to(dtype), torch.zeros(v, dtype=torch.bool), 1.0, None,
+                                                      top_p), want)
+    assert paths == {True, False}, "both paths of top_p_law must be exercised"
