@@ -119,10 +119,12 @@ def _tempered_softmax(x: Tensor, temperature: float, top_k: int | None) -> Tenso
 
 
 
-def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                      space: TextSpace | None = None) -> Tensor:
     """:func:`process_logits` with the mask of removed ids given (``drop [V]``, bool, on ``logits``'
     device): ``[..., V]`` probabilities, float64 for float64 logits, else float32; what
-    ``generate`` calls at every step, without re-deriving the mask.
+    ``generate`` calls at every step, without re-deriving the mask. With a ``space`` (and top-p),
+    the law at that space's columns, ``[..., space.n]`` (:func:`space_law`).
 
     With top-p, the kept probabilities are divided by their sum taken in decreasing order (one
     canonical order: ties are equal values, so the same bits whichever sort found them), and the law
@@ -133,8 +135,8 @@ def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: i
         x = x.masked_fill(drop, float("-inf"))
     probs = _tempered_softmax(x, temperature, top_k)
     if top_p is not None and top_p < 1.0:
-        return top_p_law(probs, top_p)
-    return probs
+        return top_p_law(probs, top_p, space=space)
+    return probs if space is None else space.select(probs)
 
 
 TOP_P_FIRST_K = 256
@@ -142,23 +144,32 @@ TOP_P_FIRST_K = 256
 the kept head ends inside the sorted part; from a quarter of the vocabulary, all of it)."""
 
 
-def top_p_law(probs: Tensor, top_p: float, first_k: int | None = None) -> Tensor:
+def top_p_law(probs: Tensor, top_p: float, first_k: int | None = None, space: TextSpace | None = None) -> Tensor:
     """``probs [..., V]`` (a law; softmax's output, which may be overwritten) kept on
     :func:`top_p_keep`'s set and renormalized: same shape and dtype, the removed ids +0, each kept
     probability divided by the kept mass summed in decreasing order (the cumulative sum top-p
     reads). Where every row's kept head ends strictly above the next value (no tie across the
     boundary, the usual case), the law is written from the sorted head alone (zeros and a
     scatter of at most ``k`` values into ``probs``), without reading the removed ids; else through the kept
-    mask. Both give the same bits: the kept values are the head's values, divided by the same sum."""
+    mask. Both give the same bits: the kept values are the head's values, divided by the same sum.
+    With a ``space``: the law at its columns, ``[..., space.n]`` (the removed ids, outside it, have
+    probability 0), written there directly on the sorted-head path."""
     vals, ids, csum, m = _top_p_head(probs, top_p, first_k)
     mass = csum.gather(-1, m - 1)  # the kept mass, summed in decreasing order
     k = vals.shape[-1]
     if bool((m < k).all()) and bool((vals.gather(-1, m - 1) > vals.gather(-1, m)).all()):
         pos = torch.arange(k, device=vals.device)
         head = torch.where(pos < m, vals / mass, torch.zeros((), dtype=vals.dtype, device=vals.device))
-        return probs.zero_().scatter_(-1, ids, head)  # in place: no new buffer of V columns
+        if space is None:
+            return probs.zero_().scatter_(-1, ids, head)  # in place: no new buffer of V columns
+        # at the space's columns; an id outside it (removed: probability 0) adds nothing, as select() drops it
+        cols = space.col_of(ids)
+        head = torch.where(cols >= 0, head, torch.zeros((), dtype=head.dtype, device=head.device))
+        out = torch.zeros((*probs.shape[:-1], space.n), dtype=probs.dtype, device=probs.device)
+        return out.scatter_add_(-1, cols.clamp_(min=0), head)
     # in place: the removed ids' probabilities become +0 (probs are >= 0), as torch.where gave
-    return probs.mul_(_kept(probs, vals, m)).div_(mass)
+    law = probs.mul_(_kept(probs, vals, m)).div_(mass)
+    return law if space is None else space.select(law)
 
 
 def _top_p_head(probs: Tensor, top_p: float, first_k: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -238,6 +249,7 @@ class TextSpace:
         for c, i in enumerate(self.ids):
             self.pos[i] = c
         self.cols = torch.tensor(self.ids, dtype=torch.long, device=device)
+        self._pos_t: Tensor | None = None
         one_run = self.ids == list(range(self.ids[0], self.ids[0] + self.n)) if self.ids else False
         self._run: tuple[int, int] | None = (self.ids[0], self.ids[0] + self.n) if one_run else None
 
@@ -275,6 +287,12 @@ class TextSpace:
         drop[self.cols] = False
         return drop
 
+    def col_of(self, ids: Tensor) -> Tensor:
+        """The columns of ``ids`` (int64, any shape, on the space's device): -1 for an id outside the space."""
+        if self._pos_t is None:
+            self._pos_t = torch.tensor(self.pos, dtype=torch.long, device=self.cols.device)
+        return self._pos_t[ids]
+
     def select(self, x: Tensor) -> Tensor:
         """``x [..., v]`` at the space's columns: ``[..., n]`` (a view when they form one run)."""
         if self._run is not None:
@@ -293,7 +311,7 @@ def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float
     law: the removed ids are ``-inf`` there); top-p, whose ties go to the lower id, runs on all
     ``V`` columns in id order first (``drop [V]``: the removed ids)."""
     if top_p is not None and top_p < 1.0:
-        return space.select(process_with_drop(logits, drop, temperature, top_k, top_p))
+        return process_with_drop(logits, drop, temperature, top_k, top_p, space=space)
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = space.select(logits)
     return _tempered_softmax(x if x.dtype == cdt else x.to(cdt), temperature, top_k)

@@ -491,3 +491,24 @@ def test_top_p_law_is_the_kept_probabilities_over_their_sorted_sum(dtype: torch.
             assert torch.equal(laws.process_with_drop(rows.to(dtype), torch.zeros(v, dtype=torch.bool), 1.0, None,
                                                       top_p), want)
     assert paths == {True, False}, "both paths of top_p_law must be exercised"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_p_law_at_a_space_is_the_dense_law_selected(dtype: torch.dtype) -> None:
+    """``space_law`` with top-p writes the law at the space's columns directly on the sorted-head
+    path: bit for bit the dense law of ``process_with_drop`` taken at those columns, for a space
+    that is not one run of ids (EOS last) with removed ids, on strict and on tied boundaries."""
+    g = torch.Generator().manual_seed(2)
+    v = 5_000
+    ids = [i for i in range(v) if i % 7 != 3 and i != 5] + [5]  # ids with text, then EOS (5); 1/7 removed
+    space = laws.TextSpace(ids, v, torch.device("cpu"))
+    drop = space.drop_mask()
+    x = torch.randn((3, 4, v), generator=g, dtype=torch.float64) * 6
+    for logits in (x, (x * 2).round() / 2):
+        for top_p in (0.2, 0.9, 0.995):
+            for top_k in (None, 50):
+                dense = laws.process_with_drop(logits.to(dtype), drop, 0.7, top_k, top_p)
+                got = laws.space_law(logits.to(dtype), space, drop, 0.7, top_k, top_p)
+                assert got.shape == (3, 4, len(ids))
+                assert torch.equal(got, space.select(dense)), (top_p, top_k)
+                assert float(dense[..., drop].abs().sum()) == 0.0
