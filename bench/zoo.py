@@ -18,8 +18,15 @@ two byte-level BPEs, the stdlib's codec tables; the target un-inflated; cached i
 law is peaked and depends on every position (a nearly deterministic domain, learnt position
 embeddings), as a real model's does, where the random-init tiny target's barely does.
 
-The exact first-token TV of a variant is not computed: hsd_torch's variants have no exact
-enumerator (hsd_core's variants do: ``tests/exact/test_variants.py``).
+``--first-token-tv RUN.json``: adds to a recorded run's rows the exact first-token TV of each
+variant (``first_token_tv``), computed, not sampled, from the laws the rejection kernel is given at
+the first round (:func:`first_round_laws`: the target's law at the first position, from the
+variant's own run, and the law the first draft is drawn from, from the correct run), through the
+variant's first-round rule (:data:`FIRST_ROUND_RULES`: how it tests a draft and what it draws after
+a rejection), and checked against the variant's own first tokens (a chi-square of ``--check-n``
+first tokens against that law, recorded as ``first_token_check_p``): the rule is an analysis of
+the variant, so the check ties it to the code. The variants that act only after a rejection, or on
+the drafter's context, leave the first token's law exact (TV 0 up to rounding, computed the same way).
 """
 
 from __future__ import annotations
@@ -35,13 +42,136 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hsd_torch import generate, tiny
+from hsd_torch import generate, kernels, tiny
 from hsd_torch.tiny import sharpen
 from hsd_torch.audit import audit_generate, audit_sequences
 from hsd_torch.variants import VARIANTS, Variant, generate_with
 
 PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
+
+
+def first_round_laws(variant: Variant | None, target: Any, drafter: Any, prompt: str, kw: dict[str, Any],
+                     rows: int = 1, seeds: range = range(1)) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """What ``kernels._rejection_host`` is given at the first round of ``generate`` (``variant``
+    applied, None: the correct code) on ``rows`` copies of ``prompt``, ``max_new_tokens=1``: the
+    target's law ``p`` and the law the first draft was drawn from ``q`` at row 0's first position,
+    as float64 vectors over the target's text-space columns (``q`` divided by its ``q_scale``), and
+    the first column each row emitted, over ``seeds`` (one ``generate`` call each). The recorder is
+    installed beneath the variant's patch, so a variant that rewrites the kernel's inputs is
+    recorded with them rewritten: ``q`` is recorded from the correct code only."""
+    rec: dict[str, Any] = {}
+    firsts: list[int] = []
+    orig = kernels._rejection_host
+
+    def recorder(p: Any, q: Any, drafts: Any, n_drafts: Any, u_accept: Any, u_final: Any, **kw2: Any) -> Any:
+        out = orig(p, q, drafts, n_drafts, u_accept, u_final, **kw2)
+        if "first" not in rec:
+            rec["first"] = True
+            rec.setdefault("p", p[0, 0].double().clone())
+            if q is not None and q.shape[1] and n_drafts[0]:
+                qs = kw2.get("q_scale")
+                rec.setdefault("q", q[0, 0].double() / (qs[0][0] if qs is not None else 1.0))
+            firsts.extend(r[0] for r in out[0])
+        return out
+
+    kernels._rejection_host = recorder
+    try:
+        for s in seeds:
+            rec.pop("first", None)
+            if variant is None:
+                generate(target, drafter, [prompt] * rows, max_new_tokens=1, seed=s, **kw)
+            else:
+                generate_with(variant, target, drafter, [prompt] * rows, max_new_tokens=1, seed=s, **kw)
+    finally:
+        kernels._rejection_host = orig
+    return rec["p"], rec.get("q", torch.zeros_like(rec["p"])), firsts
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(p - q, 0))``, ``p`` itself where that has no mass (the kernel's rule)."""
+    d = (p - q).clamp(min=0)
+    return d / d.sum() if d.sum() > 0 else p
+
+
+def _accept(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The probability that the ratio test keeps each draft: ``min(1, p / q)`` (``q = 0``: 1 where
+    ``p > 0``, else 0), as ``kernels._ratio_test`` decides for a uniform ``u``."""
+    return torch.where(q > 0, torch.clamp(p / torch.where(q > 0, q, 1.0), max=1.0), (p > 0).double())
+
+
+def _standard(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The first token's law when the draft ``x ~ q`` is tested and corrected against ``p`` as
+    ``hsd_torch.kernels`` does: ``sum_x q(x) (a(x) e_x + (1 - a(x)) r)`` with ``r`` the residual."""
+    a = _accept(p, q)
+    return q * a + (q * (1 - a)).sum() * _residual(p, q)
+
+
+def _q_permuted(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    qr = q.roll(1, dims=-1)  # the kernel tests and corrects against q read one column off
+    a = _accept(p, qr)
+    return q * a + (q * (1 - a)).sum() * _residual(p, qr)
+
+
+def _first_draft_accepted(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    a = (p > 0).double()  # u = 0 < min(1, p / q) wherever p > 0
+    return q * a + (q * (1 - a)).sum() * _residual(p, q)
+
+
+def _residual_minus_qx(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    a = _accept(p, q)
+    law = q * a
+    for x in torch.nonzero(q * (1 - a) > 0).flatten().tolist():  # after rejecting x: norm((p - q(x) e_x)+)
+        qx = torch.zeros_like(q)
+        qx[x] = q[x]
+        law = law + q[x] * (1 - a[x]) * _residual(p, qx)
+    return law
+
+
+FIRST_ROUND_RULES = {"q_columns_permuted": _q_permuted, "first_draft_accepted": _first_draft_accepted,
+                     "residual_minus_qx": _residual_minus_qx}
+"""The variants whose first round tests or corrects a draft otherwise than the kernel: their
+first-token law from ``(p, q)``; every other variant's is :func:`_standard` with its own ``p``
+(a wrong context or processing changes ``p`` itself, which the recorder reads)."""
+
+
+def first_token_tv(variant: Variant, target: Any, drafter: Any, prompt: str, kw: dict[str, Any],
+                   check_n: int = 2000) -> dict[str, Any]:
+    """The exact (float64, from float32 laws) first-token TV of ``variant`` from the correct code's
+    first-token law (the same rule's arithmetic on the correct run's laws; its own distance from the
+    target's law, ``formula_vs_target_law``, is rounding: ~1e-7), and the
+    chi-square p-value of ``check_n`` of its sampled first tokens against the law it is computed to
+    have (:func:`law_check`)."""
+    p0, q0, _ = first_round_laws(None, target, drafter, prompt, kw, rows=16)  # batched as the variant's runs
+    pv, _, firsts = first_round_laws(variant, target, drafter, prompt, kw, rows=16, seeds=range(100, 100 + check_n // 16))
+    correct = _standard(p0, q0)
+    law = FIRST_ROUND_RULES.get(variant.name, _standard)(pv, q0)
+    chi_p, impossible = law_check(law, firsts)
+    # TV against the correct code's law through the same arithmetic (which is the target's law to ~1e-7)
+    return {"first_token_tv": 0.5 * float((law - correct).abs().sum()),
+            "formula_vs_target_law": 0.5 * float((correct - p0).abs().sum()),
+            "first_token_check_n": len(firsts), "first_token_check_p": chi_p,
+            "first_token_check_impossible": impossible}
+
+
+def law_check(law: torch.Tensor, draws: list[int]) -> tuple[float | None, int]:
+    """Pearson's chi-square p-value of ``draws`` (columns) against ``law`` (cells of expectation
+    below 5 pooled; None with fewer than two cells) and the number of draws where ``law`` is 0."""
+    from scipy import stats
+
+    counts = torch.bincount(torch.tensor(draws, dtype=torch.int64), minlength=law.numel()).double()
+    exp = law / law.sum() * counts.sum()  # the float32 laws sum to 1 within ~1e-7
+    big = exp >= 5
+    obs_c = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    exp_c = torch.cat([exp[big], exp[~big].sum().reshape(1)])
+    if exp_c[-1] < 5:  # fold a small pooled cell into the smallest kept one
+        i = int(torch.argmin(exp_c[:-1]))
+        obs_c[i] += obs_c[-1]
+        exp_c[i] += exp_c[-1]
+        obs_c, exp_c = obs_c[:-1], exp_c[:-1]
+    impossible = int(counts[law == 0].sum())
+    chi = stats.chisquare(obs_c.numpy(), exp_c.numpy()) if len(obs_c) > 1 else None
+    return (None if chi is None else float(chi.pvalue)), impossible
 
 
 def doc_table(plain: str, sharp: str, trained: str | None = None) -> str:
@@ -56,8 +186,8 @@ def doc_table(plain: str, sharp: str, trained: str | None = None) -> str:
     for label, path in runs:
         with open(path, encoding="utf-8") as f:
             tables.append((label, json.load(f)["rows"]))
-    lines = ["| variant (bug class) | target | tokens changed | audit_generate, n = 1,000 | audit_sequences, n = 200 "
-             "| audit_sequences, n = 1,000 |", "|---|---|---|---|---|---|"]
+    lines = ["| variant (bug class) | target | tokens changed | exact first-token TV | audit_generate, n = 1,000 "
+             "| audit_sequences, n = 200 | audit_sequences, n = 1,000 |", "|---|---|---|---|---|---|---|"]
     for i, first in enumerate(tables[0][1]):
         for label, rows in tables:
             r = rows[i]
@@ -66,9 +196,37 @@ def doc_table(plain: str, sharp: str, trained: str | None = None) -> str:
             gv = f"**{g['verdict']}**" if g["verdict"] == "lossy" else g["verdict"]
             name = (f"`{r['variant']}`" + (" (lossless on purpose)" if r["lossless"] else "") + f": {r['seen_in']}"
                     if label == "plain" else "")
-            lines.append(f"| {name} | {label} | {r['tokens_changed']} | {gv} | {cell(r['sequences_200'])} | "
+            tv = "-" if r.get("first_token_tv") is None else f"{r['first_token_tv']:.2g}"
+            lines.append(f"| {name} | {label} | {r['tokens_changed']} | {tv} | {gv} | {cell(r['sequences_200'])} | "
                          f"{cell(r['sequences_1000'])} |")
     return "\n".join(lines)
+
+
+def models(trained: bool, sharp: bool) -> tuple[Any, Any, Any, Any, list[str]]:
+    """``(target, target_tokenizer, drafter, drafter_tokenizer, prompts)`` of a run: the tiny pair
+    (``sharp``: its target sharpened) or ``bench/pair.py``'s trained pair with two held-out prompts."""
+    prompts = PROMPTS
+    if trained:
+        import pair as pairmod
+
+        built = pairmod.load_pair(pairmod.ensure_pair(), extra_layers=0)
+        target, tt, drafter, dt = (built["target"], built["target_tokenizer"], built["drafter"],
+                                   built["drafter_tokenizer"])
+        prompts = pairmod.prompts(2)
+    else:
+        target, tt, drafter, dt = tiny.tiny_pair()
+    if sharp:
+        sharpen(target)
+    return target, tt, drafter, dt, list(prompts)
+
+
+def variant_kw(v: Variant, tt: Any, dt: Any) -> dict[str, Any]:
+    """``generate``'s keyword arguments for a variant's runs: its first method, lookahead 3, the
+    processing it needs."""
+    kw: dict[str, Any] = {"target_tokenizer": tt, "drafter_tokenizer": dt, "method": v.methods[0], "lookahead": 3}
+    if v.needs.get("top_p") is not None:
+        kw["top_p"] = v.needs["top_p"]
+    return kw
 
 
 def main() -> None:
@@ -82,6 +240,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="200,1000", help="numbers of sequences of audit_sequences")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trained", action="store_true", help="bench/pair.py's trained pair (module docstring)")
+    ap.add_argument("--first-token-tv", default=None, metavar="RUN.json",
+                    help="add the exact first-token TV of each variant to a recorded run (module docstring), and stop")
+    ap.add_argument("--check-n", type=int, default=2000, help="sampled first tokens that check each first-token law")
     ap.add_argument("--sharp", action="store_true",
                     help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
@@ -91,26 +252,27 @@ def main() -> None:
         print(doc_table(*a.table))
         return
     torch.set_num_threads(1)
-    prompts = PROMPTS
-    if a.trained:
-        import pair as pairmod
-
-        built = pairmod.load_pair(pairmod.ensure_pair(), extra_layers=0)
-        target, tt, drafter, dt = (built["target"], built["target_tokenizer"], built["drafter"],
-                                   built["drafter_tokenizer"])
-        prompts = pairmod.prompts(2)
-    else:
-        target, tt, drafter, dt = tiny.tiny_pair()
-    if a.sharp:
-        sharpen(target)
+    if a.first_token_tv:
+        with open(a.first_token_tv, encoding="utf-8") as f:
+            run = json.load(f)
+        target, tt, drafter, dt, prompts = models(run.get("trained", False), run["sharp"])  # older runs: no "trained"
+        assert prompts == run["prompts"], "the recorded run's prompts are not these models' prompts"
+        for row in run["rows"]:
+            v = VARIANTS[row["variant"]]
+            t0 = time.perf_counter()
+            row.update(first_token_tv(v, target, drafter, prompts[0], variant_kw(v, tt, dt), check_n=a.check_n))
+            print(row["variant"], {k: row[k] for k in row if k.startswith(("first_token", "formula"))},
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+        with open(a.first_token_tv, "w", encoding="utf-8") as f:
+            json.dump(run, f, indent=1)
+        return
+    target, tt, drafter, dt, prompts = models(a.trained, a.sharp)
     names = a.only.split(",") if a.only else list(VARIANTS)
     rows: list[dict[str, Any]] = []
     for name in names:
         v = VARIANTS[name]
-        kw: dict[str, Any] = {"target_tokenizer": tt, "drafter_tokenizer": dt, "method": v.methods[0], "lookahead": 3}
+        kw = variant_kw(v, tt, dt)
         top_p = v.needs.get("top_p")
-        if top_p is not None:
-            kw["top_p"] = top_p
         row: dict[str, Any] = {"variant": name, "bug": v.bug, "seen_in": v.seen_in, "lossless": v.lossless}
         diff = 0
         for s in range(6):
