@@ -4,6 +4,12 @@
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --quick --json out.json   # <= 3 minutes once built
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair real --quick --json out.json   # the real pair
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair distilled --quick   # Gemma <- a distilled drafter
+    # the real pair in full (bench/RESULTS.md): batch 1 with transformers and the lookahead sweep; batch scaling
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair real --prompts 4 --new 32 --repeats 2 --batches 1 \
+        --sweep 1,2,6,8 --json bench/generate_real_lookahead.json --plots bench/generate_plots_real_full
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair real --prompts 16 --b1-prompts 4 --new 32 --repeats 1 \
+        --batches 1,4,16 --modes greedy,sample --no-transformers --json bench/generate_real_batch.json \
+        --plots bench/generate_plots_real_batch
 
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
 in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M target,

@@ -1,6 +1,7 @@
 """A/B of ``hsd_torch.generate``'s round overhead: this working tree against a git revision, in one process.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead_ab.py --base 0b67028 [--repeats 5] [--batch 1]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead_ab.py --base 2e6d287 --pair real --temperature 0.7 --top-p 0.9
 
 The revision's ``hsd_torch`` (``git archive``) is imported beside the working tree's as
 ``hsd_torch_base`` (its imports are package-relative; ``hsd_core`` is the working tree's), and both
@@ -46,8 +47,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--new", type=int, default=48)
-    ap.add_argument("--methods", default="ar,sd,tli,slem,slrs")
+    ap.add_argument("--methods", default=None, help="default: ar,sd,tli,slem,slrs (real pair: ar,tli,slem,slrs)")
+    ap.add_argument("--pair", choices=("tiny", "real"), default="tiny", help="as bench/overhead.py's")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=None)
     args = ap.parse_args()
+    methods = args.methods or ("ar,tli,slem,slrs" if args.pair == "real" else "ar,sd,tli,slem,slrs")
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
@@ -56,15 +61,17 @@ def main() -> None:
     new_g = importlib.import_module("hsd_torch.generate").generate
     with tempfile.TemporaryDirectory() as tmp:
         base_g = load_base(args.base, Path(tmp))
-        tt, dt, target, drafter, same = overhead.setup()
-        timers = [overhead.Timer(m) for m in (target, drafter, same)]
-        prompts = ["def parse(self, text):\n    "] * args.batch
-        print(f"base {args.base} vs working tree; batch {args.batch}, {args.repeats} repeats, 1 thread")
-        for method in args.methods.split(","):
+        tt, dt, target, drafter, same = overhead.setup_real() if args.pair == "real" else overhead.setup()
+        timers = [overhead.Timer(m) for m in (target, drafter, same) if m is not None]
+        prompts = [overhead.REAL_PROMPT if args.pair == "real" else overhead.PROMPT] * args.batch
+        print(f"base {args.base} vs working tree; {args.pair} pair, batch {args.batch}, {args.repeats} repeats, "
+              f"temperature {args.temperature}, top-p {args.top_p}, 1 thread")
+        for method in methods.split(","):
             d = None if method == "ar" else (same if method == "sd" else drafter)
             kw: dict[str, Any] = dict(target_tokenizer=tt, method=method, max_new_tokens=args.new,
                                       drafter_tokenizer=None if d is None else (tt if method == "sd" else dt),
-                                      lookahead=1 if method == "slrs" else 4)
+                                      lookahead=1 if method == "slrs" else 4, temperature=args.temperature,
+                                      top_p=args.top_p)
             runs = {"base": base_g, "new": new_g}
             for g in runs.values():
                 g(target, d, prompts, seed=0, **kw)  # warm-up
