@@ -12,8 +12,8 @@
         --plots bench/generate_plots_real_batch
 
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
-in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M target,
-SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no SD, as no
+in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M
+target, SmolLM2-135M-Instruct drafter (``--pair real-reverse``: the roles swapped) (``hsd_torch.real_models``, the README's real-model extra; no SD, as no
 drafter shares Gemma's vocabulary), prompts from HumanEval and English prose
 (``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7, top-p 0.9) beside greedy and
 sampling. ``--pair distilled``: the same target and prompts with the tiny drafter that
@@ -300,15 +300,19 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
               ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The real target with a drafter as ``Bench`` takes them (no SD drafter), their description,
     and ``n_prompts`` prompts, half HumanEval code and half prose (``bench/acceptance_real.py``'s).
-    ``drafter_kind``: ``"real"`` (SmolLM2-135M-Instruct) or ``"distilled"`` (the build of
-    ``bench/distill_drafter.py``, made first if missing: about an hour)."""
+    ``drafter_kind``: ``"real"`` (SmolLM2-135M-Instruct), ``"distilled"`` (the build of
+    ``bench/distill_drafter.py``, made first if missing: about an hour) or ``"real-reverse"`` (the
+    real pair the other way round: SmolLM2-135M-Instruct target, Gemma-3-270M drafter)."""
     import acceptance_real
 
     from hsd_torch import real_models
 
-    target, tt = real_models.load("gemma-3-270m", dtype=dtype)
+    names = ("smollm2-135m-instruct", "gemma-3-270m") if drafter_kind == "real-reverse" else ("gemma-3-270m", None)
+    target, tt = real_models.load(names[0], dtype=dtype)
     build: dict[str, Any] = {}
-    if drafter_kind == "distilled":
+    if names[1] is not None:
+        drafter, dt = real_models.load(names[1], dtype=dtype)
+    elif drafter_kind == "distilled":
         import distill_drafter
 
         if not (distill_drafter.DEFAULT_OUT / "build.json").exists():
@@ -325,7 +329,7 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
                          "(half HumanEval, half prose paragraphs)")
     got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
     prompts = [got["code" if i % 2 == 0 else "prose"][i // 2] for i in range(n_prompts)]  # code, prose, code, ...
-    desc = {"target": "gemma-3-270m", "drafter": "smollm2-135m-instruct" if drafter_kind == "real" else "distilled",
+    desc = {"target": names[0], "drafter": names[1] or ("smollm2-135m-instruct" if drafter_kind == "real" else "distilled"),
             "target_params": sum(p.numel() for p in target.parameters()),
             "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "target_vocab": len(tt), "drafter_vocab": len(dt)}
@@ -518,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
     ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT),
                     help="a bench/pair.py build (built if missing), 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct) "
+                         "'real-reverse' (SmolLM2-135M-Instruct <- Gemma-3-270M) "
                          "or 'distilled' (Gemma-3-270M <- bench/distill_drafter.py's drafter)")
     ap.add_argument("--modes", default=None, help="greedy,sample[,chat] (default greedy,sample; real pair: all three)")
     ap.add_argument("--fast-pair", action="store_true", help="build a barely trained pair if missing (tests)")
@@ -544,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batches = ",".join(sorted({str(min(int(b), args.prompts)) for b in args.batches.split(",")}, key=int))
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    real = args.pair in ("real", "distilled")
+    real = args.pair in ("real", "distilled", "real-reverse")
     modes = tuple((args.modes or ("greedy,sample,chat" if real else "greedy,sample")).split(","))
     if any(m not in MODES + ("chat",) for m in modes):
         ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")

@@ -158,7 +158,7 @@ def test_configs_without_sd_drafter_and_with_chat_mode() -> None:
 @pytest.mark.slow
 def test_generate_bench_real_pair_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--pair real``: the real pair runs end to end (one prompt, two tokens, batch 1, greedy and
-    chat), greedy output of every method equal to AR's."""
+    chat), greedy output of every method equal to AR's; and ``--pair real-reverse`` (roles swapped)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -181,6 +181,17 @@ def test_generate_bench_real_pair_quick(tmp_path: Path, monkeypatch: pytest.Monk
         for mode in ("greedy", "chat"):
             assert m[f"hsd:{method}-{mode}@b1"]["new_tokens"] == 3
     assert "hf:uag-greedy@b1" in m and "hf:ar-chat@b1" in m and not [k for k in m if ":sd-" in k]
+    assert all(v == 0 for v in res["greedy_mismatches"].values())
+    # the roles swapped: SmolLM2 target, Gemma drafter
+    try:
+        assert gen.main(["--pair", "real-reverse", "--quick", "--prompts", "1", "--new", "3", "--repeats", "1",
+                         "--batches", "1", "--modes", "greedy", "--methods", "ar,tli,slem", "--no-transformers",
+                         "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads(out.read_text())
+    assert res["setup"]["pair"]["target"] == "smollm2-135m-instruct" and res["setup"]["pair"]["target_vocab"] == 49152
+    assert res["methods"]["hsd:tli-greedy@b1"]["new_tokens"] == 3
     assert all(v == 0 for v in res["greedy_mismatches"].values())
 
 
