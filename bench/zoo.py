@@ -100,22 +100,26 @@ def _accept(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(q > 0, torch.clamp(p / torch.where(q > 0, q, 1.0), max=1.0), (p > 0).double())
 
 
+def _emitted(q: torch.Tensor, a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The first token's law when the draft ``x ~ q`` is kept with probability ``a(x)`` and the
+    token is otherwise drawn from ``r``: ``sum_x q(x) (a(x) e_x + (1 - a(x)) r)``."""
+    return q * a + (q * (1 - a)).sum() * r
+
+
 def _standard(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The first token's law when the draft ``x ~ q`` is tested and corrected against ``p`` as
-    ``hsd_torch.kernels`` does: ``sum_x q(x) (a(x) e_x + (1 - a(x)) r)`` with ``r`` the residual."""
-    a = _accept(p, q)
-    return q * a + (q * (1 - a)).sum() * _residual(p, q)
+    ``hsd_torch.kernels`` does (the residual ``r`` after a rejection)."""
+    return _emitted(q, _accept(p, q), _residual(p, q))
 
 
 def _q_permuted(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     qr = q.roll(1, dims=-1)  # the kernel tests and corrects against q read one column off
-    a = _accept(p, qr)
-    return q * a + (q * (1 - a)).sum() * _residual(p, qr)
+    return _emitted(q, _accept(p, qr), _residual(p, qr))
 
 
 def _first_draft_accepted(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    a = (p > 0).double()  # u = 0 < min(1, p / q) wherever p > 0
-    return q * a + (q * (1 - a)).sum() * _residual(p, q)
+    # u = 0 < min(1, p / q) wherever p > 0
+    return _emitted(q, (p > 0).double(), _residual(p, q))
 
 
 def _residual_minus_qx(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -155,23 +159,19 @@ def first_token_tv(variant: Variant, target: Any, drafter: Any, prompt: str, kw:
 
 
 def law_check(law: torch.Tensor, draws: list[int]) -> tuple[float | None, int]:
-    """Pearson's chi-square p-value of ``draws`` (columns) against ``law`` (cells of expectation
-    below 5 pooled; None with fewer than two cells) and the number of draws where ``law`` is 0."""
-    from scipy import stats
+    """Pearson's chi-square p-value of ``draws`` (columns) against ``law``
+    (:func:`hsd_core.stats.chi_square_gof`: cells of expectation below 5 pooled, whatever mass they
+    carry; 0 with a draw of probability 0; None where fewer than two cells remain) and the number
+    of draws where ``law`` is 0."""
+    from hsd_core.stats import InvalidTest, chi_square_gof
 
-    counts = torch.bincount(torch.tensor(draws, dtype=torch.int64), minlength=law.numel()).double()
-    exp = law / law.sum() * counts.sum()  # the float32 laws sum to 1 within ~1e-7
-    big = exp >= 5
-    obs_c = torch.cat([counts[big], counts[~big].sum().reshape(1)])
-    exp_c = torch.cat([exp[big], exp[~big].sum().reshape(1)])
-    if exp_c[-1] < 5:  # fold a small pooled cell into the smallest kept one
-        i = int(torch.argmin(exp_c[:-1]))
-        obs_c[i] += obs_c[-1]
-        exp_c[i] += exp_c[-1]
-        obs_c, exp_c = obs_c[:-1], exp_c[:-1]
-    impossible = int(counts[law == 0].sum())
-    chi = stats.chisquare(obs_c.numpy(), exp_c.numpy()) if len(obs_c) > 1 else None
-    return (None if chi is None else float(chi.pvalue)), impossible
+    lw = (law / law.sum()).tolist()  # the float32 laws sum to 1 within ~1e-7
+    cells = {i: x for i, x in enumerate(lw) if x > 0}
+    impossible = sum(1 for d in draws if d not in cells)
+    try:
+        return chi_square_gof(cells, draws, alpha=1e-3, min_kept_mass=0.0).p_value, impossible
+    except InvalidTest:  # a nearly certain first token: one cell, nothing to test
+        return None, impossible
 
 
 def doc_table(plain: str, sharp: str, trained: str | None = None) -> str:
