@@ -13,10 +13,10 @@
 
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
 in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M
-target, SmolLM2-135M-Instruct drafter (``--pair real-reverse``: the roles swapped) (``hsd_torch.real_models``, the README's real-model extra; no SD, as no
-drafter shares Gemma's vocabulary), prompts from HumanEval and English prose
-(``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7, top-p 0.9) beside greedy and
-sampling. ``--pair distilled``: the same target and prompts with the tiny drafter that
+target, SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no
+SD, as no drafter shares Gemma's vocabulary; ``--pair real-reverse``: the roles swapped), prompts
+from HumanEval and English prose (``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7,
+top-p 0.9) beside greedy and sampling. ``--pair distilled``: the same target and prompts with the tiny drafter that
 ``bench/distill_drafter.py`` distils from Gemma's own samples (built first if missing: about an hour).
 
 The pair is ``bench/pair.py``'s (its module doc says what it is: a narrow codec-table domain, a
@@ -296,6 +296,11 @@ def sweep_configs(lookaheads: list[int], hf: bool, modes: tuple[str, ...],
     return out
 
 
+REAL_PAIRS = {"real": ("gemma-3-270m", "smollm2-135m-instruct"), "real-reverse": ("smollm2-135m-instruct", "gemma-3-270m"),
+              "distilled": ("gemma-3-270m", "distilled")}
+"""``--pair`` -> (target, drafter): ``hsd_torch.real_models`` names, or bench/distill_drafter.py's build."""
+
+
 def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real"
               ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The real target with a drafter as ``Bench`` takes them (no SD drafter), their description,
@@ -307,12 +312,10 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
 
     from hsd_torch import real_models
 
-    names = ("smollm2-135m-instruct", "gemma-3-270m") if drafter_kind == "real-reverse" else ("gemma-3-270m", None)
-    target, tt = real_models.load(names[0], dtype=dtype)
+    target_name, drafter_name = REAL_PAIRS[drafter_kind]
+    target, tt = real_models.load(target_name, dtype=dtype)
     build: dict[str, Any] = {}
-    if names[1] is not None:
-        drafter, dt = real_models.load(names[1], dtype=dtype)
-    elif drafter_kind == "distilled":
+    if drafter_name == "distilled":
         import distill_drafter
 
         if not (distill_drafter.DEFAULT_OUT / "build.json").exists():
@@ -322,14 +325,14 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
         drafter, dt, build = distill_drafter.load()
         drafter = drafter.to(dtype)
     else:
-        drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
+        drafter, dt = real_models.load(drafter_name, dtype=dtype)
     target, drafter = target.to(device), drafter.to(device)
     if n_prompts > 2 * len(acceptance_real.PROSE_MODULES):
         raise SystemExit(f"--prompts {n_prompts}: the real pairs have {2 * len(acceptance_real.PROSE_MODULES)} prompts "
                          "(half HumanEval, half prose paragraphs)")
     got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
     prompts = [got["code" if i % 2 == 0 else "prose"][i // 2] for i in range(n_prompts)]  # code, prose, code, ...
-    desc = {"target": names[0], "drafter": names[1] or ("smollm2-135m-instruct" if drafter_kind == "real" else "distilled"),
+    desc = {"target": target_name, "drafter": drafter_name,
             "target_params": sum(p.numel() for p in target.parameters()),
             "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "target_vocab": len(tt), "drafter_vocab": len(dt)}
@@ -401,8 +404,9 @@ def sweep_summary(runs: list[dict[str, dict[str, Any]]], methods: dict[str, Any]
                 return cand
         return None
 
-    ks = sorted({la for la in (parse_key(k)[4] for k in runs[0]) if la is not None} | {lookahead})
-    names = sorted({f"{parse_key(k)[0]}:{parse_key(k)[1]}-{parse_key(k)[2]}" for k in runs[0] if parse_key(k)[4] is not None})
+    swept = [parse_key(k) for k in runs[0] if parse_key(k)[4] is not None]
+    ks = sorted({la for *_, la in swept if la is not None} | {lookahead})
+    names = sorted({f"{impl}:{m}-{mode}" for impl, m, mode, _, _ in swept})
     sweep: dict[str, Any] = {}
     for full in names:
         impl, name = full.split(":")
@@ -521,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="hsd_torch vs transformers and AR on bench/pair.py's pair")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
     ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT),
-                    help="a bench/pair.py build (built if missing), 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct) "
+                    help="a bench/pair.py build (built if missing), 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct), "
                          "'real-reverse' (SmolLM2-135M-Instruct <- Gemma-3-270M) "
                          "or 'distilled' (Gemma-3-270M <- bench/distill_drafter.py's drafter)")
     ap.add_argument("--modes", default=None, help="greedy,sample[,chat] (default greedy,sample; real pair: all three)")
@@ -549,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batches = ",".join(sorted({str(min(int(b), args.prompts)) for b in args.batches.split(",")}, key=int))
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    real = args.pair in ("real", "distilled", "real-reverse")
+    real = args.pair in REAL_PAIRS
     modes = tuple((args.modes or ("greedy,sample,chat" if real else "greedy,sample")).split(","))
     if any(m not in MODES + ("chat",) for m in modes):
         ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")
