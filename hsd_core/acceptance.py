@@ -6,7 +6,9 @@ For the first proposal of a round, with ``p`` the target's law at the round's co
 * TLI: ``sum_{t in T∩D} min(p(t), q_cap(t))``; the union baseline ``sum_{t in T∩D} min(p(t), q(t))``;
 * SLEM: ``sum_t p(t) psi(t)``, psi the law of the first candidate;
 * SLRS: ``sum_t min(p(t), psi(t))``, with the psi SLRS verifies against (``SLRS.psi``), which
-  the tests show equals SLEM's first-candidate law for the same lookahead and look-behind.
+  the tests show equals SLEM's first-candidate law for the same lookahead and look-behind; times
+  the probability that there is a proposal, where some drafted texts propose none (alphabets
+  that differ), psi being the law given one.
 
 The tests check these against the enumerated rounds (``Analysis.first_acceptance``).
 """
@@ -31,11 +33,13 @@ def _min_sum(p: Law, q: Law) -> Prob:
 
 
 def first_candidate_law(method: SLEM | SLRS, target: Model, drafter: Model, state: State) -> Law:
-    """psi: exact law over target ids of the first candidate SLEM's procedure reads off the draft."""
+    """psi: exact law over target ids of the first candidate SLEM's procedure reads off the draft
+    (a sub-probability when some drafted texts propose none: the target cannot encode them)."""
 
     def first(rand: Rand) -> int:
-        return draft_candidates(target, drafter, state, rand, method.lookahead, False, method.lookbehind,
-                                resync=method.resync)[0]
+        cands = draft_candidates(target, drafter, state, rand, method.lookahead, False, method.lookbehind,
+                                 resync=method.resync)
+        return cands[0] if cands else -1
 
     law = Enumerator().law(first)
     zero: Prob = Fraction(0)
@@ -75,5 +79,7 @@ def closed_form_acceptance(method: Method, target: Model, drafter: Model | None,
         return sum((a * b for a, b in zip(p, psi)), zero)
     if type(method) is SLRS:
         assert isinstance(method, SLRS)
-        return _min_sum(p, method.psi(target, drafter, state).first(len(target.vocab)))
+        pl = method.psi(target, drafter, state)
+        proposes = sum((pr for s, pr in pl.law.items() if s), zero)  # < 1 when some texts propose nothing
+        return zero if proposes == 0 else proposes * _min_sum(p, pl.first(len(target.vocab)))
     return None

@@ -122,23 +122,44 @@ def _outside_heavy(base: Model, target_vocab: Vocabulary, factor: int) -> Model:
     return FunctionModel(vocab, base.tokenizer, law)
 
 
+DRAFTER_ALPHABETS = ("abd", "abcd", "ab", "bd", "d")
+"""Drafter alphabets of :func:`worlds` with ``mixed_alphabets=True`` (the target's is ``"abc"``):
+characters the target lacks (``d``: the drafter's text it cannot encode), characters the drafter
+lacks (``c``: left out of the drafter's context), both, or nothing shared."""
+
+
 @st.composite
 def worlds(draw: st.DrawFn, alphabet: str = ALPHABET, max_extra: int = 3, kind: str | None = None,
-           same_vocab: bool = False) -> World:
+           same_vocab: bool = False, mixed_alphabets: bool = False) -> World:
     """A (target, drafter, prompt) world. ``kind`` picks a family (default: drawn):
 
     ``independent`` (unrelated random laws), ``relabeled`` (drafter = target over the same strings
     in another order), ``induced`` (both induced from one character source), ``outside_heavy``
     (drafter mass mostly outside the intersection), ``disjoint`` (drafter has only characters in
     common with the target plus its own long tokens). ``same_vocab=True`` gives the drafter the
-    target's vocabulary (for SD).
+    target's vocabulary (for SD). ``mixed_alphabets=True``: the drafter's alphabet is one of
+    :data:`DRAFTER_ALPHABETS` instead of the target's (``alphabet`` must be ``"abc"``; kinds
+    ``independent`` and ``outside_heavy`` only), for the string-level methods, which run whatever
+    the two alphabets.
     """
     kinds = ["independent", "independent", "relabeled", "induced", "outside_heavy", "disjoint"]
+    if mixed_alphabets:
+        if alphabet != ALPHABET or same_vocab:
+            raise ValueError("mixed_alphabets=True draws drafter alphabets against the target's 'abc' (no same_vocab)")
+        kinds = ["independent", "outside_heavy"]
+        if kind is not None and kind not in kinds:
+            raise ValueError(f"mixed_alphabets=True takes kind None or one of {kinds}, got {kind!r}")
     kind = kind or draw(st.sampled_from(kinds))
     t_tok = draw(tokenizers(alphabet, max_extra))
     target = draw(models(t_tok))
-    if same_vocab:
-        d_tok: Tokenizer = LongestMatchTokenizer(t_tok.vocab)
+    d_tok: Tokenizer
+    if mixed_alphabets:
+        d_tok = draw(tokenizers(draw(st.sampled_from(DRAFTER_ALPHABETS)), max_extra))
+        drafter = draw(models(d_tok))
+        if kind == "outside_heavy":
+            drafter = _outside_heavy(drafter, t_tok.vocab, draw(st.sampled_from([5, 100])))
+    elif same_vocab:
+        d_tok = LongestMatchTokenizer(t_tok.vocab)
         drafter = draw(models(d_tok))
     elif kind == "relabeled":
         strings = sorted(set(t_tok.vocab.tokens))

@@ -13,6 +13,15 @@ from typing import Protocol, runtime_checkable
 
 from .vocab import Vocabulary, check_id
 
+__all__ = ["BPETokenizer", "LongestMatchTokenizer", "Tokenizer", "Unencodable", "encode_free"]
+
+
+class Unencodable(ValueError):
+    """A text a tokenizer cannot encode (here: a character outside its vocabulary's alphabet).
+    Where a proposal would need such a text, the string-level methods propose nothing instead
+    (SLEM: no candidate; SLRS: no proposal that round; ``proofs/slrs.md``, section 5); where it
+    only feeds a drafter's context, :func:`encode_free` leaves the characters out."""
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -45,7 +54,8 @@ class _Base:
         return "".join(self._vocab.string(check_id(i)) for i in ids)
 
     def encode(self, text: str) -> list[int]:
-        """Canonical ids of ``text``; raises ``ValueError`` on characters outside the alphabet."""
+        """Canonical ids of ``text``; raises :class:`Unencodable` (a ``ValueError``) on characters
+        outside the alphabet."""
         hit = self._memo.get(text)
         if hit is None:
             self._check_text(text)
@@ -63,7 +73,7 @@ class _Base:
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
         bad = sorted({c for c in text if c not in self._vocab})
         if bad:
-            raise ValueError(
+            raise Unencodable(
                 f"text has characters {bad!r} that are not in the vocabulary "
                 f"(alphabet {list(self._vocab.alphabet)!r})"
             )
@@ -145,3 +155,17 @@ class BPETokenizer(_Base):
 
     def __repr__(self) -> str:
         return f"BPETokenizer({self._vocab!r}, merges={list(self.merges)!r})"
+
+
+def encode_free(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The ids of ``text`` with what ``tokenizer`` cannot encode left out: a drafter's context
+    (it only shapes proposals, so any rule is lossless; ``proofs/sd.md``). The tokenizer's own
+    ``encode_free`` where it has one (the mirror's tokenizer over a Hugging Face one, whose rule
+    is the backend's), else ``encode`` of ``text`` without the characters outside the
+    vocabulary's alphabet."""
+    own = getattr(tokenizer, "encode_free", None)
+    if callable(own):
+        out: list[int] = own(text)
+        return out
+    vocab = tokenizer.vocab
+    return tokenizer.encode("".join(c for c in text if c in vocab))

@@ -166,13 +166,10 @@ class Method:
 
 
 class HeterogeneousMethod(Method):
-    """A method for a drafter with its own vocabulary (SLEM, TLI, SLRS): it needs a drafter whose
-    alphabet is the target's, so that text written by either can be re-tokenized by the other."""
-
-    def check_models(self, target: Model, drafter: Model | None) -> None:
-        super().check_models(target, drafter)
-        assert drafter is not None
-        check_alphabets(target, drafter)
+    """A method for a drafter with its own vocabulary (SLEM, TLI, SLRS). The two alphabets may
+    differ (SLEM, SLRS): a drafted text the target cannot encode proposes nothing
+    (:class:`~hsd_core.tokenizers.Unencodable`), and the drafter's context leaves out the characters
+    it lacks (:func:`~hsd_core.tokenizers.encode_free`). TLI asks more (:meth:`TLI.check_models`)."""
 
 
 def check_lookbehind(lookbehind: int) -> int:
@@ -191,16 +188,6 @@ def check_run_args(target: Model, prompt: str, max_new_tokens: int) -> None:
     target.tokenizer.encode(prompt)  # raises on characters outside the alphabet
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-
-
-def check_alphabets(target: Model, drafter: Model) -> None:
-    """Raise ``ValueError`` unless the two vocabularies have the same alphabet, so that any text
-    either model writes can be re-tokenized by the other (the re-sync and the candidates)."""
-    a, b = set(target.vocab.alphabet), set(drafter.vocab.alphabet)
-    if a != b:
-        raise ValueError(
-            f"target and drafter alphabets differ (only in target: {sorted(a - b)}, only in drafter: "
-            f"{sorted(b - a)}); every character must be a token of both vocabularies")
 
 
 def check_alphabet_covers(target: Model, drafter: Model) -> None:

@@ -17,7 +17,8 @@ Steps of one round
     2. Draft ``min(k, budget)`` drafter tokens (sampling, or argmax when greedy), stopping after
        drafter EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
-       the target's EOS if the drafter ended with EOS.
+       the target's EOS if the drafter ended with EOS; none when the target cannot encode the text
+       (a character outside its alphabet: the alphabets may differ).
     4. The target takes its own token at every candidate position (sample from ``p_j``, or argmax):
        emit tokens while they equal the candidates; the first one that differs is emitted and ends
        the round; if all match, one more (the bonus) is emitted.
@@ -31,6 +32,7 @@ from ..laws import argmax
 from ..models import Model
 from .base import HeterogeneousMethod, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind, draft_autoregressive, sample
 from ..rand import Rand
+from ..tokenizers import Unencodable, encode_free
 from .resync import Resync, as_resync, drafter_context_ids
 
 
@@ -55,9 +57,11 @@ def retokenize(target: Model, ctx: tuple[int, ...], text: str, lookbehind: int) 
 
 def drafter_context(target: Model, drafter: Model, state: State, resync: Resync | None) -> tuple[int, ...]:
     """Step 1: the drafter's ids of (prompt + decoded emitted ids) under ``resync``
-    (:func:`hsd_core.methods.resync.drafter_context_ids`; ``None``: the default :class:`Resync`)."""
+    (:func:`hsd_core.methods.resync.drafter_context_ids`; ``None``: the default :class:`Resync`),
+    leaving out characters the drafter cannot encode (:func:`~hsd_core.tokenizers.encode_free`)."""
     tok = drafter.tokenizer
-    return tuple(drafter_context_ids(state.text(target), tok.encode, tok.decode, as_resync(resync)))
+    return tuple(drafter_context_ids(state.text(target), lambda t: encode_free(tok, t), tok.decode,
+                                     as_resync(resync)))
 
 
 def draft_candidates(
@@ -74,14 +78,19 @@ def draft_candidates(
     """SLEM's proposal: steps 1-3 of a round (shared with SLRS, whose psi is this function's law);
     the drafter's context is :func:`drafter_context` under ``resync`` (``None``: the default).
 
-    Returns the candidate target ids (never empty: the drafter either writes text or ends).
+    Returns the candidate target ids: empty when the target cannot encode the drafted text
+    (:class:`~hsd_core.tokenizers.Unencodable`: a character outside its alphabet), else never
+    empty (the drafter either writes text or ends).
     """
     ctx_t = state.target_context(target) if target_ctx is None else target_ctx
     d_ctx = drafter_context(target, drafter, state, resync)
     drafts, _ = draft_autoregressive(drafter, d_ctx, lookahead, rand, greedy)
     ended = bool(drafts) and drafts[-1] == drafter.vocab.eos_id
     text = drafter.tokenizer.decode(drafts)
-    cands = retokenize(target, ctx_t, text, lookbehind)
+    try:
+        cands = retokenize(target, ctx_t, text, lookbehind)
+    except Unencodable:  # a text the target cannot encode is not proposed: the round is the target's own token
+        return ()
     return cands + ((target.vocab.eos_id,) if ended else ())
 
 

@@ -5,9 +5,12 @@ Glossary
     lookahead   k, the number of drafter tokens drafted per round: at most ``min(k, budget)`` (no round
                 drafts more drafter tokens than it can emit target tokens), fewer after drafter EOS.
     proposal    the first ``max_tokens`` candidates that SLEM's procedure reads off the drafted
-                text (target ids; see :func:`~hsd_core.methods.slem.draft_candidates`).
+                text (target ids; see :func:`~hsd_core.methods.slem.draft_candidates`); empty
+                when the target cannot encode the text (the alphabets may differ): the round is
+                then the target's own token.
     psi         Psi(s) = the exact probability that the procedure proposes the tuple s; psi_j is
-                the law of the j-th proposed token given the first j-1 (and that there is a j-th).
+                the law of the j-th proposed token given the first j-1 (and that there is a j-th;
+                psi_1 is the law given that there is a proposal at all).
     accepted    proposed token t_j kept with probability min(1, p_j(t_j) / psi_j(t_j)).
     rejected / correction   the first proposal that fails; a token from norm(max(p_j - psi_j, 0))
                 replaces it.
@@ -57,7 +60,7 @@ from fractions import Fraction
 from ..laws import Law, Prob, normalized
 from ..models import Model, checked
 from ..rand import CostLimitError, Enumerator, Rand
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, Unencodable
 from ..vocab import Vocabulary
 from .base import (HeterogeneousMethod, RejectionVerifier, RoundOutcome, State, check_greedy, check_lookahead,
                    check_lookbehind, sample)
@@ -83,11 +86,14 @@ class LongestPrefixMap:
     """Greedy longest match of a text against a vocabulary's token strings, and when it is settled.
 
     ``parse(text)``: repeatedly take the longest token string that prefixes the rest of the text
-    (its lowest id when several ids share the string). Every character is a token, so the parse
-    covers the text. ``settled(text, m)``: the first ``m`` ids of ``parse(text + rest)`` are the same
-    for every continuation ``rest``, i.e. for each of the first ``m`` tokens the text left before
-    it is non-empty and is not a proper prefix of any token string (then no longer token can match
-    there, whatever follows). A text longer than the longest token is never a proper prefix.
+    (its lowest id when several ids share the string). Over the vocabulary's own alphabet the parse
+    covers the text (every character is a token); a drafter's text may hold characters the
+    target's vocabulary lacks (the alphabets may differ), and where no token starts the rest the
+    text is *dead*: the parse stops there and nothing after is ever read. ``settled(text, m)``: the
+    first ``m`` ids of ``parse(text + rest)`` are the same for every continuation ``rest``, i.e. for
+    each of the first ``m`` tokens the text left before it is non-empty and is not a proper prefix of
+    any token string (then no longer token can match there, whatever follows), or the text is dead
+    before it. A text longer than the longest token is never a proper prefix.
     """
 
     def __init__(self, vocab: Vocabulary) -> None:
@@ -95,20 +101,25 @@ class LongestPrefixMap:
         self.max_len = vocab.max_token_len
         self.proper_prefixes: frozenset[str] = frozenset(t[:i] for t in vocab.tokens for i in range(1, len(t)))
 
-    def _longest(self, text: str, i: int) -> tuple[int, int]:
+    def _longest(self, text: str, i: int) -> tuple[int, int] | None:
+        """The longest token prefixing ``text[i:]`` (lowest id) and where it ends; None: dead there."""
         for j in range(min(len(text), i + self.max_len), i, -1):
             ids = self.vocab.ids_of(text[i:j])
             if ids:
                 return ids[0], j
-        raise ValueError(f"character {text[i]!r} is not a token")
+        return None
 
     def parse(self, text: str, limit: int | None = None) -> tuple[int, ...]:
-        """The greedy longest-match ids of ``text`` (the first ``limit`` of them)."""
+        """The greedy longest-match ids of ``text`` (the first ``limit`` of them; up to where the
+        text is dead)."""
         out: list[int] = []
         i = 0
         while i < len(text) and (limit is None or len(out) < limit):
-            t, i = self._longest(text, i)
-            out.append(t)
+            hit = self._longest(text, i)
+            if hit is None:
+                break
+            out.append(hit[0])
+            i = hit[1]
         return tuple(out)
 
     def settled(self, text: str, m: int) -> bool:
@@ -118,7 +129,10 @@ class LongestPrefixMap:
             rest = text[i:]
             if not rest or rest in self.proper_prefixes:
                 return False
-            _, i = self._longest(text, i)
+            hit = self._longest(text, i)
+            if hit is None:
+                return True
+            i = hit[1]
         return True
 
 
@@ -284,7 +298,10 @@ class SLRS(RejectionVerifier, HeterogeneousMethod):
         if pmap is not None:
             cands = pmap.parse(text, m)
         else:
-            cands = retokenize(target, state.target_context(target), text, self.lookbehind)
+            try:
+                cands = retokenize(target, state.target_context(target), text, self.lookbehind)
+            except Unencodable:  # as SLEM's candidates: a text the target cannot encode proposes nothing
+                return ()
         cands = cands + ((target.vocab.eos_id,) if ended else ())
         return cands[:m]
 

@@ -995,11 +995,15 @@ def test_slrs_unconditioned_pinned_counterexample() -> None:
 
 def spec_longest_parse(vocab: Vocabulary, text: str) -> tuple[int, ...]:
     """Greedy longest match written independently of LongestPrefixMap: at each position the
-    longest token string that starts there (its lowest id)."""
+    longest token string that starts there (its lowest id); where none does (a character the
+    vocabulary lacks), the parse ends."""
     out: list[int] = []
     i = 0
     while i < len(text):
-        best = max((len(t), -j) for j, t in enumerate(vocab.tokens) if text.startswith(t, i))
+        starts = [(len(t), -j) for j, t in enumerate(vocab.tokens) if text.startswith(t, i)]
+        if not starts:
+            break
+        best = max(starts)
         out.append(-best[1])
         i += best[0]
     return tuple(out)
@@ -1007,18 +1011,20 @@ def spec_longest_parse(vocab: Vocabulary, text: str) -> tuple[int, ...]:
 
 @st.composite
 def prefix_map_cases(draw: st.DrawFn) -> tuple[Vocabulary, str, str, int]:
+    """A vocabulary over "abc" and a text and continuation over "abcd": "d" is a character the
+    vocabulary lacks (a drafter's text the target cannot encode), where the parse ends."""
     extra = draw(st.lists(st.text("abc", min_size=2, max_size=4), max_size=5))
     vocab = Vocabulary(list("abc") + extra)
-    return vocab, draw(st.text("abc", max_size=6)), draw(st.text("abc", max_size=5)), draw(st.integers(1, 3))
+    return vocab, draw(st.text("abcd", max_size=6)), draw(st.text("abcd", max_size=5)), draw(st.integers(1, 3))
 
 
 @MANY
 @given(prefix_map_cases())
 def test_longest_prefix_settled_iff_final(case: tuple[Vocabulary, str, str, int]) -> None:
-    """LongestPrefixMap.parse is the greedy longest match; settled(text, m) holds iff no
-    continuation changes the first m ids: if settled, text + rest keeps them (for the drawn rest
-    and for every rest of length <= the longest token); if not, an explicit continuation changes
-    them."""
+    """LongestPrefixMap.parse is the greedy longest match (ending where no token starts the rest);
+    settled(text, m) holds iff no continuation changes the first m ids: if settled, text + rest
+    keeps them (for the drawn rest and for every rest of length <= the longest token, over an
+    alphabet with a character the vocabulary lacks); if not, an explicit continuation changes them."""
     vocab, text, rest, m = case
     pm = LongestPrefixMap(vocab)
     assert pm.parse(text) == spec_longest_parse(vocab, text)
@@ -1027,7 +1033,7 @@ def test_longest_prefix_settled_iff_final(case: tuple[Vocabulary, str, str, int]
     if pm.settled(text, m):
         assert spec_longest_parse(vocab, text + rest)[:m] == head
         for n in range(1, vocab.max_token_len + 1):
-            for tail in itertools.product("abc", repeat=n):
+            for tail in itertools.product("abcd", repeat=n):
                 assert spec_longest_parse(vocab, text + "".join(tail))[:m] == head
     else:
         i = 0
@@ -1052,7 +1058,8 @@ def spec_bounded_proposal(target: Model, drafter: Model, state: State, k: int, t
     m = state.budget if max_tokens is None else min(max_tokens, state.budget)
 
     def run(rand: Rand) -> tuple[int, ...]:
-        d_ctx = tuple(drafter.tokenizer.encode(state.text(target)))
+        text_so_far = state.text(target)
+        d_ctx = tuple(drafter.tokenizer.encode("".join(c for c in text_so_far if c in drafter.vocab)))
         drafts: list[int] = []
         pr: Prob = F(1)
         for _ in range(min(k, state.budget)):
@@ -1065,6 +1072,8 @@ def spec_bounded_proposal(target: Model, drafter: Model, state: State, k: int, t
         text = drafter.tokenizer.decode(drafts)
         if proposal_map == "longest_prefix":
             ids = spec_longest_parse(target.vocab, text)
+        elif any(c not in target.vocab for c in text):
+            return ()  # a text the target cannot encode proposes nothing
         else:
             ids = retokenize(target, state.target_context(target), text, 4)
         ended = drafts[-1] == drafter.vocab.eos_id
@@ -1082,10 +1091,10 @@ BOUNDED = st.tuples(st.integers(1, 3), st.sampled_from([None, F(1, 2), F(1, 5), 
 def test_slrs_bounded_psi_is_procedure_law(data: st.DataObject, setting: tuple[int, F | None, str, int | None]) -> None:
     """SLRS(lookahead=k, min_path_prob=tau, proposal_map=..., max_tokens=...).psi(...).law is the
     enumerated law of the procedure written independently WITHOUT the settled stop (so stopping
-    once the proposal is settled never changes the law), and it sums to 1; with the longest-prefix
-    map the settled stop never costs more evaluations."""
+    once the proposal is settled never changes the law), and it sums to 1 (the empty proposal
+    included: half the worlds have a drafter alphabet that differs from the target's)."""
     k, tau, pmap, mt = setting
-    w = data.draw(world_strategy())
+    w = data.draw(world_strategy(mixed_alphabets=data.draw(st.booleans())))
     state = data.draw(states(w))
     m = SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt)
     psi = m.psi(w.target, w.drafter, state)
