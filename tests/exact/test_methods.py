@@ -186,23 +186,11 @@ MIXED = {name: f for name, f in METHODS.items() if name != "TLI"}
 encode proposes nothing, and the drafter's context leaves out what it cannot encode."""
 
 
-@pytest.mark.parametrize("name", list(MIXED))
-def test_lossless_when_the_alphabets_differ(name: str) -> None:
-    """Exact law == target law on worlds whose drafter alphabet differs from the target's
-    (``worlds(mixed_alphabets=True)``: characters only the drafter has, only the target has, both,
-    none shared), sampling and greedy. 60 worlds each in the fast tier (the slow tier: 300)."""
-    @settings(max_examples=60)
-    @given(w=worlds(mixed_alphabets=True))
-    def prop(w: World) -> None:
-        check(MIXED[name](False), w, 3)
-        check(MIXED[name](True), w, 3)
-
-    prop()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MIXED))
 def test_lossless_when_the_alphabets_differ_slow(name: str) -> None:
+    """Exact law == target law on 300 worlds whose drafter alphabet differs from the target's, per
+    method (the fast tier's check is tests/proofs/test_lemmas.py::test_string_methods_lossless_when_alphabets_differ)."""
     @settings(max_examples=300)
     @given(w=worlds(mixed_alphabets=True))
     def prop(w: World) -> None:

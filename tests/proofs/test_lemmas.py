@@ -1164,6 +1164,25 @@ def test_slrs_bounded_full_law(w: World, setting: tuple[int, F | None, str, int 
     assert_lossless(SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt, greedy=greedy), w, n)
 
 
+MIXED_METHODS = st.sampled_from(["SLEM", "SLRS", "SLRS-multi", "bounded"])
+
+
+@SOME
+@given(world_strategy(mixed_alphabets=True), MIXED_METHODS, BOUNDED, st.integers(1, 3), st.booleans())
+def test_string_methods_lossless_when_alphabets_differ(w: World, name: str,
+                                                       setting: tuple[int, F | None, str, int | None], n: int,
+                                                       greedy: bool) -> None:
+    """slem.md, slrs.md section 5: on worlds whose drafter alphabet differs from the target's (it
+    adds characters the target cannot encode, lacks some of the target's, both, or shares none),
+    SLEM, SLRS (one and several tokens) and bounded SLRS (both maps, any tau, one or several
+    tokens) have exactly the target's output law (greedy: its tokens)."""
+    k, tau, pmap, mt = setting
+    m = {"SLEM": lambda: SLEM(lookahead=k, greedy=greedy), "SLRS": lambda: SLRS(lookahead=k, greedy=greedy),
+         "SLRS-multi": lambda: SLRS(lookahead=k, max_tokens=None, greedy=greedy),
+         "bounded": lambda: SLRS(lookahead=k, min_path_prob=tau, proposal_map=pmap, max_tokens=mt, greedy=greedy)}
+    assert_lossless(m[name](), w, n)
+
+
 @SOME
 @given(st.data(), BOUNDED)
 def test_slrs_bounded_acceptance(data: st.DataObject, setting: tuple[int, F | None, str, int | None]) -> None:
