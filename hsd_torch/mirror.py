@@ -13,7 +13,11 @@ character a single-character token, EOS out of band with the last id):
   (``prompt.encode("utf-8").decode("latin-1")``) and any byte sequence, partial UTF-8 included,
   is a string. The alphabet rule holds when every byte that occurs in a token is itself a
   single-byte token: true for byte-level BPE (256 byte tokens) and for byte fallback
-  (``<0x00>..<0xFF>``); :class:`CoreModel` checks it and raises ``ValueError`` otherwise.
+  (``<0x00>..<0xFF>``); :class:`CoreModel` checks it and raises ``ValueError`` otherwise. The two
+  models' alphabets may differ (SmolLM2 has no token for 21 bytes Gemma has): the references'
+  string-level methods then propose nothing for a text the target cannot encode and leave out of
+  the drafter's context what it cannot encode (:meth:`CoreTokenizer.encode_free`), as the backend
+  does.
 - **Ids.** Core ids are the tokenizer's ids that have text, in increasing order, then EOS; ids
   without text (special tokens, a padded embedding's extra ids) have no core id, and the backend
   gives them probability 0 (:func:`hsd_torch.generate.process_logits`). The order is kept, so
@@ -77,7 +81,14 @@ class CoreTokenizer:
         return [self.hf_ids[int(i)] for i in core_ids]
 
     def encode(self, text: str) -> list[int]:
+        """Core ids of core text (:meth:`TokenText.encode`: :class:`~hsd_torch.text.Unencodable`
+        for a byte the tokenizer has no token for)."""
         return self.to_core(self.text.encode(text.encode("latin-1")))
+
+    def encode_free(self, text: str) -> list[int]:
+        """As :meth:`encode`, leaving out what the tokenizer cannot encode (``free=True``: the
+        backend's drafter context; ``hsd_core.tokenizers.encode_free`` calls it)."""
+        return self.to_core(self.text.encode(text.encode("latin-1"), free=True))
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.text.decode(self.to_hf(ids)).decode("latin-1")

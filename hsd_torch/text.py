@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from hsd_core.tokenizers import Unencodable as CoreUnencodable
+
 from ._cache import IdentityCache
 from .vocab import token_bytes, tokenizer_state
 
@@ -48,10 +50,12 @@ __all__ = ["TokenText", "Unencodable", "check_tokenizer"]
 _INVALID = re.compile("([\udc80-\udcff])")
 
 
-class Unencodable(ValueError):
+class Unencodable(CoreUnencodable):
     """A text the tokenizer cannot encode: a byte no id's text is, or a piece whose encoding gives
-    an id without text. Where a proposal would need it, the text is simply not proposed (SLEM
-    proposes no candidate, one-token SLRS maps such a drafter id to no target id)."""
+    an id without text (``hsd_core.tokenizers.Unencodable``, a ``ValueError``: the mirror's
+    reference methods catch it as theirs). Where a proposal would need it, the text is simply not
+    proposed (SLEM proposes no candidate, one-token SLRS maps such a drafter id to no target id,
+    bounded SLRS's parse ends before it)."""
 
 
 def check_tokenizer(tokenizer: Any, role: str) -> None:

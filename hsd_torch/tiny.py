@@ -82,6 +82,22 @@ def train_byte_bpe(texts: Iterable[str], vocab_size: int) -> Any:
     return _wrap(tok)
 
 
+def train_ascii_bpe(texts: Iterable[str], vocab_size: int) -> Any:
+    """Byte-level BPE as :func:`train_byte_bpe`, trained on the printable ASCII characters of
+    ``texts`` (and newlines and tabs) with no initial alphabet and ``<unk>`` for the rest: it has no
+    token for the other bytes (a target lacking bytes a byte-level drafter writes, as SmolLM2 lacks
+    21 bytes Gemma has: such text is :class:`~hsd_torch.text.Unencodable`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    keep = set(map(chr, range(32, 127))) | {"\n", "\t"}
+    tok = Tokenizer(models.BPE(unk_token=SPECIALS[0]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False)
+    tok.train_from_iterator(["".join(c for c in t if c in keep) for t in texts], trainer)
+    return _wrap(tok)
+
+
 def _with_byte_tokens(tok: Any) -> Any:
     """``tok`` with ``<0x00>..<0xFF>`` inserted into its model at ids 4..259 (after the specials,
     as SentencePiece does) and byte fallback on."""
@@ -318,12 +334,13 @@ _TOKENIZERS: dict[tuple[str, int], Any] = {}
 
 def tiny_tokenizer(kind: str, vocab_size: int | None = None, max_bytes: int = 60_000) -> Any:
     """A cached tiny tokenizer trained on ``stdlib_corpus(max_bytes)``: ``kind`` is
-    ``"byte_bpe"`` (default 384 ids), ``"unigram"`` (Unigram + byte fallback, about 520) or
-    ``"bpe_fallback"`` (LLaMA-style BPE + byte fallback, about 448). The sizes differ on purpose
+    ``"byte_bpe"`` (default 384 ids), ``"unigram"`` (Unigram + byte fallback, about 520),
+    ``"bpe_fallback"`` (LLaMA-style BPE + byte fallback, about 448) or ``"ascii_bpe"`` (byte-level
+    BPE with tokens for ASCII text only, 300: :func:`train_ascii_bpe`). The sizes differ on purpose
     (transformers tells tokenizers apart by size). A few seconds for the first call of each."""
-    sizes = {"byte_bpe": 384, "unigram": 520, "bpe_fallback": 448}
+    sizes = {"byte_bpe": 384, "unigram": 520, "bpe_fallback": 448, "ascii_bpe": 300}
     trainers = {"byte_bpe": train_byte_bpe, "unigram": train_unigram_byte_fallback,
-                "bpe_fallback": train_bpe_byte_fallback}
+                "bpe_fallback": train_bpe_byte_fallback, "ascii_bpe": train_ascii_bpe}
     if kind not in trainers:
         raise ValueError(f"unknown tiny tokenizer kind {kind!r}; one of {sorted(trainers)}")
     size = sizes[kind] if vocab_size is None else int(vocab_size)

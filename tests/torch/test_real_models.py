@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from hsd_core.methods import AR, SLEM, SLRS, TLI  # noqa: E402
 from hsd_torch import real_models as rm  # noqa: E402
 
 REQUIRE = os.environ.get("HSD_REQUIRE_REAL_MODELS") == "1"
@@ -255,24 +256,24 @@ def test_chat_prompt_greedy_is_the_targets_own_and_ends_its_turn(pair: dict[str,
         generate(drafter, target, conv, target_tokenizer=dt, drafter_tokenizer=tt, method="tli", max_new_tokens=2)
 
 
-def test_sampled_bounded_slrs_with_bytes_the_target_lacks_is_refused_up_front(
-        pair: dict[str, tuple[Any, Any]]) -> None:
-    """SmolLM2 target, Gemma drafter: Gemma's <0xC0> & co. start no SmolLM2 token, which bounded
-    SLRS's psi cannot place (it crashed with an IndexError inside psi): refused before any forward
-    pass, naming the bytes; neither model is modified (fingerprints before and after). Greedy
-    bounded SLRS runs (test above)."""
-    from _torch_checks import counting_forwards, fingerprint
+def test_bounded_slrs_knows_the_bytes_the_target_lacks(pair: dict[str, tuple[Any, Any]]) -> None:
+    """SmolLM2 target, Gemma drafter: Gemma's <0xC0> & co. start no SmolLM2 token (sampled bounded SLRS
+    crashed with an IndexError inside psi, then was refused up front). Such drafts now propose
+    nothing and psi is the law given a proposal: the procedure is built (no refusal) and knows the
+    pair has holes, without a forward pass; the backend against the reference with holes is in
+    tests/torch/test_holed_pairs.py, and on this pair in the slow tier's mirror (bounded SLRS, one-
+    and multi-token, sampled)."""
+    from _torch_checks import counting_forwards
 
-    from hsd_torch import generate
+    from hsd_torch.methods.slrs.psi import BoundedSLRS
+    from hsd_torch.runner import logit_width
+    from hsd_torch.text import TokenText
 
     (target, tt), (drafter, dt) = pair["smollm2-135m-instruct"], pair["gemma-3-270m"]
-    before = fingerprint(target), fingerprint(drafter)
     with counting_forwards(target, drafter) as forwards:
-        with pytest.raises(ValueError, match="start with a byte that starts no target token.*0xc0"):
-            generate(target, drafter, "def f(x):", target_tokenizer=tt, drafter_tokenizer=dt, method="slrs",
-                     lookahead=4, proposal_map="longest_prefix", min_path_prob=0.05, max_new_tokens=4)
-    assert forwards[0] == 0
-    assert (fingerprint(target), fingerprint(drafter)) == before
+        procedure = BoundedSLRS(TokenText.get(tt, logit_width(target)), TokenText.get(dt, logit_width(drafter)), 2,
+                                0.1, False, torch.device("cpu"))
+    assert procedure.holes and forwards[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,34 +350,51 @@ def pair64() -> dict[str, tuple[Any, Any]]:
     return {name: rm.load(name, dtype=torch.float64) for name in rm.names()}
 
 
+MIRROR_METHODS: dict[str, tuple[dict[str, Any], Any]] = {
+    # method name -> (generate's options, the hsd_core reference); bounded SLRS at lookahead 2, tau 0.1
+    # (at most 11 drafter contexts per round: the reference evaluates each without a cache)
+    "ar": ({"method": "ar"}, lambda: AR()),
+    "tli": ({"method": "tli", "lookahead": 3}, lambda: TLI(lookahead=3)),
+    "slem": ({"method": "slem", "lookahead": 3}, lambda: SLEM(lookahead=3)),
+    "slrs": ({"method": "slrs", "lookahead": 1}, lambda: SLRS(lookahead=1, lookbehind=0)),
+    "bounded": ({"method": "slrs", "lookahead": 2, "proposal_map": "longest_prefix", "min_path_prob": 0.1},
+                lambda: SLRS(lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix")),
+    "bounded-multi": ({"method": "slrs", "lookahead": 2, "proposal_map": "longest_prefix", "min_path_prob": 0.1,
+                       "max_tokens": None},
+                      lambda: SLRS(lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix", max_tokens=None)),
+}
+MIRROR_CASES = [("smollm2-135m-instruct", m) for m in MIRROR_METHODS] + \
+    [("gemma-3-270m", m) for m in ("slem", "slrs", "bounded", "bounded-multi")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ar", "tli"])
-def test_mirror_on_the_real_pair(method: str, pair64: dict[str, tuple[Any, Any]]) -> None:
-    """The mirror on real models (issue 19, section 3): SmolLM2 target, Gemma drafter, float64,
-    ``mask_textless=True`` (hsd_core's laws hold ids with text only); the uniforms each row of
-    ``generate`` consumed, replayed into ``hsd_core``'s method over ``CoreModel`` views of the same
-    models, give the same tokens on 5 prompts (code, prose, German, emoji, numbers), and the
-    reference reads every recorded uniform. AR and TLI only: ``hsd_core``'s SLEM and SLRS need both
-    alphabets equal (they re-encode drafter text for the target), and SmolLM2 lacks 21 bytes Gemma
-    has (TLI needs only the target's inside the drafter's: ``proofs/tli.md``); the other direction
-    fails TLI's condition too."""
-    from hsd_core.methods import AR, SLEM, SLRS, TLI
+@pytest.mark.parametrize("target_name,method", MIRROR_CASES)
+def test_mirror_on_the_real_pair(target_name: str, method: str, pair64: dict[str, tuple[Any, Any]]) -> None:
+    """The mirror on real models (issue 19, section 3), float64, ``mask_textless=True`` (hsd_core's
+    laws hold ids with text only): the uniforms each row of ``generate`` consumed, replayed into
+    ``hsd_core``'s method over ``CoreModel`` views of the same models, give the same tokens on 5
+    prompts (code, prose, German, emoji, numbers), and the reference reads every recorded uniform.
+    Both directions for the string-level methods (SLEM, one-token and bounded SLRS one- and
+    multi-token), whose references run whatever the two alphabets: SmolLM2 lacks 21 bytes Gemma
+    has (with the SmolLM2 target, Gemma drafts of those bytes propose nothing; with the Gemma target,
+    the SmolLM2 drafter's context leaves them out). AR and TLI with the SmolLM2 target (TLI needs
+    the target's alphabet inside the drafter's: ``proofs/tli.md``)."""
     from hsd_core.rand import UniformRand
 
     from hsd_torch import CoreModel, generate
     from hsd_torch.mirror import core_text
 
     torch.set_num_threads(2)
-    (target, tt), (drafter, dt) = pair64["smollm2-135m-instruct"], pair64["gemma-3-270m"]
-    lookahead, max_new = (1 if method == "slrs" else 3), 8
+    (target, tt), (drafter, dt) = pair64[target_name], pair64[next(n for n in rm.names() if n != target_name)]
+    options, ref_of = MIRROR_METHODS[method]
+    max_new = 6
     use_d = method != "ar"
     out = generate(target, drafter if use_d else None, MIRROR_PROMPTS, target_tokenizer=tt,
-                   drafter_tokenizer=dt if use_d else None, method=method, lookahead=lookahead,
-                   max_new_tokens=max_new, seed=5, record_uniforms=True, mask_textless=True)
+                   drafter_tokenizer=dt if use_d else None, max_new_tokens=max_new, seed=5, record_uniforms=True,
+                   mask_textless=True, **options)
     assert out.uniforms is not None
     ct, cd = CoreModel(target, tt), (CoreModel(drafter, dt) if use_d else None)
-    ref = {"ar": AR(), "tli": TLI(lookahead=lookahead), "slem": SLEM(lookahead=lookahead),
-           "slrs": SLRS(lookahead=1, lookbehind=0)}[method]
+    ref = ref_of()
     for i, prompt in enumerate(MIRROR_PROMPTS):
         rand = UniformRand(out.uniforms[i])
         got = ref.generate(ct, cd, core_text(prompt), max_new, rng=rand)

@@ -155,17 +155,13 @@ class BoundedSLRS:
                 BoundedSLRS._root_walks.clear()
             hit = BoundedSLRS._root_walks[key] = (self.trie, self.db, walked)
         self.root_walk: tuple[Tensor, Tensor, Tensor] = hit[2]
-        if not greedy:
-            lost = torch.nonzero(self.root_walk[0] < 0).flatten().tolist()
-            if lost:  # psi would need a proposal for them: refused before any forward pass
-                ids = [int(self.db.ids[c]) for c in lost[:8]]
-                firsts = sorted({b[:1].hex() for b in (drafter.bytes_of[d] for d in ids) if b})
-                raise ValueError(
-                    f"bounded SLRS (proposal_map='longest_prefix') cannot sample with this pair: {len(lost)} drafter "
-                    f"tokens (ids {ids}{', ...' if len(lost) > 8 else ''}) start with a byte that starts no target "
-                    f"token (0x{', 0x'.join(firsts)}: the target's tokenizer has no token for it), so they would "
-                    "propose nothing, which bounded SLRS's psi does not handle yet; use one-token SLRS (lookahead=1), "
-                    "TLI or SLEM, or greedy decoding")
+        # some drafter text can start with a byte that is no target token by itself (the target lacks
+        # it): such a draft may propose nothing, and psi is then the law given a proposal
+        one_byte = self.trie.keys < 256  # the root's children (key 0 * 256 + byte)
+        single = torch.zeros(256, dtype=torch.bool, device=device)
+        single[self.trie.keys[one_byte]] = self.trie.term.index_select(0, self.trie.child[one_byte]) >= 0
+        self.holes = not bool(single.index_select(0, self.db.first).all())
+        """Whether a draft can propose nothing (one-token psi is then divided by the mass that proposes)."""
 
     def _continuing(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """Pairs (node, drafter column) whose first byte is a child byte of the node's trie state."""
@@ -186,6 +182,16 @@ class BoundedSLRS:
         within = torch.arange(n_pairs, device=dev) - torch.repeat_interleave(gc.cumsum(0) - gc, gc)
         pc = db.order.index_select(0, torch.repeat_interleave(db.gstart.index_select(0, byte), gc) + within)
         return pn, pc
+
+    def _given_a_proposal(self, psi: Tensor) -> Tensor:
+        """One-token psi ``[R, Vt]`` (the mass of each proposal) as the law given that there is one:
+        each row divided by its total, which is below 1 when some drafts propose nothing (a text
+        starting with a byte the target has no token for; ``proofs/slrs.md`` section 5). A hook for
+        the deliberately lossy variant of the tests only (psi left undivided)."""
+        if not self.holes:
+            return psi  # every draft proposes: the total is 1 (up to rounding), left as computed
+        tot = psi.sum(-1, keepdim=True)
+        return torch.where(tot > 0, psi / torch.where(tot > 0, tot, torch.ones_like(tot)), psi)
 
     def _psi_counts(self, stop: Tensor, settled: Tensor, w: Tensor, depth: int) -> Tensor:
         """Which stopping children psi counts: all of them. A hook for the deliberately lossy

@@ -8,6 +8,11 @@ parse of (rest + the child's bytes) (:func:`.trie.parse_pairs`, every child of e
 the root level's parses are cached per pair of vocabularies). Every stopping child's proposal
 tuple and path mass are kept; once the rows' own proposals are drawn, their conditional laws are
 summed from those (:class:`MultiRoundResult`: ``hsd_core``'s ``PsiLaw.conditional``).
+
+A proposal may be empty: the text is dead at once (it starts with a byte no target token starts,
+the target lacking it; :func:`.trie.parse_pairs`). It adds nothing to position 0's law, which is
+then the law of the first id given that there is one (:meth:`MultiTokenRound.conditionals`
+normalizes it), and that row's round is the target's own token.
 """
 
 from __future__ import annotations
@@ -100,13 +105,13 @@ class MultiTokenRound:
             if not grown or (p.greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        assert p.greedy or all(x for x in self.proposals), "every row's draft ends in a proposal"  # psi_one.run
         return MultiRoundResult(self.proposals, self.conditionals(), self.used, self.evals, self.levels)
 
     def keep(self, rows: Tensor, full: Tensor, flen: Tensor, w: Tensor, known: Tensor) -> None:
         """Add position 0 now; keep for later only the proposals of two ids or more that can share
         the row's first id (``known[row]``: it, once known, else -1)."""
-        self.pos0.view(-1).index_add_(0, rows * self.p.vt + full[:, 0], w)
+        w0 = torch.where(flen > 0, w, torch.zeros_like(w))  # an empty proposal adds nothing (module docstring)
+        self.pos0.view(-1).index_add_(0, rows * self.p.vt + full[:, 0].clamp(min=0), w0)
         kn = known.index_select(0, rows)
         same1 = ((kn < 0) | (full[:, 0] == kn)).long()
         on = (flen >= 2) & self.p._given_prefix(same1, 1)

@@ -32,9 +32,10 @@ Grown = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]  # (parent, column, path m
 
 @dataclass
 class RoundResult:
-    """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id; -1 when greedy and the
-    row's draft starts with bytes no target token starts: no proposal), ``psi [R, Vt]``
-    (float64, the law it was drawn from), ``used[r]`` (drafting uniforms read), ``evaluations[r]``
+    """One bounded SLRS round for rows ``0..R-1``: ``proposal[r]`` (a target id; -1 when the row's
+    draft starts with bytes no target token starts: no proposal), ``psi [R, Vt]`` (float64, the
+    law it was drawn from, given that there is a proposal: rows whose drafts can propose nothing
+    are divided by the mass that proposes), ``used[r]`` (drafting uniforms read), ``evaluations[r]``
     (drafter contexts evaluated: the root and every expanded node), ``levels`` (forward passes)."""
 
     proposal: list[int]
@@ -93,9 +94,10 @@ class OneTokenRound:
             if not grown or (greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        # greedy: a row whose draft starts with bytes no target token starts proposes nothing (-1; any
-        # proposal keeps greedy output the target's; sampling with such a pair is refused up front)
-        assert greedy or all(x >= 0 for x in self.proposal), "every row's draft ends in a proposal"
+        # a row whose draft starts with bytes no target token starts (the target lacks a byte) proposes
+        # nothing (-1): its round is the target's own token, and psi is the law given a proposal
+        if not greedy:
+            self.psi = p._given_a_proposal(self.psi)
         if greedy:
             rows = [r for r, x in enumerate(self.proposal) if x >= 0]
             idx = torch.tensor([self.proposal[r] for r in rows], dtype=torch.long, device=self.dev)
@@ -131,7 +133,8 @@ class OneTokenRound:
         pn, pc = p._continuing(self.state)
         cont = torch.zeros_like(text_mass).index_add_(0, pn, self.laws[pn, p.db.ids.index_select(0, pc)])
         leave = self.path * (text_mass - cont).clamp(min=0)
-        self.psi.view(-1).index_add_(0, self.node_row * p.vt + self.best, leave)
+        has = self.best >= 0  # a node with no target prefix (a proper prefix only): its leaving children propose nothing
+        self.psi.view(-1).index_add_(0, self.node_row * p.vt + self.best.clamp(min=0), torch.where(has, leave, self.zero))
         return [(pn, pc, -1)]
 
     def children(self, depth: int, chunks: list[Chunk], want: list[tuple[int, int]]
@@ -155,8 +158,8 @@ class OneTokenRound:
             # a child stops when settled, below tau, or at its row's depth cap (min(lookahead, budget))
             stop = settled | (w < p.tau) | (self.cap.index_select(0, self.node_row.index_select(0, pn)) <= depth)
             if not p.greedy:
-                counted = p._psi_counts(stop, settled, w, depth)
-                self.psi.view(-1).index_add_(0, self.node_row.index_select(0, pn) * p.vt + prop,
+                counted = p._psi_counts(stop, settled, w, depth) & (prop >= 0)  # -1: no proposal (a dead text)
+                self.psi.view(-1).index_add_(0, self.node_row.index_select(0, pn) * p.vt + prop.clamp(min=0),
                                              torch.where(counted, w, self.zero))
             grow = ~stop & (w > 0)
             gidx = torch.cumsum(grow.long(), 0) - 1 + offset

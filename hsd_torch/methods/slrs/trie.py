@@ -5,6 +5,11 @@ token prefixing a text, and whether it is settled) and :func:`parse_pairs` (the 
 longest-prefix parse of many texts at once: ``hsd_core``'s ``LongestPrefixMap.parse``).
 
 Sorted ``node * 256 + byte`` keys and ``searchsorted``: no Python loop over the vocabulary.
+
+Where no target token starts the rest of a text (a byte the target has no token for: the
+alphabets differ), the text is *dead* there: its parse ends, no continuation reads more, so the
+ids read so far are settled (``hsd_core``'s ``LongestPrefixMap``); a one-token walk of a text that
+is dead at once proposes nothing (-1).
 """
 
 from __future__ import annotations
@@ -207,7 +212,7 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
     (after the first ``j`` ids) is empty or a proper prefix of a target token, i.e. the first ``f``
     ids are settled and the ``f+1``-th is not (``LongestPrefixMap.settled(text, m)`` iff
     ``f >= m``; :data:`NEVER` when the first ``limit`` are settled), and ``fpos`` the byte offset
-    of that rest. One vectorized step per byte walked (``searchsorted`` over the trie's keys); a
+    of that rest. A dead text (module docstring) ends its parse. One vectorized step per byte walked (``searchsorted`` over the trie's keys); a
     pair leaves the loop once its ``limit`` ids are read or its text is used up."""
     dev = node.device
     p_n = node.shape[0]
@@ -215,13 +220,11 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
     ld = torch.where(col >= 0, db.length.index_select(0, col.clamp(min=0)), torch.zeros_like(col))
     total = lh + ld
     pos = torch.zeros(p_n, dtype=torch.long, device=dev)
-    walked = torch.zeros_like(pos)
-    st = torch.zeros_like(pos)
+    walked, st, blen, cnt = (torch.zeros_like(pos) for _ in range(4))
     best = torch.full_like(pos, -1)
-    blen = torch.zeros_like(pos)
-    cnt = torch.zeros_like(pos)
     f = torch.full_like(pos, NEVER)
     fpos = torch.zeros_like(pos)
+    dead = torch.zeros(p_n, dtype=torch.bool, device=dev)
     columns: list[Tensor] = []  # the j-th id of every pair (-1: none), allocated as some pair reaches it
     empty = (total == 0) & (limit > 0)
     f[empty] = 0
@@ -255,9 +258,9 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
             f[newly] = cnt[newly]
             fpos[newly] = pos[newly]
             b = best.index_select(0, fin)
-            if not bool((b >= 0).all()):
-                raise ValueError("a byte of a drafted text starts no target token (the longest-prefix map needs "
-                                 "every byte to be a target token)")
+            dead[fin[b < 0]] = True  # nothing after is read, and f stays (a dead text is settled)
+            fin, b = fin[b >= 0], b[b >= 0]
+        if fin.numel():
             _write_ids(columns, fin, cnt.index_select(0, fin), b, p_n)
             pos[fin] += blen.index_select(0, fin)
             cnt[fin] += 1
@@ -272,7 +275,7 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
             f[fs] = cnt[fs]
             fpos[fs] = pos[fs]
         keep = (pos.index_select(0, act) < total.index_select(0, act)) \
-            & (cnt.index_select(0, act) < limit.index_select(0, act))
+            & (cnt.index_select(0, act) < limit.index_select(0, act)) & ~dead.index_select(0, act)
         act = act[keep]
     ids = torch.stack(columns, dim=1) if columns else torch.full((p_n, 1), -1, dtype=torch.long, device=dev)
     return ids, cnt, f, fpos
