@@ -1,4 +1,5 @@
-"""Checks shared by the generate suites: a forward-pass counter and a model fingerprint.
+"""Checks shared by the generate suites: a forward-pass counter, a model fingerprint, and the
+target's own greedy decoding of given ids.
 
 Imported as ``from _torch_checks import ...`` (pytest puts this folder on ``sys.path``)."""
 
@@ -43,3 +44,14 @@ def fingerprint(model: Any) -> str:
     h.update(model.generation_config.to_json_string().encode())
     h.update(repr((model.training, type(model.get_output_embeddings()).__name__)).encode())
     return h.hexdigest()
+
+
+def own_greedy(model: Any, ids: list[int], n: int, pad: int, **kw: Any) -> list[int]:
+    """``model.generate(do_sample=False)`` of the context ``ids`` (all attended), ``n`` new tokens at
+    most, padding with ``pad``; ``kw`` go to ``generate`` (e.g. ``logits_processor``): the new ids,
+    which every method of ``hsd_torch.generate`` must return greedily for that context."""
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                             pad_token_id=pad, **kw)
+    return [int(i) for i in out[0, len(ids):]]

@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import own_greedy  # noqa: E402
 from hsd_torch import generate, tiny  # noqa: E402
 from hsd_torch.audit import audit_generate  # noqa: E402
 from hsd_torch.methods import make  # noqa: E402
@@ -70,14 +71,6 @@ def _chat_ids(tok: Any, conv: list[dict[str, Any]]) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _own_greedy(model: Any, ids: list[int], n: int, eos: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                             pad_token_id=eos)
-    return [int(i) for i in out[0, len(ids):]]
-
-
 def test_target_context_is_the_chat_templates_ids(world: dict[str, Any]) -> None:
     tt = world["tt"]
     ids = _chat_ids(tt, CONV)
@@ -107,9 +100,9 @@ def test_conversation_greedy_is_the_targets_own(world: dict[str, Any], method: s
     got = generate(world["target"], d_model, prompts, target_tokenizer=tt, drafter_tokenizer=d_tok, method=method,
                    lookahead=extra.get("lookahead", 3), max_new_tokens=n, do_sample=False,
                    **{k: v for k, v in extra.items() if k != "lookahead"})
-    want = [_own_greedy(world["target"], _chat_ids(tt, CONV), n, tt.eos_token_id),
-            _own_greedy(world["target"], tt("x = 1\n")["input_ids"], n, tt.eos_token_id),
-            _own_greedy(world["target"], _chat_ids(tt, CONV2), n, tt.eos_token_id)]
+    want = [own_greedy(world["target"], _chat_ids(tt, CONV), n, tt.eos_token_id),
+            own_greedy(world["target"], tt("x = 1\n")["input_ids"], n, tt.eos_token_id),
+            own_greedy(world["target"], _chat_ids(tt, CONV2), n, tt.eos_token_id)]
     assert got.sequences == want
     alone = generate(world["target"], d_model, CONV2, target_tokenizer=tt, drafter_tokenizer=d_tok, method=method,
                      lookahead=extra.get("lookahead", 3), max_new_tokens=n, do_sample=False,

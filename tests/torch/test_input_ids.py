@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import own_greedy  # noqa: E402
 from hsd_torch import generate  # noqa: E402
 
 torch.set_num_threads(1)
@@ -37,14 +38,6 @@ def batch(llama_uni: dict[str, Any]) -> dict[str, Any]:
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
-def _own(model: Any, ids: list[int], n: int, pad: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                             pad_token_id=pad)
-    return [int(i) for i in out[0, len(ids):]]
-
-
 @pytest.mark.parametrize("method,extra", METHODS, ids=[f"{m}-{len(e)}" for m, e in METHODS])
 def test_given_ids_are_the_targets_context(llama_uni: dict[str, Any], batch: dict[str, Any], method: str,
                                           extra: dict[str, Any]) -> None:
@@ -57,13 +50,13 @@ def test_given_ids_are_the_targets_context(llama_uni: dict[str, Any], batch: dic
     rows = [[int(v) for v, m in zip(r, mk) if m] for r, mk in zip(batch["input_ids"].tolist(),
                                                                  batch["attention_mask"].tolist())]
     assert out.prompt_ids == rows
-    assert out.sequences == [_own(t, r, n, tt.eos_token_id) for r in rows]
+    assert out.sequences == [own_greedy(t, r, n, tt.eos_token_id) for r in rows]
     # ids text cannot give: a special id inside the context (the tokenizer's BOS twice, then "<s>" as text)
     special = [tt.bos_token_id, tt.bos_token_id] + tt("<s>x", add_special_tokens=False)["input_ids"]
     one = generate(t, llama_uni["drafter"], target_tokenizer=tt, drafter_tokenizer=llama_uni["dt"], method=method,
                    lookahead=extra.get("lookahead", 3), max_new_tokens=n, do_sample=False, input_ids=[special],
                    **{k: v for k, v in extra.items() if k != "lookahead"})
-    assert one.prompt_ids == [special] and one.sequences == [_own(t, special, n, tt.eos_token_id)]
+    assert one.prompt_ids == [special] and one.sequences == [own_greedy(t, special, n, tt.eos_token_id)]
 
 
 def test_tensors_are_what_transformers_returns(llama_uni: dict[str, Any], batch: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (NoRepeatNGramLogitsProcessor
                                                     RepetitionPenaltyLogitsProcessor,
                                                     UnbatchedClassifierFreeGuidanceLogitsProcessor)
 
+from _torch_checks import own_greedy  # noqa: E402
 from hsd_torch import generate  # noqa: E402
 from hsd_torch.audit import audit_generate  # noqa: E402
 from hsd_torch.processors import StopStrings  # noqa: E402
@@ -69,11 +70,8 @@ def _run(world: dict[str, Any], method: str, d: str | None, extra: dict[str, Any
 
 
 def _own(world: dict[str, Any], prompt: str, n: int = 16, **kw: Any) -> list[int]:
-    tt, t = world["tt"], world["target"]
-    enc = tt(prompt, return_tensors="pt")
-    with torch.inference_mode():
-        out = t.generate(**enc, do_sample=False, max_new_tokens=n, pad_token_id=tt.eos_token_id, **kw)
-    return [int(i) for i in out[0, enc.input_ids.shape[1]:]]
+    tt = world["tt"]
+    return own_greedy(world["target"], tt(prompt)["input_ids"], n, tt.eos_token_id, **kw)
 
 
 @pytest.mark.parametrize("method,d,extra", METHODS, ids=[f"{m}-{len(e)}" for m, _, e in METHODS])
