@@ -2,7 +2,7 @@
 speculative decoding (``do_sample=True``, different tokenizers) on the tiny pair of
 ``bench/audit_transformers.py``.
 
-    python bench/uag_root_cause.py [--draws M] [--patched] [--orders K] [--top-k K]
+    python bench/uag_root_cause.py [--draws M] [--patched] [--orders K] [--top-k K] [--real] [--prompt TEXT]
 
 A. Column order: which target id a draft from pruned head column j becomes (``get_target_ids``)
    and which target id column j's logit is written to (``get_target_logits``), by calling both.
@@ -17,7 +17,10 @@ D. (``--orders K``) the unpatched TV over K random column orders, and the audit'
 E. ``max_new_tokens=1``: how many calls draft at all (the last new token is never drafted).
 
 ``--patched`` installs ``bench/transformers_uag_patch.py`` first; ``--top-k K`` samples with top-k K
-in B (default 0: the full vocabulary).
+in B (default 0: the full vocabulary). ``--real``: the real pair instead (SmolLM2-135M-Instruct
+target, Gemma-3-270M assistant, ``hsd_torch.real_models``), parts A and B only, and in B where the
+draft law, the acceptance test's q and the target's p put their mass: why the installed sampler's
+permuted q leaves no trace at top-k 8 there (docs/auditing-transformers.md, "The real pair").
 """
 
 from __future__ import annotations
@@ -37,12 +40,30 @@ from hsd_torch import tiny
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformers_uag_patch  # noqa: E402
 
-PROMPT = "def foo(x):\n"
+PROMPT = sys.argv[sys.argv.index("--prompt") + 1] if "--prompt" in sys.argv else "def foo(x):\n"
+
+
+REAL = "--real" in sys.argv
+
+
+def fresh_drafter(dt: Any) -> Any:
+    """A fresh assistant (building a pruning translator prunes its head in place)."""
+    if REAL:
+        from hsd_torch import real_models
+
+        return real_models.load("gemma-3-270m")[0]
+    return tiny.tiny_gpt2(dt, seed=1)
 
 
 def fresh_pair() -> tuple[Any, Any, Any, Any]:
+    if REAL:
+        from hsd_torch import real_models
+
+        target, tt = real_models.load("smollm2-135m-instruct")
+        drafter, dt = real_models.load("gemma-3-270m")
+        return target, tt, drafter, dt
     target, tt, _, dt = tiny.tiny_pair()
-    return target, tt, tiny.tiny_gpt2(dt, seed=1), dt
+    return target, tt, fresh_drafter(dt), dt
 
 
 def generate(target: Any, tt: Any, drafter: Any, dt: Any, seed: int, top_k: int = 0, new: int = 2) -> list[int]:
@@ -200,7 +221,7 @@ def main() -> None:
     vocab = dt.get_vocab()
     dt.get_vocab = lambda: dict(sorted(vocab.items(), key=lambda kv: kv[1]))
     try:
-        agree_sorted = column_agreement(tt, dt, vsize, tiny.tiny_gpt2(dt, seed=1))[0]
+        agree_sorted = column_agreement(tt, dt, vsize, fresh_drafter(dt))[0]
     finally:
         del dt.get_vocab
     print(f"   the same with get_vocab() in ascending id order: {agree_sorted} of {cols}")
@@ -247,6 +268,12 @@ def main() -> None:
     worst = np.argsort(-(law - p))[:3]
     print("   most over-produced first tokens (exact law vs p): " + ", ".join(
         f"{int(t)} {tt.convert_ids_to_tokens(int(t))!r} {law[t]:.4f} vs {p[t]:.4f}" for t in worst))
+    support = p > 0
+    print(f"   mass on the target's support ({int(support.sum())} ids): draft law {d[support].sum():.4g}, "
+          f"q of the acceptance test {q[support].sum():.4g}; exact law with q = the draft law (the patch): TV to "
+          f"p {tv(first_token_law(p, d, d), p):.2g}")
+    if REAL:
+        return
 
     # C. the translator cache: B's generate calls built a translator for B's assistant, keyed by the two
     # tokenizer objects (the same objects here: hsd_torch.tiny caches its tokenizers); now a fresh assistant
