@@ -96,9 +96,12 @@ DEFAULT_POSITIONS = 4
 LAMBDAS: F64 = np.geomspace(1e-3, 1.0, 25)
 """The grid of mixture weights toward the drafter at which the power is evaluated."""
 
-TEMPERATURE_FACTORS: F64 = np.exp(np.geomspace(0.002, 1.4, 30))
+TEMPERATURE_FACTORS: F64 = np.exp(np.geomspace(0.002, 1.4, 16))
 """The grid of temperature factors ``f`` (both ``x f`` and ``/ f``; ``log f`` geometric from 0.002 to
-1.4, so it is fine near 1) at which the power is evaluated."""
+1.4, ratio 1.55 from one to the next, so it is fine near 1) at which the power is evaluated: each
+point costs a pass over every audited law of the power subsample (the mixture family's grid costs
+nothing per point: it is linear in lambda), so the stated factor is the grid point at or above the
+smallest detectable one, at most one step (x 1.55 in ``log f``) conservative."""
 
 DEFAULT_POWER_STEPS = 1000
 """Positions (at most, a seeded subsample) on which the power is computed."""
@@ -323,7 +326,8 @@ class SequenceEvidence:
         names.append(("one fewer", 1.0))
         if extra:
             names.append(("one more", 1.0))
-        self.alt = _Alternatives(names, self.bins)
+        self._alt = _Alternatives(names, self.bins)
+        self._pending: list[tuple[F64, F64 | None, F64 | None, F64 | None]] = []  # picked rows not yet added
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -377,19 +381,42 @@ class SequenceEvidence:
             self.dir_var += float(np.clip((p * w ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         e = None if extra is None else np.asarray(extra, dtype=np.float64)[ok]
         pick = np.flatnonzero(self._pick.random(u.size) < self.rho)
-        width = int((p[pick] > 0).sum(axis=1).max()) if pick.size else 1  # the largest support met
-        chunk = max(1, _POWER_CHUNK // (len(self.alt.names) * width))
-        for c0 in range(0, pick.size, chunk):
-            sel = pick[c0:c0 + chunk]
-            self._power_rows(p[sel], None if q is None else q[sel], None if w is None else w[sel],
-                             None if e is None else e[sel])
+        if pick.size:
+            self._pending.append((p[pick], None if q is None else q[pick], None if w is None else w[pick],
+                                  None if e is None else e[pick]))
+            if sum(r[0].shape[0] for r in self._pending) * p.shape[1] * len(self._alt.names) >= _POWER_CHUNK:
+                self._flush()
+
+    @property
+    def alt(self) -> _Alternatives:
+        """The power ingredients, with every picked position added."""
+        self._flush()
+        return self._alt
+
+    def _flush(self) -> None:
+        """Add the picked positions kept so far (sequences' few picks are batched: one vectorized pass
+        per :data:`_POWER_CHUNK` entries rather than per sequence)."""
+        if not self._pending:
+            return
+        cat = [np.concatenate([r[i] for r in self._pending]) if self._pending[0][i] is not None else None
+               for i in range(4)]
+        self._pending = []
+        p, q, w, e = cat
+        assert p is not None
+        width = int((p > 0).sum(axis=1).max())  # the largest support met
+        chunk = max(1, _POWER_CHUNK // (len(self._alt.names) * width))
+        for c0 in range(0, p.shape[0], chunk):
+            sl = slice(c0, c0 + chunk)
+            self._power_rows(p[sl], None if q is None else q[sl], None if w is None else w[sl],
+                             None if e is None else e[sl])
 
     def _power_rows(self, p: F64, q: F64 | None, w: F64 | None, extra: F64 | None) -> None:
         """Add the power ingredients of ``m`` positions (rows of ``p``; module docstring): every
         alternative law over each row's ids sorted by decreasing ``p`` (ties by id), its mass
         outside ``p``'s support (drawn there, it is a draw of probability 0), and what each test
-        sees of it."""
-        alt = self.alt
+        sees of it. The mixture family is linear in lambda: its ingredients are those of its two
+        ends (``p`` and ``q`` on ``p``'s support) combined per row, exactly (:meth:`_mixture_rows`)."""
+        alt = self._alt
         m = p.shape[0]
         rows = np.arange(m)[:, None]
         order = np.argsort(-p, axis=1, kind="stable")
@@ -399,38 +426,46 @@ class SequenceEvidence:
         s = pos.sum(axis=1)
         with np.errstate(divide="ignore"):
             logp = np.where(pos, np.log(np.where(pos, ps, 1.0)), 0.0)
-        laws: list[F64] = []
-        imp: list[F64] = []
-        zero = np.zeros(m)
-        for fam, th in alt.names:
-            if fam == "mixture":
-                assert q is not None
-                qs = np.where(pos, q[rows, order], 0.0)
-                laws.append((1 - th) * ps + th * qs)
-                imp.append(th * np.clip(1.0 - qs.sum(axis=1), 0.0, None))
-            elif fam in ("hotter", "colder"):
-                z = np.where(pos, logp / th if fam == "hotter" else logp * th, -np.inf)
-                z = np.exp(z - z.max(axis=1, keepdims=True))
-                laws.append(z / z.sum(axis=1, keepdims=True))
-                imp.append(zero)
-            elif fam == "one fewer":
-                r = ps.copy()
+        gen = [i for i, (fam, _) in enumerate(alt.names) if fam != "mixture"]
+        mix = [i for i, (fam, _) in enumerate(alt.names) if fam == "mixture"]
+        g_n = len(gen)
+        # every alternative's law on p's support, written into one [m, A, V] array (the mixture: its two
+        # ends, p and q's part on p's support, after the others) and its mass off that support
+        r = np.empty((m, g_n + (2 if mix else 0), ps.shape[1]))
+        im = np.zeros((m, r.shape[1]))
+        for fam in ("hotter", "colder"):
+            at = [k for k, i in enumerate(gen) if alt.names[i][0] == fam]
+            if at:
+                th = np.array([alt.names[gen[k]][1] for k in at])[None, :, None]
+                z = np.where(pos[:, None, :], logp[:, None, :] / th if fam == "hotter" else logp[:, None, :] * th,
+                             -np.inf)
+                z = np.exp(z - z.max(axis=2, keepdims=True))
+                r[:, at] = z / z.sum(axis=2, keepdims=True)
+        for k, i in enumerate(gen):
+            fam = alt.names[i][0]
+            if fam == "one fewer":
+                rr = ps.copy()
                 cut = s >= 2
-                r[np.flatnonzero(cut), s[cut] - 1] = 0.0
-                laws.append(r / r.sum(axis=1, keepdims=True))
-                imp.append(zero)
-            else:  # one more
+                rr[np.flatnonzero(cut), s[cut] - 1] = 0.0
+                r[:, k] = rr / rr.sum(axis=1, keepdims=True)
+            elif fam == "one more":
                 assert extra is not None
-                laws.append((1 - extra)[:, None] * ps)
-                imp.append(extra)
-        r = np.stack(laws, axis=1)  # [m, A, V]
-        im = np.stack(imp, axis=1)  # [m, A]
+                r[:, k] = (1 - extra)[:, None] * ps
+                im[:, k] = extra
+        qs = None
+        if mix:
+            assert q is not None
+            qs = np.where(pos, q[rows, order], 0.0)
+            r[:, g_n], r[:, g_n + 1] = ps, qs
         keep = np.clip(1.0 - im, 0.0, 1.0)
-        cond = r / np.where(keep > 0, keep, 1.0)[:, :, None]
+        tv = 0.5 * (np.abs(r[:, :g_n] - ps[:, None, :]).sum(axis=2) + im[:, :g_n])  # [m, G]
+        off = np.flatnonzero((im > 0).any(axis=0))  # only these alternatives put mass off p's support
+        r[:, off] /= np.where(keep[:, off] > 0, keep[:, off], 1.0)[:, :, None]
+        cond = r  # each alternative's law on p's support given that it draws there
         # bin masses of the PIT under each alternative: its density on token x's interval is cond(x) / p(x)
         cum = np.cumsum(ps, axis=1)
         edges = np.linspace(0.0, 1.0, self.bins + 1)
-        j = np.minimum((cum[:, :, None] < edges[None, None, :]).sum(axis=1), (s - 1)[:, None])  # [m, k + 1]
+        j = np.minimum(np.stack([np.searchsorted(c, edges) for c in cum]), (s - 1)[:, None])  # [m, k + 1]: ids below
         pj = np.take_along_axis(ps, j, axis=1)
         frac = np.clip((edges[None, :] - (np.take_along_axis(cum, j, axis=1) - pj)) / pj, 0.0, 1.0)
         g = np.cumsum(cond, axis=2)
@@ -439,23 +474,60 @@ class SequenceEvidence:
         gb = np.take_along_axis(g, jj, axis=2) - cj + cj * frac[:, None, :]
         gb[:, :, 0] = 0.0
         gb[:, :, -1] = cond.sum(axis=2)
-        alt.bins += np.diff(gb, axis=2).sum(axis=0)
-        m1 = np.einsum("mav,mv->ma", cond, logp)
+        bins = np.diff(gb, axis=2)  # [m, A, k]
+        ws = None if w is None else w[rows, order]
+        fs = [logp, logp ** 2] + ([] if ws is None else [ws, ws ** 2])
+        mom = np.matmul(cond, np.stack(fs, axis=2))  # [m, A, f]: E_cond of log p, its square (and w, w^2)
+        m1, m2 = mom[:, :, 0], mom[:, :, 1]
         h = -(ps * logp).sum(axis=1)
-        alt.ll_mu += (m1 + h[:, None]).sum(axis=0)
-        alt.ll_var += np.clip(np.einsum("mav,mv->ma", cond, logp ** 2) - m1 ** 2, 0.0, None).sum(axis=0)
+        g_n = len(gen)
+        alt.bins[gen] += bins[:, :g_n].sum(axis=0)
+        alt.ll_mu[gen] += (m1[:, :g_n] + h[:, None]).sum(axis=0)
+        alt.ll_var[gen] += np.clip(m2[:, :g_n] - m1[:, :g_n] ** 2, 0.0, None).sum(axis=0)
         alt.null_ll_var += float(np.clip((ps * logp ** 2).sum(axis=1) - h ** 2, 0.0, None).sum())
-        if w is not None:
-            ws = w[rows, order]
+        d1 = d2 = ew = None
+        if ws is not None:
             ew = (ps * ws).sum(axis=1)
-            d1 = np.einsum("mav,mv->ma", cond, ws)
-            alt.dir_mu += (d1 - ew[:, None]).sum(axis=0)
-            alt.dir_var += np.clip(np.einsum("mav,mv->ma", cond, ws ** 2) - d1 ** 2, 0.0, None).sum(axis=0)
+            d1, d2 = mom[:, :, 2], mom[:, :, 3]
+            alt.dir_mu[gen] += (d1[:, :g_n] - ew[:, None]).sum(axis=0)
+            alt.dir_var[gen] += np.clip(d2[:, :g_n] - d1[:, :g_n] ** 2, 0.0, None).sum(axis=0)
             alt.null_dir_var += float(np.clip((ps * ws ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         with np.errstate(divide="ignore"):
-            alt.log_keep += np.log(keep).sum(axis=0)
-        alt.tv += 0.5 * (np.abs(r - ps[:, None, :]).sum(axis=2) + im).sum(axis=0)
+            alt.log_keep[gen] += np.log(keep[:, :g_n]).sum(axis=0)
+        alt.tv[gen] += tv.sum(axis=0)
+        if mix:
+            assert qs is not None
+            lam = np.array([alt.names[i][1] for i in mix])
+            self._mixture_rows(mix, lam, ps, qs, h, bins[:, g_n:], m1[:, g_n:], m2[:, g_n:],
+                               None if d1 is None or d2 is None or ew is None else (d1[:, g_n:], d2[:, g_n:], ew))
         alt.steps += m
+
+    def _mixture_rows(self, idx: list[int], lam: F64, ps: F64, qs: F64, h: F64, bins: F64, m1: F64, m2: F64,
+                      directional: tuple[F64, F64, F64] | None) -> None:
+        """The mixture family's ingredients at ``lam`` from those of its ends (index 0: ``ps``, 1:
+        ``qs``, ``q`` on ``p``'s support; per row): the alternative ``(1 - lam) p + lam q`` keeps
+        ``keep = 1 - lam (1 - sum qs)`` on ``p``'s support and its conditional law there is
+        ``((1 - lam) ps + lam qs) / keep``, so every expectation under it (bin masses, the moments of
+        ``log p`` and of the directional weight) is the same combination of the ends' expectations."""
+        alt = self._alt
+        out = np.clip(1.0 - qs.sum(axis=1), 0.0, None)  # q's mass off p's support: a draw of probability 0
+        keep = np.clip(1.0 - lam[None, :] * out[:, None], 0.0, 1.0)  # [m, M]
+        den = np.where(keep > 0, keep, 1.0)
+        a0, a1 = (1.0 - lam)[None, :] / den, lam[None, :] / den
+        alt.bins[idx] += np.einsum("mk,ma->ak", bins[:, 0], a0) + np.einsum("mk,ma->ak", bins[:, 1], a1)
+        mu1 = a0 * m1[:, :1] + a1 * m1[:, 1:2]
+        mu2 = a0 * m2[:, :1] + a1 * m2[:, 1:2]
+        alt.ll_mu[idx] += (mu1 + h[:, None]).sum(axis=0)
+        alt.ll_var[idx] += np.clip(mu2 - mu1 ** 2, 0.0, None).sum(axis=0)
+        if directional is not None:
+            d1, d2, ew = directional
+            e1 = a0 * d1[:, :1] + a1 * d1[:, 1:2]
+            e2 = a0 * d2[:, :1] + a1 * d2[:, 1:2]
+            alt.dir_mu[idx] += (e1 - ew[:, None]).sum(axis=0)
+            alt.dir_var[idx] += np.clip(e2 - e1 ** 2, 0.0, None).sum(axis=0)
+        with np.errstate(divide="ignore"):
+            alt.log_keep[idx] += np.log(keep).sum(axis=0)
+        alt.tv[idx] += 0.5 * lam * (np.abs(qs - ps).sum(axis=1) + out).sum()
 
     # -- the family and the promise ------------------------------------------------------------
 
