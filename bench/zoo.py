@@ -27,6 +27,15 @@ a rejection), and checked against the variant's own first tokens (a chi-square o
 first tokens against that law, recorded as ``first_token_check_p``): the rule is an analysis of
 the variant, so the check ties it to the code. The variants that act only after a rejection, or on
 the drafter's context, leave the first token's law exact (TV 0 up to rounding, computed the same way).
+
+``--context-tv``: for ``prompt_token_twice`` (the one variant whose wrong context is known exactly:
+the prompt with its last id twice), how far its law is from the target's at every position it
+samples: ``--sizes``' first number of its sequences (half per prompt), each teacher-forced through
+the target with the right and with the doubled context, the TV between the two laws per token (mean,
+median, 90 % quantile, max), beside what ``audit_sequences`` promises on the same sequences (each
+family's detectable departure as mean per-token TV) and its verdict.
+
+    python bench/zoo.py --trained --context-tv --sizes 200 --json bench/zoo_context_tv.json
 """
 
 from __future__ import annotations
@@ -229,6 +238,36 @@ def variant_kw(v: Variant, tt: Any, dt: Any) -> dict[str, Any]:
     return kw
 
 
+def context_tv(target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str], n: int, seed: int) -> dict[str, Any]:
+    """``--context-tv`` (module docstring): the per-token TV between the target's law after the right
+    context and after the prompt's last id doubled, along ``n`` sequences of ``prompt_token_twice``."""
+    from hsd_torch.runner import logit_width
+    from hsd_torch.text import TokenText
+
+    v = VARIANTS["prompt_token_twice"]
+    kw = variant_kw(v, tt, dt)
+    text = TokenText.get(tt, logit_width(target))
+    seqs: list[tuple[list[int], list[int]]] = []
+    for i in range(0, n, 20):
+        prompt = prompts[(i // 20) % len(prompts)]
+        out = generate_with(v, target, drafter, [prompt] * min(20, n - i), max_new_tokens=L, seed=seed + i, **kw)
+        seqs += [(text.prompt_ids(prompt), list(r)) for r in out.sequences]
+    tvs: list[float] = []
+    with torch.inference_mode():
+        for ids, seq in seqs:
+            right = target(torch.tensor([ids + seq])).logits[0, len(ids) - 1:len(ids) - 1 + len(seq)].double()
+            twice = target(torch.tensor([ids + ids[-1:] + seq])).logits[0, len(ids):len(ids) + len(seq)].double()
+            tvs += (0.5 * (right.softmax(-1) - twice.softmax(-1)).abs().sum(-1)).tolist()
+    it = iter(seqs)
+    rep = audit_sequences(lambda _p, _s: next(it)[1], target, tt, [prompts[(i // 20) % len(prompts)] for i in range(n)],
+                          n=n, max_new_tokens=L, drafter=drafter, drafter_tokenizer=dt, seed=seed,
+                          max_detectable_tv=None)
+    t = torch.tensor(tvs, dtype=torch.float64)
+    return {"variant": v.name, "sequences": n, "tokens": len(tvs), "mean_tv": float(t.mean()),
+            "median_tv": float(t.median()), "q90_tv": float(t.quantile(0.9)), "max_tv": float(t.max()),
+            "audit_verdict": rep.verdict, "audit_promise_mean_tv": {f.family: f.mean_tv for f in rep.families}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
@@ -243,6 +282,8 @@ def main() -> None:
     ap.add_argument("--first-token-tv", default=None, metavar="RUN.json",
                     help="add the exact first-token TV of each variant to a recorded run (module docstring), and stop")
     ap.add_argument("--check-n", type=int, default=2000, help="sampled first tokens that check each first-token law")
+    ap.add_argument("--context-tv", action="store_true",
+                    help="prompt_token_twice's per-token TV against the audit's promise (module docstring), and stop")
     ap.add_argument("--sharp", action="store_true",
                     help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
@@ -267,6 +308,14 @@ def main() -> None:
             json.dump(run, f, indent=1)
         return
     target, tt, drafter, dt, prompts = models(a.trained, a.sharp)
+    if a.context_tv:
+        res = {"trained": a.trained, "sharp": a.sharp, "prompts": prompts,
+               **context_tv(target, tt, drafter, dt, prompts, int(a.sizes.split(",")[0]), a.seed)}
+        print(json.dumps(res, indent=1))
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump(res, f, indent=1)
+        return
     names = a.only.split(",") if a.only else list(VARIANTS)
     rows: list[dict[str, Any]] = []
     for name in names:
