@@ -133,7 +133,7 @@ class OneTokenRound:
         pn, pc = p._continuing(self.state)
         cont = torch.zeros_like(text_mass).index_add_(0, pn, self.laws[pn, p.db.ids.index_select(0, pc)])
         leave = self.path * (text_mass - cont).clamp(min=0)
-        has = self.best >= 0  # a node with no target prefix (a proper prefix only): its leaving children propose nothing
+        has = self.best >= 0  # a node with no target prefix: its leaving children propose nothing
         self.psi.view(-1).index_add_(0, self.node_row * p.vt + self.best.clamp(min=0), torch.where(has, leave, self.zero))
         return [(pn, pc, -1)]
 
