@@ -350,17 +350,22 @@ def pair64() -> dict[str, tuple[Any, Any]]:
     return {name: rm.load(name, dtype=torch.float64) for name in rm.names()}
 
 
+MIRROR_TOP_K = 16
+"""SLRS's references compute psi by enumerating every drafter id with mass (pure Python, one branch
+each): over Gemma's 262,144 ids that is minutes per round, so the SLRS mirrors run both models at
+top-k 16 (``generate``'s ``top_k`` processes both; the references' ``CoreModel`` views alike)."""
+
 MIRROR_METHODS: dict[str, tuple[dict[str, Any], Any]] = {
     # method name -> (generate's options, the hsd_core reference); bounded SLRS at lookahead 2, tau 0.1
     # (at most 11 drafter contexts per round: the reference evaluates each without a cache)
     "ar": ({"method": "ar"}, lambda: AR()),
     "tli": ({"method": "tli", "lookahead": 3}, lambda: TLI(lookahead=3)),
     "slem": ({"method": "slem", "lookahead": 3}, lambda: SLEM(lookahead=3)),
-    "slrs": ({"method": "slrs", "lookahead": 1}, lambda: SLRS(lookahead=1, lookbehind=0)),
-    "bounded": ({"method": "slrs", "lookahead": 2, "proposal_map": "longest_prefix", "min_path_prob": 0.1},
-                lambda: SLRS(lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix")),
+    "slrs": ({"method": "slrs", "lookahead": 1, "top_k": MIRROR_TOP_K}, lambda: SLRS(lookahead=1, lookbehind=0)),
+    "bounded": ({"method": "slrs", "lookahead": 2, "proposal_map": "longest_prefix", "min_path_prob": 0.1,
+                 "top_k": MIRROR_TOP_K}, lambda: SLRS(lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix")),
     "bounded-multi": ({"method": "slrs", "lookahead": 2, "proposal_map": "longest_prefix", "min_path_prob": 0.1,
-                       "max_tokens": None},
+                       "max_tokens": None, "top_k": MIRROR_TOP_K},
                       lambda: SLRS(lookahead=2, min_path_prob=0.1, proposal_map="longest_prefix", max_tokens=None)),
 }
 MIRROR_CASES = [("smollm2-135m-instruct", m) for m in MIRROR_METHODS] + \
@@ -378,7 +383,8 @@ def test_mirror_on_the_real_pair(target_name: str, method: str, pair64: dict[str
     multi-token), whose references run whatever the two alphabets: SmolLM2 lacks 21 bytes Gemma
     has (with the SmolLM2 target, Gemma drafts of those bytes propose nothing; with the Gemma target,
     the SmolLM2 drafter's context leaves them out). AR and TLI with the SmolLM2 target (TLI needs
-    the target's alphabet inside the drafter's: ``proofs/tli.md``)."""
+    the target's alphabet inside the drafter's: ``proofs/tli.md``). SLRS at top-k 16
+    (:data:`MIRROR_TOP_K`)."""
     from hsd_core.rand import UniformRand
 
     from hsd_torch import CoreModel, generate
@@ -393,7 +399,9 @@ def test_mirror_on_the_real_pair(target_name: str, method: str, pair64: dict[str
                    drafter_tokenizer=dt if use_d else None, max_new_tokens=max_new, seed=5, record_uniforms=True,
                    mask_textless=True, **options)
     assert out.uniforms is not None
-    ct, cd = CoreModel(target, tt), (CoreModel(drafter, dt) if use_d else None)
+    top_k = options.get("top_k")
+    ct = CoreModel(target, tt, top_k=top_k)
+    cd = CoreModel(drafter, dt, top_k=top_k) if use_d else None
     ref = ref_of()
     for i, prompt in enumerate(MIRROR_PROMPTS):
         rand = UniformRand(out.uniforms[i])
