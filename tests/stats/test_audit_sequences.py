@@ -25,7 +25,7 @@ import pytest
 from hsd_core import variants
 from hsd_core.methods import AR, SD, SLEM, SLRS, TLI
 from hsd_core.seqaudit import (
-    SequenceAuditReport, SequenceEvidence, audit_sequences, check_sequence, pit_uniforms, sequence_seeds,
+    DEFAULT_POWER_STEPS, SequenceAuditReport, SequenceEvidence, audit_sequences, check_sequence, pit_uniforms, sequence_seeds,
 )
 from hsd_core.worlds import builtin_world, from_spec
 
@@ -126,7 +126,8 @@ def test_null_at_the_default_alpha() -> None:
 
 @pytest.fixture(scope="module")
 def stated() -> SequenceAuditReport:
-    return _run(0, power_steps=2000)
+    """The statement as users get it: the default power subsample (DEFAULT_POWER_STEPS positions)."""
+    return _run(0, power_steps=DEFAULT_POWER_STEPS)
 
 
 def test_the_power_statement_names_each_family(stated: SequenceAuditReport) -> None:
