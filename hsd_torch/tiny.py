@@ -20,10 +20,11 @@ not, so the Unigram pieces are trained by :mod:`hsd_torch._unigram` instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,34 +68,28 @@ def _byte_pieces() -> list[str]:
     return [f"<0x{b:02X}>" for b in range(256)]
 
 
-def train_byte_bpe(texts: Iterable[str], vocab_size: int) -> Any:
+def train_byte_bpe(texts: Iterable[str], vocab_size: int, *, ascii_only: bool = False) -> Any:
     """Byte-level BPE (GPT-2 byte alphabet, ``ByteLevel`` pre-tokenizer and decoder) trained on
-    ``texts``; ``vocab_size`` ids in all (4 specials + 256 bytes + merges). Lossless."""
+    ``texts``; ``vocab_size`` ids in all (4 specials + 256 bytes + merges). Lossless.
+
+    ``ascii_only=True``: trained on the printable ASCII characters of ``texts`` (and newlines and
+    tabs) with no initial alphabet and ``<unk>`` for the rest, so it has no token for the other
+    bytes (a target lacking bytes a byte-level drafter writes, as SmolLM2 lacks 21 bytes Gemma has:
+    such text is :class:`~hsd_torch.text.Unencodable`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(models.BPE(unk_token=SPECIALS[0]) if ascii_only else models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    if ascii_only:
+        keep = set(map(chr, range(32, 127))) | {"\n", "\t"}
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False)
+        texts = ["".join(c for c in t if c in keep) for t in texts]
+    else:
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(list(texts), trainer)
-    return _wrap(tok)
-
-
-def train_ascii_bpe(texts: Iterable[str], vocab_size: int) -> Any:
-    """Byte-level BPE as :func:`train_byte_bpe`, trained on the printable ASCII characters of
-    ``texts`` (and newlines and tabs) with no initial alphabet and ``<unk>`` for the rest: it has no
-    token for the other bytes (a target lacking bytes a byte-level drafter writes, as SmolLM2 lacks
-    21 bytes Gemma has: such text is :class:`~hsd_torch.text.Unencodable`)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    keep = set(map(chr, range(32, 127))) | {"\n", "\t"}
-    tok = Tokenizer(models.BPE(unk_token=SPECIALS[0]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False)
-    tok.train_from_iterator(["".join(c for c in t if c in keep) for t in texts], trainer)
     return _wrap(tok)
 
 
@@ -336,11 +331,12 @@ def tiny_tokenizer(kind: str, vocab_size: int | None = None, max_bytes: int = 60
     """A cached tiny tokenizer trained on ``stdlib_corpus(max_bytes)``: ``kind`` is
     ``"byte_bpe"`` (default 384 ids), ``"unigram"`` (Unigram + byte fallback, about 520),
     ``"bpe_fallback"`` (LLaMA-style BPE + byte fallback, about 448) or ``"ascii_bpe"`` (byte-level
-    BPE with tokens for ASCII text only, 300: :func:`train_ascii_bpe`). The sizes differ on purpose
-    (transformers tells tokenizers apart by size). A few seconds for the first call of each."""
+    BPE with tokens for ASCII text only, 300: :func:`train_byte_bpe` with ``ascii_only=True``). The
+    sizes differ on purpose (transformers tells tokenizers apart by size). A few seconds for the first call of each."""
     sizes = {"byte_bpe": 384, "unigram": 520, "bpe_fallback": 448, "ascii_bpe": 300}
-    trainers = {"byte_bpe": train_byte_bpe, "unigram": train_unigram_byte_fallback,
-                "bpe_fallback": train_bpe_byte_fallback, "ascii_bpe": train_ascii_bpe}
+    trainers: dict[str, Callable[[list[str], int], Any]] = {"byte_bpe": train_byte_bpe, "unigram": train_unigram_byte_fallback,
+                "bpe_fallback": train_bpe_byte_fallback,
+                "ascii_bpe": functools.partial(train_byte_bpe, ascii_only=True)}
     if kind not in trainers:
         raise ValueError(f"unknown tiny tokenizer kind {kind!r}; one of {sorted(trainers)}")
     size = sizes[kind] if vocab_size is None else int(vocab_size)
