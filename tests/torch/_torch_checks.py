@@ -1,5 +1,6 @@
-"""Checks shared by the generate suites: a forward-pass counter, a model fingerprint, and the
-target's own greedy decoding of given ids.
+"""Checks shared by the generate suites: a forward-pass counter, a model fingerprint, the
+target's own greedy decoding of given ids, and the exact law of a one-token SLRS round whose
+drafts may propose nothing.
 
 Imported as ``from _torch_checks import ...`` (pytest puts this folder on ``sys.path``)."""
 
@@ -55,3 +56,15 @@ def own_greedy(model: Any, ids: list[int], n: int, pad: int, **kw: Any) -> list[
         out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
                              pad_token_id=pad, **kw)
     return [int(i) for i in out[0, len(ids):]]
+
+
+def holed_round_law(p: torch.Tensor, prop: torch.Tensor, mass: float, divided: bool) -> torch.Tensor:
+    """The exact law of the token one round of one-token SLRS emits when a draft proposes nothing
+    with probability ``1 - mass`` (the target's own token from ``p`` then) and otherwise proposes
+    ``X ~ prop`` (the law given a proposal), verified against ``prop`` (``divided``: the method) or
+    against ``mass * prop`` (the lossy variant that forgets to divide); ``proofs/slrs.md``, Lemma 9."""
+    ver = prop if divided else mass * prop
+    acc = prop * torch.where(ver > 0, torch.clamp(p / ver, max=1.0), torch.ones_like(p))
+    res = torch.clamp(p - ver, min=0)
+    emitted = acc + (1 - acc.sum()) * res / res.sum()
+    return (1 - mass) * p + mass * emitted

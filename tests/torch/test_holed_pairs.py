@@ -32,11 +32,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import holed_round_law  # noqa: E402
 from hsd_core.methods import SLEM, SLRS, State  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_torch import CoreModel, generate, tiny  # noqa: E402
 from hsd_torch import slrs as tslrs  # noqa: E402
 from hsd_torch.mirror import core_text, target_greedy  # noqa: E402
+from hsd_torch.runner import logit_width  # noqa: E402
 
 generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
@@ -55,10 +57,6 @@ def pair() -> dict[str, Any]:
             "d_ascii": tiny.tiny_gpt2(ta, seed=5, dtype=F64)}
 
 
-def _width(model: Any) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
-
-
 def _core(pair: dict[str, Any], prompt: str) -> tuple[CoreModel, CoreModel]:
     return CoreModel(pair["t_ascii"], pair["ta"], prompt=prompt), CoreModel(pair["d_byte"], pair["tb"], prompt=prompt)
 
@@ -68,10 +66,10 @@ def test_the_pair_has_holes(pair: dict[str, Any]) -> None:
     from hsd_torch.text import TokenText
 
     dev = torch.device("cpu")
-    holed = tslrs.BoundedSLRS(TokenText.get(pair["ta"], _width(pair["t_ascii"])),
-                              TokenText.get(pair["tb"], _width(pair["d_byte"])), K, TAU, False, dev)
-    full = tslrs.BoundedSLRS(TokenText.get(pair["tb"], _width(pair["t_byte"])),
-                             TokenText.get(pair["ta"], _width(pair["d_ascii"])), K, TAU, False, dev)
+    holed = tslrs.BoundedSLRS(TokenText.get(pair["ta"], logit_width(pair["t_ascii"])),
+                              TokenText.get(pair["tb"], logit_width(pair["d_byte"])), K, TAU, False, dev)
+    full = tslrs.BoundedSLRS(TokenText.get(pair["tb"], logit_width(pair["t_byte"])),
+                             TokenText.get(pair["ta"], logit_width(pair["d_ascii"])), K, TAU, False, dev)
     assert holed.holes and not full.holes
 
 
@@ -88,7 +86,7 @@ def test_psi_with_holes_equals_the_reference(pair: dict[str, Any], cls: type, mo
     drafter evaluations; the drafts that propose nothing carry 0.1-0.8 of the mass (the reference's
     empty proposal). The undivided variant is off by more than 0.2 in max abs on every prompt."""
     monkeypatch.setattr(importlib.import_module("hsd_torch.methods.slrs.psi"), "BoundedSLRS", cls)
-    res = tslrs.first_round(pair["ta"], _width(pair["t_ascii"]), pair["d_byte"], pair["tb"], PROMPTS, lookahead=K,
+    res = tslrs.first_round(pair["ta"], logit_width(pair["t_ascii"]), pair["d_byte"], pair["tb"], PROMPTS, lookahead=K,
                             min_path_prob=TAU)
     for r, prompt in enumerate(PROMPTS):
         ct, cd = _core(pair, prompt)
@@ -114,7 +112,7 @@ def test_multi_token_conditionals_with_holes_equal_the_reference(pair: dict[str,
     empty = longest = 0
     for _ in range(3):
         us = [list(rng.random(K)) for _ in PROMPTS]
-        res = tslrs.first_round_multi(pair["ta"], _width(pair["t_ascii"]), pair["d_byte"], pair["tb"], PROMPTS,
+        res = tslrs.first_round_multi(pair["ta"], logit_width(pair["t_ascii"]), pair["d_byte"], pair["tb"], PROMPTS,
                                       lookahead=K, min_path_prob=MULTI_TAU, max_tokens=None, budget=4, uniforms=us)
         for r, prompt in enumerate(PROMPTS):
             ct, cd = _core(pair, prompt)
@@ -133,17 +131,6 @@ def test_multi_token_conditionals_with_holes_equal_the_reference(pair: dict[str,
     assert empty > 0 and longest >= 2, (empty, longest)
 
 
-def _round_law(p: Any, psi: Any, mass: float, divided: bool) -> Any:
-    """The exact law of the token one round of one-token SLRS emits: with probability ``1 - mass``
-    no proposal (the target's own token), else ``X ~ psi`` (the law given a proposal) verified
-    against ``psi`` (divided) or ``mass * psi`` (undivided)."""
-    ver = psi if divided else mass * psi
-    acc = psi * np.where(ver > 0, np.minimum(1.0, p / np.where(ver > 0, ver, 1.0)), 1.0)
-    res = np.clip(p - ver, 0.0, None)
-    emitted = acc + (1 - acc.sum()) * res / res.sum()
-    return (1 - mass) * p + mass * emitted
-
-
 def test_one_round_with_holes_emits_the_targets_law(pair: dict[str, Any]) -> None:
     """From the reference's psi and the target's law at each prompt: the round's first token has the
     target's law (TV < 1e-12) when psi is the law given a proposal; the undivided variant's TV is
@@ -154,10 +141,10 @@ def test_one_round_with_holes_emits_the_targets_law(pair: dict[str, Any]) -> Non
         ps = SLRS(lookahead=K, min_path_prob=TAU, proposal_map="longest_prefix").psi(
             ct, cd, State(core_text(prompt), (), 4))
         mass = 1.0 - float(ps.law.get((), 0.0))
-        psi = np.asarray(ps.first(len(ct.vocab)), dtype=np.float64)
-        p = np.asarray(ct.next_probs(ct.tokenizer.encode(core_text(prompt))), dtype=np.float64)
-        assert 0.5 * np.abs(_round_law(p, psi, mass, True) - p).sum() < 1e-12, prompt
-        worst = max(worst, 0.5 * float(np.abs(_round_law(p, psi, mass, False) - p).sum()))
+        psi = torch.tensor([float(x) for x in ps.first(len(ct.vocab))], dtype=F64)
+        p = torch.as_tensor(ct.next_probs(ct.tokenizer.encode(core_text(prompt))), dtype=F64)
+        assert 0.5 * float((holed_round_law(p, psi, mass, True) - p).abs().sum()) < 1e-12, prompt
+        worst = max(worst, 0.5 * float((holed_round_law(p, psi, mass, False) - p).abs().sum()))
     assert worst > 0.01, worst
 
 

@@ -33,6 +33,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _torch_checks import holed_round_law  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
 from hsd_torch import generate  # noqa: E402
 from hsd_torch._cache import IdentityCache  # noqa: E402
@@ -123,12 +124,7 @@ def _round_law(p: Any, q: Any, first: list[int], holes: set[int], normalized: bo
         if first[d] >= 0 and d not in holes:
             psi[first[d]] += q[d]
     m = float(psi.sum())
-    prop = psi / m  # the law of the proposal given that there is one
-    ver = prop if normalized else psi
-    acc = prop * torch.where(ver > 0, torch.clamp(p / ver, max=1.0), torch.ones_like(p))
-    res = torch.clamp(p - ver, min=0)
-    emitted = acc + (1 - acc.sum()) * res / res.sum()
-    return (1 - m) * p + m * emitted
+    return holed_round_law(p, psi / m, m, normalized)  # psi / m: the law of the proposal given that there is one
 
 
 def test_the_sampled_test_is_sized() -> None:
