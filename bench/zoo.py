@@ -247,21 +247,27 @@ def context_tv(target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str], 
     v = VARIANTS["prompt_token_twice"]
     kw = variant_kw(v, tt, dt)
     text = TokenText.get(tt, logit_width(target))
-    seqs: list[tuple[list[int], list[int]]] = []
+    seqs: list[tuple[str, list[int]]] = []  # (prompt, new ids), batches of 20 alternating between the prompts
     for i in range(0, n, 20):
         prompt = prompts[(i // 20) % len(prompts)]
         out = generate_with(v, target, drafter, [prompt] * min(20, n - i), max_new_tokens=L, seed=seed + i, **kw)
-        seqs += [(text.prompt_ids(prompt), list(r)) for r in out.sequences]
+        seqs += [(prompt, list(r)) for r in out.sequences]
     tvs: list[float] = []
     with torch.inference_mode():
-        for ids, seq in seqs:
+        for prompt, seq in seqs:
+            ids = text.prompt_ids(prompt)
             right = target(torch.tensor([ids + seq])).logits[0, len(ids) - 1:len(ids) - 1 + len(seq)].double()
             twice = target(torch.tensor([ids + ids[-1:] + seq])).logits[0, len(ids):len(ids) + len(seq)].double()
             tvs += (0.5 * (right.softmax(-1) - twice.softmax(-1)).abs().sum(-1)).tolist()
     it = iter(seqs)
-    rep = audit_sequences(lambda _p, _s: next(it)[1], target, tt, [prompts[(i // 20) % len(prompts)] for i in range(n)],
-                          n=n, max_new_tokens=L, drafter=drafter, drafter_tokenizer=dt, seed=seed,
-                          max_detectable_tv=None)
+
+    def recorded(prompt: str, _seed: int) -> list[int]:  # the audit asks for the sequences in order
+        p, seq = next(it)
+        assert p == prompt, "the audit's prompts are the recorded ones, in order"
+        return seq
+
+    rep = audit_sequences(recorded, target, tt, [p for p, _ in seqs], n=n, max_new_tokens=L, drafter=drafter,
+                          drafter_tokenizer=dt, seed=seed, max_detectable_tv=None)
     t = torch.tensor(tvs, dtype=torch.float64)
     return {"variant": v.name, "sequences": n, "tokens": len(tvs), "mean_tv": float(t.mean()),
             "median_tv": float(t.median()), "q90_tv": float(t.quantile(0.9)), "max_tv": float(t.max()),

@@ -482,7 +482,6 @@ class SequenceEvidence:
         mom = np.matmul(cond, np.stack(fs, axis=2))  # [m, A, f]: E_cond of log p, its square (and w, w^2)
         m1, m2 = mom[:, :, 0], mom[:, :, 1]
         h = -(ps * logp).sum(axis=1)
-        g_n = len(gen)
         alt.bins[gen] += bins[:, :g_n].sum(axis=0)
         alt.ll_mu[gen] += (m1[:, :g_n] + h[:, None]).sum(axis=0)
         alt.ll_var[gen] += np.clip(m2[:, :g_n] - m1[:, :g_n] ** 2, 0.0, None).sum(axis=0)
