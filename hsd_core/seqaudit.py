@@ -34,7 +34,11 @@ as skipped and counts as not rejected):
 * with a drafter, ``directional (toward the drafter)``: with ``q_t`` the drafter's law mapped to
   target ids and ``w_t = q_t / (p_t + q_t)`` (bounded in [0, 1]), ``D = sum_t (w_t(x_t) -
   E_{p_t} w_t)`` over ``sqrt(sum_t Var_{p_t} w_t)``, one-sided: the usual failure of a lossy
-  speculative decoder is an output pulled toward its drafter, which raises ``D``.
+  speculative decoder is an output pulled toward its drafter, which raises ``D``;
+* for each named context bug (``context_bugs``, :mod:`hsd_core.context_bugs`; by default the
+  prompt's last id fed twice), ``directional (toward <the bug>)``: the same statistic with ``q_t``
+  replaced by the target's law under the bug's context (one more teacher-forced pass), which sees a
+  bug that moves each law in its own direction, where the pooled tests average it out.
 
 The pooled tests and the martingale tests sum over a random number of tokens (sequences stop at
 EOS); their normal / chi-square / KS reference laws are asymptotic (martingale central limit
@@ -50,7 +54,9 @@ it too): the mixture toward the drafter ``(1 - lambda) p_t + lambda q_t``; a tem
 factor ``f`` (``p_t^(1/f)`` and ``p_t^f``, renormalized on ``p_t``'s support); one token fewer
 (the least likely token of each ``p_t``'s support removed, as a top-k or top-p off by one); and,
 where the caller gives the raw law's next token (the PyTorch audit with top-k / top-p), one token
-more. Each is also given as the mean per-token TV it amounts to. The power of the pooled
+more. Each is also given as the mean per-token TV it amounts to. Each named context bug is a fixed
+departure: the report gives the probability that its aimed test catches it (exactly at every met
+position, no subsample). The power of the pooled
 chi-square is the non-central chi-square's, of the martingale tests the normal approximation's, of
 a draw of probability 0 exact, all evaluated at the met positions (so it is an approximation: the
 departing sampler would meet other prefixes); the KS and per-position tests are not counted, so
@@ -78,6 +84,8 @@ from numpy.typing import NDArray
 from scipy import stats as sps  # type: ignore[import-untyped]
 
 from ._plot import pyplot
+from .context_bugs import DEFAULT_CONTEXT_BUGS, AimedStats
+from .context_bugs import context_bugs as _context_bugs
 from .stats import InvalidTest, TestResult, _check_alpha, _check_power, chi_square_gof, holm
 
 __all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "FamilyPower", "SequenceAuditReport", "SequenceEvidence",
@@ -299,7 +307,8 @@ class SequenceEvidence:
 
     def __init__(self, *, alpha: float = 1e-3, power: float = 0.99, bins: int = DEFAULT_BINS,
                  positions: int = DEFAULT_POSITIONS, seed: int = 0, drafter: bool = False, extra: bool = False,
-                 do_sample: bool = True, power_steps: int = DEFAULT_POWER_STEPS, expected_steps: int = 1) -> None:
+                 do_sample: bool = True, power_steps: int = DEFAULT_POWER_STEPS, expected_steps: int = 1,
+                 aimed: Sequence[str] = ()) -> None:
         self.alpha = _check_alpha(alpha)
         self.power = _check_power(power)
         if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 2:
@@ -329,6 +338,7 @@ class SequenceEvidence:
         if extra:
             names.append(("one more", 1.0))
         self._alt = _Alternatives(names, self.bins)
+        self._aim = AimedStats(aimed)
         self._pending: list[tuple[F64, F64 | None, F64 | None, F64 | None]] = []  # picked rows not yet added
 
     # -- feeding ------------------------------------------------------------------------------
@@ -338,10 +348,13 @@ class SequenceEvidence:
         self.malformed.append(what)
 
     def add_steps(self, p: F64, x: NDArray[np.int64], pos: NDArray[np.int64], v: F64, seq: NDArray[np.int64],
-                  q: F64 | None = None, extra: F64 | None = None, prompt: int | None = None) -> None:
+                  q: F64 | None = None, extra: F64 | None = None, prompt: int | None = None,
+                  aimed: Sequence[F64] = ()) -> None:
         """Add ``m`` audited positions (class docstring). ``prompt`` (an index): these positions are
         one sequence's, after that prompt; its first token (position 0) then also enters the
-        first-token test of that prompt, whose law is the same for every sequence after it."""
+        first-token test of that prompt, whose law is the same for every sequence after it.
+        ``aimed``: one ``[m, V]`` law per bug named at construction, the target's laws under that
+        bug's context (:mod:`hsd_core.context_bugs`)."""
         p = np.asarray(p, dtype=np.float64)
         x = np.asarray(x, dtype=np.int64)
         m = x.shape[0]
@@ -351,6 +364,8 @@ class SequenceEvidence:
             raise ValueError("q must be given exactly when the evidence was made with drafter=True")
         if (extra is None) == self.extra:
             raise ValueError("extra must be given exactly when the evidence was made with extra=True")
+        if len(aimed) != len(self._aim.whats):
+            raise ValueError(f"aimed: {len(aimed)} laws given for the {len(self._aim.whats)} bugs named at construction")
         if prompt is not None and m and int(np.asarray(pos)[0]) == 0:
             self.first.setdefault(int(prompt), (p[0].copy(), []))[1].append(int(x[0]))
         rows = np.arange(m)
@@ -362,6 +377,8 @@ class SequenceEvidence:
             return
         p, x, pos, v, rows = p[ok], x[ok], np.asarray(pos)[ok], np.asarray(v)[ok], np.arange(int(ok.sum()))
         px = px[ok]
+        if aimed:
+            self._aim.add(p, x, [np.asarray(r, dtype=np.float64)[ok] for r in aimed])
         ids = np.arange(p.shape[1])
         before = np.where((p > px[:, None]) | ((p == px[:, None]) & (ids[None, :] < x[:, None])), p, 0.0).sum(axis=1)
         u = np.clip(before + v * px, 0.0, 1.0)
@@ -547,6 +564,8 @@ class SequenceEvidence:
         names += [f"first token after prompt {g} (chi-square)" for g in self._first_groups()]
         if self.drafter:
             names.append("directional (toward the drafter)")
+        if self.do_sample:
+            names += [self._aim.test_name(k) for k in range(len(self._aim.whats))]
         return names
 
     def _powers(self, a: float, scale: float = 1.0) -> dict[str, F64]:
@@ -622,6 +641,11 @@ class SequenceEvidence:
                           ("one more", "the raw law's next token added (top-k / top-p off by one)")):
             for i in alt.index(fam):
                 out.append(FamilyPower(f"one token {fam.split()[1]}", None, float(tv[i]), float(best[i]), by[i], note))
+        aim = self._aim
+        for k, what in enumerate(aim.whats):
+            pw, how = aim.caught(k, a)
+            out.append(FamilyPower(f"context bug: {what}", None, float(aim.tv[k]) / max(1, aim.steps), pw, how,
+                                   "the target's law under that context at every met position; by its aimed test"))
         return out
 
     def _headline(self, fams: list[FamilyPower]) -> FamilyPower | None:
@@ -706,6 +730,14 @@ class SequenceEvidence:
                                             "sum of w(x) - E_p w, w = q / (p + q), over its standard deviation"))
                 else:
                     skipped.append("directional test: no law met gives it any variance (q = p or point masses)")
+            for k in range(len(self._aim.whats)):
+                zk = self._aim.z(k)
+                if zk is None:
+                    skipped.append(f"{self._aim.test_name(k)}: no law met gives it any variance (the bug changes no law)")
+                    continue
+                pv = float(sps.norm.sf(zk))
+                tests.append(TestResult(self._aim.test_name(k), zk, pv, a, int(u.size), None, pv <= a,
+                                        "sum of w(x) - E_p w, w = r / (p + r), r the target's law under that bug"))
         rejected = holm([t.p_value for t in tests] + [1.0] * (m - len(tests)), self.alpha)[:len(tests)]
         n_needed: int | None = None
         fams = self._families(a) if self.do_sample else []
@@ -798,6 +830,7 @@ def audit_sequences(
     max_detectable_tv: float | None = 0.1,
     power_steps: int = DEFAULT_POWER_STEPS,
     name: str | None = None,
+    context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) over ``hsd_core`` models:
     ``n`` sequences (the prompts taken in turn), every token tested against ``target``'s exact
@@ -805,7 +838,8 @@ def audit_sequences(
     alphabet contains the target's), the directional test uses the drafter's law pushed onto the
     shared strings (TLI's intersection, renormalized) with TLI's drafter context. Sequence ``i``'s
     seed is :func:`sequence_seeds` ``(seed, n)[i]``. ``do_sample=False``: every token must be the
-    argmax (ties to the lowest id). Returns a :class:`SequenceAuditReport`."""
+    argmax (ties to the lowest id). ``context_bugs``: names of :data:`hsd_core.context_bugs.CONTEXT_BUGS`
+    to aim a test at (None or empty: none; sampling only). Returns a :class:`SequenceAuditReport`."""
     from .laws import argmax
     from .methods.base import State, check_run_args
     from .methods.tli import drafter_context, intersection
@@ -831,9 +865,10 @@ def audit_sequences(
         inter = intersection(target.vocab, drafter.vocab)
     size = len(target.vocab)
     eos = target.vocab.eos_id
+    bugs = _context_bugs(context_bugs) if do_sample else ()
     ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=seed,
                           drafter=drafter is not None, do_sample=do_sample, power_steps=power_steps,
-                          expected_steps=int(n) * int(max_new_tokens))
+                          expected_steps=int(n) * int(max_new_tokens), aimed=[b.what for b in bugs])
     for i, sd in enumerate(sequence_seeds(int(seed), int(n))):
         prompt = plist[i % len(plist)]
         out = sample_fn(prompt, sd)
@@ -851,6 +886,8 @@ def audit_sequences(
         base = tuple(target.tokenizer.encode(prompt))
         rows = []
         qrows = []
+        bases = [tuple(b.context(base)) for b in bugs]
+        aimed: list[list[F64]] = [[] for _ in bugs]
         for j in range(len(ids)):
             law = target.next_probs(base + tuple(ids[:j]))
             if do_sample:
@@ -864,8 +901,12 @@ def audit_sequences(
                 capped = inter.restrict(drafter.next_probs(dctx))
                 qrows.append(np.array([float(v) for v in inter.push(capped, size)]) if capped is not None
                              else rows[-1].copy())
+            for k, b in enumerate(bases):  # an empty context: no law to aim at, no evidence (r = p)
+                aimed[k].append(np.array([float(v) for v in target.next_probs(b + tuple(ids[:j]))]) if b
+                                else rows[-1].copy())
         ev.add_steps(np.array(rows), np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
-                     np.full(len(ids), i), q=np.array(qrows) if inter is not None else None, prompt=i % len(plist))
+                     np.full(len(ids), i), q=np.array(qrows) if inter is not None else None, prompt=i % len(plist),
+                     aimed=[np.array(r) for r in aimed])
     label = name or str(getattr(sample_fn, "__qualname__", "") or type(sample_fn).__name__)
     return ev.report(n=int(n), max_new_tokens=int(max_new_tokens), max_detectable_tv=max_detectable_tv, name=label)
 

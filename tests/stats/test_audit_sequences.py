@@ -8,7 +8,9 @@ Two kinds of worlds:
   departure. Fast (vectorized), so the null law of each statistic and the stated power can be checked
   over hundreds of seeded runs; and since ``p_t`` does not depend on the history, the laws the audit
   meets under a departure are those it meets under the null, so the power statement is checked
-  without its one approximation (met positions);
+  without its one approximation (met positions); every run also aims a test at a synthetic context
+  bug (:mod:`hsd_core.context_bugs`), whose law ``r_t`` is ``p_t`` tilted by ``exp(eps Z)`` with
+  ``Z`` i.i.d. N(0, 1) per id (each law moved in its own direction, as a wrong context does);
 * **the toy worlds of hsd_core** (exact models): correct methods pass, every lossy variant of
   ``hsd_core.variants`` is caught, malformed samplers are caught.
 
@@ -31,6 +33,10 @@ from hsd_core.worlds import builtin_world, from_spec
 
 V = 50
 N, L = 200, 32
+AIM_EPS = 0.08
+"""The synthetic context bug's tilt: its aimed test catches it with probability ~0.8 at N x L
+(mean per-token TV 0.029), so the stated probability can be checked in both directions."""
+AIM = "a synthetic context bug"
 
 
 def _laws(rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,9 +51,18 @@ def _laws(rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
     return p, 0.5 * q + 0.5 * p  # a drafter that resembles the target
 
 
-def _departure(p: np.ndarray, q: np.ndarray, kind: str | None, th: float) -> np.ndarray:
+def _bug_law(seed: int, p: np.ndarray) -> np.ndarray:
+    """The synthetic context bug's laws (module docstring), from a stream of their own."""
+    r = p * np.exp(AIM_EPS * np.random.default_rng([seed, 98]).standard_normal(p.shape))
+    out: np.ndarray = r / r.sum(1, keepdims=True)
+    return out
+
+
+def _departure(p: np.ndarray, q: np.ndarray, kind: str | None, th: float, bug: np.ndarray) -> np.ndarray:
     if kind is None:
         return p
+    if kind == "context bug":
+        return bug
     if kind == "mixture":
         return (1 - th) * p + th * q
     if kind in ("hotter", "colder"):
@@ -68,16 +83,17 @@ def _run(seed: int, kind: str | None = None, th: float = 0.0, *, alpha: float = 
     p, q = _laws(rng, N * L)
     if greedy:
         p = np.eye(V)[p.argmax(1)]
-    r = _departure(p, q, kind, th)
+    bug = _bug_law(seed, p)
+    r = _departure(p, q, kind, th, bug)
     x = np.minimum((rng.random(len(r))[:, None] > np.cumsum(r, 1)).sum(1), V - 1).reshape(N, L)
     ev = SequenceEvidence(alpha=alpha, seed=seed, drafter=True, power_steps=power_steps, expected_steps=N * L,
-                          do_sample=not greedy)
-    P, Q = p.reshape(N, L, V), q.reshape(N, L, V)
+                          do_sample=not greedy, aimed=[] if greedy else [AIM])
+    P, Q, B = p.reshape(N, L, V), q.reshape(N, L, V), bug.reshape(N, L, V)
     for i in range(N):
         ends = np.flatnonzero(x[i] == 0)
         n_i = int(ends[0]) + 1 if ends.size else L
         ev.add_steps(P[i, :n_i], x[i, :n_i], np.arange(n_i), pit_uniforms(seed, i, n_i), np.full(n_i, i),
-                     q=Q[i, :n_i])
+                     q=Q[i, :n_i], aimed=[] if greedy else [B[i, :n_i]])
     return ev.report(n=N, max_new_tokens=L)
 
 
@@ -107,7 +123,7 @@ def test_null_level_of_each_test(null_runs: list[SequenceAuditReport]) -> None:
     for r in null_runs:
         for t in r.tests:
             by_name.setdefault(t.name, []).append(t.p_value)
-    assert len(by_name) == 8, sorted(by_name)
+    assert len(by_name) == 9 and f"directional (toward {AIM})" in by_name, sorted(by_name)
     for name, ps in by_name.items():
         arr = np.array(ps)
         assert len(arr) == RUNS, name
@@ -132,7 +148,8 @@ def stated() -> SequenceAuditReport:
 
 def test_the_power_statement_names_each_family(stated: SequenceAuditReport) -> None:
     fam = {f.family: f for f in stated.families}
-    assert set(fam) == {"mixture toward the drafter", "temperature off by a factor", "one token fewer"}
+    assert set(fam) == {"mixture toward the drafter", "temperature off by a factor", "one token fewer",
+                        f"context bug: {AIM}"}
     mix, temp = fam["mixture toward the drafter"], fam["temperature off by a factor"]
     assert mix.detectable is not None and 0 < mix.detectable < 0.2
     assert temp.detectable is not None and 1 < temp.detectable < 1.5
@@ -159,6 +176,23 @@ def test_a_fixed_departure_is_caught_as_often_as_stated(stated: SequenceAuditRep
     f = {f.family: f for f in stated.families}["one token fewer"]
     assert f.caught < 0.01
     assert sum(_run(s, "one fewer", 1.0).verdict == "lossy" for s in range(1, 101)) <= 4
+
+
+def test_a_named_context_bug_is_caught_as_often_as_stated() -> None:
+    """The aimed test's stated probability (normal approximation, every met position) against its
+    rate over 100 seeded runs that sample from the bug's law: the count of runs whose aimed test
+    rejects at alpha / m lies within the central 0.999 of Binomial(100, mean stated probability)
+    (~0.8 here: the bounds are about 66 and 92), so a statement off by ~0.15 either way fails. On
+    the null runs the same test holds its level (test_null_level_of_each_test)."""
+    import scipy.stats as sps
+
+    reps = [_run(s, "context bug") for s in range(1, 101)]
+    stated = float(np.mean([{f.family: f for f in r.families}[f"context bug: {AIM}"].caught for r in reps]))
+    hits = sum(next(t for t in r.tests if t.name == f"directional (toward {AIM})").p_value <= r.per_test_alpha
+               for r in reps)
+    lo, hi = sps.binom.ppf(5e-4, 100, stated), sps.binom.isf(5e-4, 100, stated)
+    assert 0.5 < stated < 0.95, stated
+    assert lo <= hits <= hi, f"stated {stated:.3f}, caught in {hits} of 100 runs (bounds {lo:.0f} to {hi:.0f})"
 
 
 def test_a_departure_below_the_promise_is_not_promised(stated: SequenceAuditReport) -> None:
@@ -356,3 +390,43 @@ def test_a_wrong_first_law_is_caught_by_the_first_token_test() -> None:
     rep = audit_sequences(sampler, w.target, w.prompt, n=600, max_new_tokens=12)
     names = [t.name for t, r in zip(rep.tests, rep.holm_rejected) if r]
     assert rep.verdict == "lossy" and "first token after prompt 0 (chi-square)" in names, rep.to_markdown()
+
+
+def test_a_prompt_fed_with_its_last_id_twice_is_caught_by_its_aimed_test() -> None:
+    """A sampler exact in every respect but its context (the prompt's last id fed twice), on a
+    random model whose law depends on the whole context (no zeros, so no draw of probability 0):
+    30 sequences of at most 12 tokens; its aimed test (on by default) rejects with p < 1e-8 (seeds
+    0-5 checked off-line: 1e-27 to 1e-18) and is among Holm's rejections. On the
+    built-in world the law depends on the last character only, so the bug changes nothing there:
+    the aimed test says so (skipped, no variance) instead of reporting noise. ``context_bugs=None``
+    leaves it out of the family; unknown names are refused."""
+    from hsd_core.models import random_model
+
+    w = builtin_world()
+    t = random_model(w.target.vocab, w.target.tokenizer, 7, exact=False, zero_prob=0.0)
+    eos = t.vocab.eos_id
+
+    def sampler(prompt: str, seed: int) -> list[int]:
+        base = tuple(t.tokenizer.encode(prompt))
+        rng = np.random.default_rng(seed)
+        out: list[int] = []
+        while len(out) < 12 and not (out and out[-1] == eos):
+            p = np.array([float(v) for v in t.next_probs(base + base[-1:] + tuple(out))])
+            out.append(int(rng.choice(len(p), p=p)))
+        return out
+
+    name = "directional (toward the prompt's last id fed twice)"
+    rep = audit_sequences(sampler, t, "ab", n=30, max_new_tokens=12)
+    aimed = {r.name: (r, h) for r, h in zip(rep.tests, rep.holm_rejected)}[name]
+    assert rep.verdict == "lossy" and aimed[1] and aimed[0].p_value < 1e-8, rep.to_markdown()
+    fam = {f.family: f for f in rep.families}["context bug: the prompt's last id fed twice"]
+    assert fam.caught > 0.99 and fam.mean_tv is not None and fam.mean_tv > 0.1
+    off = audit_sequences(sampler, t, "ab", n=30, max_new_tokens=12, context_bugs=None)
+    assert off.m == rep.m - 1 and name not in {r.name for r in off.tests}
+    flat = audit_sequences(sampler, w.target, w.prompt, n=30, max_new_tokens=12)
+    assert any(s.startswith(name) and "changes no law" in s for s in flat.skipped), flat.skipped
+    for bad in (["nope"], ["prompt_last_twice", "prompt_last_twice"]):
+        with pytest.raises(ValueError):
+            audit_sequences(sampler, t, "ab", n=2, context_bugs=bad)
+    with pytest.raises(TypeError):
+        audit_sequences(sampler, t, "ab", n=2, context_bugs="prompt_last_twice")
