@@ -114,6 +114,23 @@ def max_detectable_tv(text: str) -> float:
                   lambda v: 0 < v <= 1)
 
 
+def context_bugs(text: str) -> tuple[str, ...]:
+    """``--context-bugs``: names of :data:`hsd_core.context_bugs.CONTEXT_BUGS`, comma-separated, or
+    ``none`` (no aimed test)."""
+    from hsd_core.context_bugs import CONTEXT_BUGS
+    from hsd_core.context_bugs import context_bugs as check
+
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(s.strip() for s in text.split(","))
+    try:
+        check(names)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"needs names from {', '.join(sorted(CONTEXT_BUGS))} (comma-separated) "
+                                         f"or 'none', got {text!r}") from None
+    return names
+
+
 def max_tokens(text: str) -> int | None:
     """``--max-tokens``: an int >= 1, or ``all`` (None: up to the budget)."""
     if text.lower() in ("all", "none"):

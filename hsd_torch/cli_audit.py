@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
 from . import cli_args as ca
@@ -49,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="audit every token of whole sequences by teacher forcing (hsd_torch.audit.audit_sequences)")
     a("--max-new-tokens", type=ca.positive_int, default=32, metavar="L",
       help="with --sequences: new tokens per sequence (default 32)")
+    a("--context-bugs", type=ca.context_bugs, default=None, metavar="NAMES",
+      help="with --sequences: context bugs to aim a test at, comma-separated, or 'none' (default "
+           "prompt_last_twice; hsd_core.context_bugs)")
     a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
     a("--method", default="tli", choices=ca.METHODS, help="hsd_torch method (default tli)")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
@@ -107,6 +111,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
         return "--positions is the first-token audit's; with --sequences every token is audited (--max-new-tokens L)"
     if not args.sequences and args.max_new_tokens != 32:
         return "--max-new-tokens is the sequence audit's: add --sequences (the first-token audit takes --positions)"
+    if not args.sequences and args.context_bugs is not None:
+        return "--context-bugs is the sequence audit's: add --sequences"
     drafter = args.drafter if _uses_drafter(args) else None
     problem = ca.folders_problem(args.target, drafter, args.target_tokenizer, args.drafter_tokenizer)
     if problem is not None:
@@ -262,6 +268,7 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
                 alpha=args.alpha, seed=args.seed, drafter=drafter, drafter_tokenizer=None if drafter is None else dt,
                 max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if batched else None,
+                context_bugs=DEFAULT_CONTEXT_BUGS if args.context_bugs is None else args.context_bugs,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
         finally:
             bar.close()
@@ -273,7 +280,9 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
     print(f"  {rep.reason}")
     for fam in rep.families:
         d = "n/a" if fam.detectable is None else f"{fam.detectable:.4g}"
-        print(f"  {fam.family}: smallest caught {d}, caught with probability {fam.caught:.3g} ({fam.by})")
+        tv = "n/a" if fam.mean_tv is None else f"{fam.mean_tv:.4g}"
+        print(f"  {fam.family}: smallest caught {d} (mean per-token TV {tv}), caught with probability "
+              f"{fam.caught:.3g} ({fam.by})")
     print("  cost: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep.cost.items()))
     if args.report:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)

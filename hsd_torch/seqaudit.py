@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS, ContextBug, context_bugs as _context_bugs
 from hsd_core.seqaudit import (
     DEFAULT_BINS, DEFAULT_POSITIONS, DEFAULT_POWER_STEPS, SequenceAuditReport, SequenceEvidence, check_sequence,
     pit_uniforms, sequence_seeds, truncate_at_end,
@@ -117,6 +118,7 @@ def audit_sequences(
     batch_size: int = 16,
     progress: Callable[[str], None] | None = None,
     name: str | None = None,
+    context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -129,7 +131,9 @@ def audit_sequences(
     sequences at a time; its rows must be independent draws). ``temperature``, ``top_k``,
     ``top_p``: the processing the sampler claims (ignored when greedy); ``drafter`` and
     ``drafter_tokenizer``: add the directional test and the mixture family. ``progress(line)``
-    gets a line per chunk with the time so far and an estimate of the time left. Returns a
+    gets a line per chunk with the time so far and an estimate of the time left. ``context_bugs``:
+    names of :data:`hsd_core.context_bugs.CONTEXT_BUGS` to aim a test at (sampling only; each costs
+    one more teacher-forced pass of the target; None or empty: none). Returns a
     :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
     and teacher forcing.
     """
@@ -181,9 +185,10 @@ def audit_sequences(
                 raise ValueError(f"prompt {p!r} encodes to no drafter ids: the drafter has no law before the first "
                                  "token (give a longer prompt, or no drafter)")
     top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
+    bugs = _context_bugs(context_bugs) if do_sample else ()
     ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=int(seed),
                           drafter=drafter is not None, extra=top_extra, do_sample=do_sample, power_steps=power_steps,
-                          expected_steps=n * max_new_tokens)
+                          expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
     seeds = sequence_seeds(int(seed), n)
     t_sample = t_force = 0.0
     memo: dict[int, list[int]] = {}
@@ -238,9 +243,11 @@ def audit_sequences(
                 raw = [_law(lg, mask, dict(process, top_k=None, top_p=None), False).cpu().numpy() for lg in t_logits]
                 extras = [_one_more(r, p) for r, p in zip(raw, laws)]
             del t_logits
-            for (i, ids), law, q, e in zip(seqs, laws, qs, extras):
+            aimed = _aimed_laws(target, bugs, [contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs],
+                                mask, process, laws)
+            for (i, ids), law, q, e, r in zip(seqs, laws, qs, extras, aimed):
                 ev.add_steps(law, np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
-                             np.full(len(ids), i), q=q, extra=e, prompt=i % len(plist))
+                             np.full(len(ids), i), q=q, extra=e, prompt=i % len(plist), aimed=r)
         t_force += time.perf_counter() - t0
         if progress is not None:
             done = idx[-1] + 1
@@ -270,6 +277,23 @@ def _drafter_laws(drafter: Any, bridge: VocabBridge, drows: list[list[int]], dst
         none = (restricted.mass <= 0).cpu().numpy()
         pushed[none] = p_laws[i][none]
         out.append(pushed)
+    return out
+
+
+def _aimed_laws(target: Any, bugs: Sequence[ContextBug], contexts: list[list[int]], seqs: list[list[int]],
+                mask: torch.Tensor, process: dict[str, Any], p_laws: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """For each row (its prompt's ids ``contexts[i]``, its new ids ``seqs[i]``), the target's processed
+    law before each new id under each bug's context (one teacher-forced pass per bug); where a bug
+    leaves no context, the target's own law (no evidence either way)."""
+    out: list[list[np.ndarray]] = [[] for _ in seqs]
+    for b in bugs:
+        wrong = [b.context(c) for c in contexts]
+        live = [k for k, c in enumerate(wrong) if c]
+        got = dict(zip(live, _forced_logits(target, [wrong[k] + seqs[k] for k in live],
+                                            [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live])
+                       if live else []))
+        for k in range(len(seqs)):
+            out[k].append(_law(got[k], mask, process, False).cpu().numpy() if k in got else p_laws[k])
     return out
 
 

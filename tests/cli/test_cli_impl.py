@@ -254,6 +254,21 @@ def test_sequences_hsd_torch_passes_and_writes_the_report(ckpt: Path, tmp_path: 
     assert "Sequence audit" in report.read_text()
 
 
+def test_sequences_context_bugs_option(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--context-bugs: the aimed tests named (each with its stated probability), 'none' for none, an
+    unknown name refused by argparse naming the known ones."""
+    assert main(seq_args(ckpt, "hsd_torch", "--samples", "20", "--max-new-tokens", "4", "--max-detectable-tv", "1",
+                         "--context-bugs", "prompt_last_twice,prompt_last_dropped")) == 0
+    out = capsys.readouterr().out
+    assert "context bug: the prompt's last id fed twice" in out and "context bug: the prompt's last id dropped" in out
+    assert main(seq_args(ckpt, "hsd_torch", "--samples", "20", "--max-new-tokens", "4", "--max-detectable-tv", "1",
+                         "--context-bugs", "none")) == 0
+    assert "context bug" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(seq_args(ckpt, "hsd_torch", "--context-bugs", "prompt_twice"))
+    assert e.value.code == 2 and "prompt_last_dropped, prompt_last_twice" in capsys.readouterr().err
+
+
 def test_sequences_lossy_exits_non_zero(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     g = sys.modules["hsd_torch.generate"]
@@ -293,7 +308,8 @@ def test_a_weak_promise_is_inconclusive(ckpt: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize("extra, says", [(["--sequences", "--positions", "3"], "--positions is the first-token"),
-                                         (["--max-new-tokens", "8"], "--max-new-tokens is the sequence audit's")])
+                                         (["--max-new-tokens", "8"], "--max-new-tokens is the sequence audit's"),
+                                         (["--context-bugs", "none"], "--context-bugs is the sequence audit's")])
 def test_options_of_the_other_audit_are_refused(ckpt: Path, extra: list[str], says: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),

@@ -183,3 +183,56 @@ def test_teacher_forcing_reads_the_targets_own_logits(pair: Any) -> None:
                 alone = model(input_ids=torch.tensor([r])).logits[0].double()
             want = alone[torch.tensor(list(a)) - 1]
             assert g.shape == want.shape and torch.allclose(g, want, atol=1e-4), (g - want).abs().max()
+
+
+def test_aimed_laws_are_the_targets_under_the_wrong_context(pair: Any) -> None:
+    """The laws the aimed tests use are the target's own, run alone on the bug's context + the new
+    ids (float32 rounding); a bug that leaves no context (the last id dropped from a one-id prompt)
+    gives the target's own law back (no evidence)."""
+    from hsd_core.context_bugs import context_bugs
+    from hsd_torch.seqaudit import _aimed_laws
+
+    target, tt, _, _ = pair
+    ctxs = [list(tt("def foo(x):\n")["input_ids"]), list(tt("a")["input_ids"])]
+    assert len(ctxs[1]) == 1
+    seqs = [[5, 6, 7], [8, 9]]
+    mask = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    process = {"temperature": 1.0, "top_k": None, "top_p": None}
+    own = [torch.full((len(s), target.config.vocab_size), 0.5).numpy() for s in seqs]
+    bugs = context_bugs(["prompt_last_twice", "prompt_last_dropped"])
+    got = _aimed_laws(target, bugs, ctxs, seqs, mask, process, own)
+    for k, (c, s) in enumerate(zip(ctxs, seqs)):
+        for b, wrong in enumerate([c + c[-1:], c[:-1]]):
+            if not wrong:
+                assert got[k][b] is own[k]
+                continue
+            with torch.inference_mode():
+                alone = target(input_ids=torch.tensor([wrong + s])).logits[0, len(wrong) - 1:-1].double()
+            assert torch.allclose(torch.from_numpy(got[k][b]), alone.softmax(-1), atol=1e-5)
+
+
+def test_a_prompt_fed_twice_is_caught_by_its_aimed_test(pair: Any) -> None:
+    """``hsd_torch.variants``' prompt_token_twice (the target's cache holds the prompt's last id twice
+    for the whole run) on plain AR sampling, 200 sequences: lossy, by the aimed test (p 1e-66 to
+    1e-63 at seeds 0-2, while the pooled PIT tests and the martingale give p 0.05-0.9: the bug moves
+    each law in its own direction); the report states that this bug is caught with probability ~1
+    (mean per-token TV ~0.08). With ``context_bugs=None`` the test is not in the family."""
+    from hsd_torch.variants import generate_with
+
+    target, tt, drafter, dt = pair
+
+    def twice(prompts: list[str], seeds: list[int]) -> list[list[int]]:
+        return generate_with("prompt_token_twice", target, None, prompts, target_tokenizer=tt, method="ar",
+                             max_new_tokens=L, seed=seeds[0]).sequences
+
+    name = "directional (toward the prompt's last id fed twice)"
+    rep = audit(pair, twice)
+    res = {t.name: (t, h) for t, h in zip(rep.tests, rep.holm_rejected)}
+    assert rep.verdict == "lossy" and res[name][1] and res[name][0].p_value < 1e-20, rep.to_markdown()
+    fam = {f.family: f for f in rep.families}["context bug: the prompt's last id fed twice"]
+    assert fam.caught > 0.99 and fam.mean_tv is not None and 0.02 < fam.mean_tv < 0.3
+    rep0 = audit_sequences(None, target, tt, PROMPTS, n=20, max_new_tokens=4,
+                           sample_batch_fn=batched(pair, "ar", budget=4), context_bugs=None)
+    assert name not in {t.name for t in rep0.tests} and not any("context bug" in f.family for f in rep0.families)
+    with pytest.raises(ValueError, match="unknown context bug"):
+        audit_sequences(None, target, tt, PROMPTS, n=2, sample_batch_fn=twice, context_bugs=["prompt_twice"])
