@@ -69,12 +69,18 @@ def _q_permuted() -> Any:
 
 
 def _prompt_token_twice() -> Any:
-    # the target's prefill feeds the prompt's last id twice
+    # the target's cache holds the prompt's last id twice, for the whole run (the prompt prefilled, then
+    # its last id fed again as the first decoding step): every target context is seen with that id doubled
+    prompt_len: dict[tuple[int, int], int] = {}
+
     def make(orig: Any) -> Any:
         def sync(self: Runner, i: int, context: Any) -> list[int]:
-            first = not self.ids[i]
-            out: list[int] = orig(self, i, context)
-            return out + out[-1:] if first and self.name == "target" else out
+            if self.name != "target":
+                return list(orig(self, i, context))
+            if not self.ids[i]:  # the row's first sync: its context is the prompt
+                prompt_len[id(self), i] = len(context)
+            n = prompt_len[id(self), i]
+            return list(orig(self, i, [*context[:n], context[n - 1], *context[n:]]))
         return sync
     return _replace(Runner, "sync", make)
 
@@ -143,7 +149,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("q_columns_permuted", "the proposal law q read one column off in the ratio test and the residual",
             "a drafter head pruned to the shared ids in one order and scattered back in another", _q_permuted,
             methods=("tli", "sd")),
-    Variant("prompt_token_twice", "the target's prefill feeds the prompt's last id twice",
+    Variant("prompt_token_twice", "the target's cache holds the prompt's last id twice (prefilled, then fed "
+            "again as the first decoding step)",
             "an off-by-one between the prompt's prefill and the first decoding step", _prompt_token_twice),
     Variant("first_draft_accepted", "the first draft of each round is accepted whenever the target gives it mass",
             "a ratio test skipped for the first position", _first_draft_accepted),

@@ -3,8 +3,9 @@
 
 Budgets and margins (from ``bench/zoo.py``, recorded in ``docs/auditing.md``; seeds 0 and 1 give
 the same verdicts): at n = 200 sequences x 32 tokens, alpha 1e-3, the bugs that bias every round
-are caught with p-values below 1e-30 or by draws of probability 0; the stale-cache bug needs n =
-1,000 (p ~1e-13 there, slow tier); the lossless one passes. Every variant is first shown to change
+are caught with p-values below 1e-30 or by draws of probability 0, the prompt's last id fed twice by
+the test aimed at it (p ~1e-59); the stale-cache bug needs n = 1,000 (p ~1e-13 there, slow tier);
+the lossless one passes. Every variant is first shown to change
 the output (a patch that does nothing would pass any audit).
 """
 
@@ -81,6 +82,15 @@ def test_patches_are_undone(pair: Any) -> None:
 def test_bugs_of_every_round_are_caught_at_200_sequences(pair: Any, name: str) -> None:
     rep = _audit(pair, name, 200)
     assert rep.verdict == "lossy", rep.to_markdown()
+
+
+def test_the_prompt_fed_twice_is_caught_at_200_sequences_by_its_aimed_test(pair: Any) -> None:
+    """The prompt's last id held twice in the target's cache moves each law in its own direction
+    (mean per-token TV ~0.08): the pooled tests average it out, the test aimed at it (on by default,
+    ``hsd_core.context_bugs``) does not."""
+    rep = _audit(pair, "prompt_token_twice", 200)
+    hit = [t.name for t, h in zip(rep.tests, rep.holm_rejected) if h]
+    assert rep.verdict == "lossy" and "directional (toward the prompt's last id fed twice)" in hit, rep.to_markdown()
 
 
 def test_the_lossless_variant_passes(pair: Any) -> None:
