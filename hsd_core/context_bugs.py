@@ -104,20 +104,24 @@ class AimedStats:
             raise ValueError(f"aimed: {len(laws)} laws given for {len(self.whats)} named bugs")
         rows = np.arange(p.shape[0])
         on = p > 0
+        full = bool(on.all())  # no id outside p's support: r needs no conditioning on it
+        dot = np.einsum
         for k, r in enumerate(laws):
             r = np.asarray(r, dtype=np.float64)
             if r.shape != p.shape:
                 raise ValueError(f"aimed law {k} has shape {r.shape}, p has {p.shape}")
             s = p + r
-            w = np.where(s > 0, r / np.where(s > 0, s, 1.0), 0.0)
-            ew = (p * w).sum(axis=1)
-            v0 = (p * w ** 2).sum(axis=1) - ew ** 2
+            w = r / np.where(s > 0, s, 1.0)  # 0 where p = r = 0
+            ew = dot("ij,ij->i", p, w)
+            v0 = dot("ij,ij,ij->i", p, w, w) - ew ** 2
             live = v0 > _TINY  # r = p (w = 1/2 on p's support) up to rounding: no evidence, not noise
             self.sum[k] += float(np.where(live, w[rows, x] - ew, 0.0).sum())
             self.var0[k] += float(np.where(live, v0, 0.0).sum())
-            keep = np.where(on, r, 0.0).sum(axis=1)
-            cond = np.where(on, r, 0.0) / np.where(keep > 0, keep, 1.0)[:, None]
-            e1, e2 = (cond * w).sum(axis=1), (cond * w ** 2).sum(axis=1)
+            r_on = r if full else np.where(on, r, 0.0)
+            keep = r_on.sum(axis=1)
+            den = np.where(keep > 0, keep, 1.0)
+            e1 = dot("ij,ij->i", r_on, w) / den
+            e2 = dot("ij,ij,ij->i", r_on, w, w) / den
             self.mu1[k] += float(np.where(live, e1 - ew, 0.0).sum())
             self.var1[k] += float(np.where(live, np.clip(e2 - e1 ** 2, 0.0, None), 0.0).sum())
             self.tv[k] += float(0.5 * np.abs(r - p).sum())

@@ -348,11 +348,12 @@ class SequenceEvidence:
         self.malformed.append(what)
 
     def add_steps(self, p: F64, x: NDArray[np.int64], pos: NDArray[np.int64], v: F64, seq: NDArray[np.int64],
-                  q: F64 | None = None, extra: F64 | None = None, prompt: int | None = None,
+                  q: F64 | None = None, extra: F64 | None = None, prompt: int | NDArray[np.int64] | None = None,
                   aimed: Sequence[F64] = ()) -> None:
-        """Add ``m`` audited positions (class docstring). ``prompt`` (an index): these positions are
-        one sequence's, after that prompt; its first token (position 0) then also enters the
-        first-token test of that prompt, whose law is the same for every sequence after it.
+        """Add ``m`` audited positions (class docstring; they may be several sequences'). ``prompt``
+        (an index, or one per position): the prompt each position's sequence follows; every first
+        token (position 0) then also enters the first-token test of its prompt, whose law is the
+        same for every sequence after it.
         ``aimed``: one ``[m, V]`` law per bug named at construction, the target's laws under that
         bug's context (:mod:`hsd_core.context_bugs`)."""
         p = np.asarray(p, dtype=np.float64)
@@ -366,8 +367,10 @@ class SequenceEvidence:
             raise ValueError("extra must be given exactly when the evidence was made with extra=True")
         if len(aimed) != len(self._aim.whats):
             raise ValueError(f"aimed: {len(aimed)} laws given for the {len(self._aim.whats)} bugs named at construction")
-        if prompt is not None and m and int(np.asarray(pos)[0]) == 0:
-            self.first.setdefault(int(prompt), (p[0].copy(), []))[1].append(int(x[0]))
+        if prompt is not None:
+            groups = np.broadcast_to(np.asarray(prompt, dtype=np.int64), (m,))
+            for r in np.flatnonzero(np.asarray(pos) == 0):
+                self.first.setdefault(int(groups[r]), (p[r].copy(), []))[1].append(int(x[r]))
         rows = np.arange(m)
         px = p[rows, x]
         ok = px > 0

@@ -61,11 +61,12 @@ def _prompts(prompts: Any) -> list[str]:
 
 
 @torch.inference_mode()
-def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """For each row (ids), the logits (float64, ``[len(at[i]), V]``) after its first ``at[i][j]``
-    ids, for each ``j`` (every ``at[i]`` non-empty): one right-padded forward pass over all rows, the
-    head run only from the first position any row reads (``logits_to_keep``, where the model takes
-    it: on a 262k-id head the prompt's positions would cost as much as the audited ones)."""
+def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The logits (float64, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
+    for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
+    rows, the head run only from the first position any row reads (``logits_to_keep``, where the
+    model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
+    ones)."""
     dev = next(model.parameters()).device
     width = max(len(r) for r in rows)
     x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
@@ -77,19 +78,32 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     kw = {"logits_to_keep": width - lo} if takes_logits_to_keep(model) else {}
     logits = model(input_ids=x, attention_mask=am, **kw).logits
     off = width - logits.shape[1]  # 0 without logits_to_keep, else lo
-    return [logits[i, torch.tensor(list(a), dtype=torch.long, device=dev) - 1 - off].double()
-            for i, a in enumerate(at)]
+    ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
+    ci = torch.tensor([j - 1 - off for a in at for j in a], dtype=torch.long, device=dev)
+    out: torch.Tensor = logits[ri, ci].double()
+    return out
 
 
-def _law(lg: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
-    """The processed law of logits ``lg [m, V]`` (greedy: the one-hot argmax over ``mask``, ties
-    to the lowest id)."""
-    if not greedy:
-        return process_logits(lg, mask.to(lg.device), **process)
-    lg = lg.masked_fill(~mask.to(lg.device), float("-inf"))
-    law = torch.zeros_like(lg)
-    law[torch.arange(lg.shape[0]), lg.argmax(-1)] = 1.0
-    return law
+_LAW_BLOCK = 1 << 24  # entries of the [rows, V] block one processing call handles (top-p sorts a whole block)
+
+
+def _law(lg: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> np.ndarray:
+    """The processed law of logits ``lg [m, V]`` as float64 NumPy ``[m, V]`` (greedy: the one-hot argmax
+    over ``mask``, ties to the lowest id), processed in blocks of rows so that a 262k-id vocabulary
+    does not sort every audited position at once."""
+    out = np.empty(tuple(lg.shape), dtype=np.float64)
+    step = max(1, _LAW_BLOCK // max(1, lg.shape[1]))
+    m = mask.to(lg.device)
+    for a in range(0, lg.shape[0], step):
+        blk = lg[a:a + step]
+        if not greedy:
+            out[a:a + step] = process_logits(blk, m, **process).cpu().numpy()
+            continue
+        blk = blk.masked_fill(~m, float("-inf"))
+        law = torch.zeros_like(blk)
+        law[torch.arange(blk.shape[0]), blk.argmax(-1)] = 1.0
+        out[a:a + step] = law.cpu().numpy()
+    return out
 
 
 def audit_sequences(
@@ -222,10 +236,10 @@ def audit_sequences(
             if ids:
                 rows.append(ctx + ids)
                 seqs.append((i, ids))
-        if rows:
+        if rows:  # the chunk's positions, all sequences in one [M, V] array
             t_logits = _forced_logits(target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
-            laws = [_law(lg, mask, process, not do_sample).cpu().numpy() for lg in t_logits]
-            qs: list[np.ndarray | None] = [None] * len(rows)
+            law = _law(t_logits, mask, process, not do_sample)
+            q = None
             if bridge is not None:
                 assert drafter is not None and tt is not None and dt is not None and d_mask is not None
                 drows, dstarts = [], []
@@ -237,17 +251,18 @@ def audit_sequences(
                         d.extend(resync_ids(t, bridge.to_drafter_list, tt, dt, memo))
                     drows.append(d)
                     dstarts.append(ends)
-                qs = _drafter_laws(drafter, bridge, drows, dstarts, d_mask, process, not do_sample, laws)
-            extras: list[np.ndarray | None] = [None] * len(rows)
+                q = _drafter_laws(drafter, bridge, drows, dstarts, d_mask, process, not do_sample, law)
+            e = None
             if top_extra:
-                raw = [_law(lg, mask, dict(process, top_k=None, top_p=None), False).cpu().numpy() for lg in t_logits]
-                extras = [_one_more(r, p) for r, p in zip(raw, laws)]
+                e = _one_more(_law(t_logits, mask, dict(process, top_k=None, top_p=None), False), law)
             del t_logits
             aimed = _aimed_laws(target, bugs, [contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs],
-                                mask, process, laws)
-            for (i, ids), law, q, e, r in zip(seqs, laws, qs, extras, aimed):
-                ev.add_steps(law, np.array(ids), np.arange(len(ids)), pit_uniforms(int(seed), i, len(ids)),
-                             np.full(len(ids), i), q=q, extra=e, prompt=i % len(plist), aimed=r)
+                                mask, process, law)
+            cat = np.concatenate
+            ev.add_steps(law, cat([ids for _, ids in seqs]), cat([np.arange(len(ids)) for _, ids in seqs]),
+                         cat([pit_uniforms(int(seed), i, len(ids)) for i, ids in seqs]),
+                         cat([np.full(len(ids), i) for i, ids in seqs]), q=q, extra=e,
+                         prompt=cat([np.full(len(ids), i % len(plist)) for i, ids in seqs]), aimed=aimed)
         t_force += time.perf_counter() - t0
         if progress is not None:
             done = idx[-1] + 1
@@ -264,36 +279,37 @@ def audit_sequences(
 
 
 def _drafter_laws(drafter: Any, bridge: VocabBridge, drows: list[list[int]], dstarts: list[list[int]],
-                  d_mask: torch.Tensor, process: dict[str, Any], greedy: bool, p_laws: list[np.ndarray]
-                  ) -> list[np.ndarray | None]:
-    """The drafter's law before each new target id, over target ids: processed, restricted to the
-    shared strings, renormalized, pushed; where it has no mass there, the target's own law (no
-    evidence either way)."""
-    out: list[np.ndarray | None] = []
-    for i, lg in enumerate(_forced_logits(drafter, drows, dstarts)):
-        q = _law(lg, d_mask, process, greedy)
-        restricted = bridge.restrict(q)
-        pushed = bridge.push(restricted.law).cpu().numpy()
-        none = (restricted.mass <= 0).cpu().numpy()
-        pushed[none] = p_laws[i][none]
-        out.append(pushed)
-    return out
+                  d_mask: torch.Tensor, process: dict[str, Any], greedy: bool, p_law: np.ndarray) -> np.ndarray:
+    """The drafter's law before each new target id (``[M, V]`` over target ids, rows as ``p_law``'s):
+    processed, restricted to the shared strings, renormalized, pushed; where it has no mass there,
+    the target's own law (no evidence either way)."""
+    q = torch.from_numpy(_law(_forced_logits(drafter, drows, dstarts), d_mask, process, greedy))
+    restricted = bridge.restrict(q.to(bridge.device))
+    pushed: np.ndarray = bridge.push(restricted.law).cpu().numpy()
+    none = (restricted.mass <= 0).cpu().numpy()
+    pushed[none] = p_law[none]
+    return pushed
 
 
 def _aimed_laws(target: Any, bugs: Sequence[ContextBug], contexts: list[list[int]], seqs: list[list[int]],
-                mask: torch.Tensor, process: dict[str, Any], p_laws: list[np.ndarray]) -> list[list[np.ndarray]]:
-    """For each row (its prompt's ids ``contexts[i]``, its new ids ``seqs[i]``), the target's processed
-    law before each new id under each bug's context (one teacher-forced pass per bug); where a bug
-    leaves no context, the target's own law (no evidence either way)."""
-    out: list[list[np.ndarray]] = [[] for _ in seqs]
+                mask: torch.Tensor, process: dict[str, Any], p_law: np.ndarray) -> list[np.ndarray]:
+    """Per bug, the target's processed law before each new id under the bug's context (``[M, V]``,
+    rows as ``p_law``'s: row ``k``'s prompt ids ``contexts[k]``, its new ids ``seqs[k]``; one
+    teacher-forced pass per bug); where a bug leaves no context, the target's own law (no evidence
+    either way)."""
+    out: list[np.ndarray] = []
+    ends = np.cumsum([0] + [len(s) for s in seqs])
     for b in bugs:
         wrong = [b.context(c) for c in contexts]
         live = [k for k, c in enumerate(wrong) if c]
-        got = dict(zip(live, _forced_logits(target, [wrong[k] + seqs[k] for k in live],
-                                            [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live])
-                       if live else []))
-        for k in range(len(seqs)):
-            out[k].append(_law(got[k], mask, process, False).cpu().numpy() if k in got else p_laws[k])
+        r = np.array(p_law, dtype=np.float64) if len(live) < len(seqs) else np.empty(p_law.shape)
+        if live:
+            got = _law(_forced_logits(target, [wrong[k] + seqs[k] for k in live],
+                                      [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live]),
+                       mask, process, False)
+            at = np.concatenate([np.arange(ends[k], ends[k + 1]) for k in live])
+            r[at] = got
+        out.append(r)
     return out
 
 

@@ -177,7 +177,7 @@ def test_teacher_forcing_reads_the_targets_own_logits(pair: Any) -> None:
     rows = [tt("def foo(x):\n    return")["input_ids"], tt("a")["input_ids"] + [5, 6, 7, 8, 9, 10, 11]]
     at = [range(len(rows[0]) - 3, len(rows[0])), range(2, len(rows[1]))]
     for model in (target, drafter):
-        got = _forced_logits(model, rows, at)
+        got = _forced_logits(model, rows, at).split([len(a) for a in at])
         for r, a, g in zip(rows, at, got):
             with torch.inference_mode():
                 alone = model(input_ids=torch.tensor([r])).logits[0].double()
@@ -198,17 +198,19 @@ def test_aimed_laws_are_the_targets_under_the_wrong_context(pair: Any) -> None:
     seqs = [[5, 6, 7], [8, 9]]
     mask = torch.ones(target.config.vocab_size, dtype=torch.bool)
     process = {"temperature": 1.0, "top_k": None, "top_p": None}
-    own = [torch.full((len(s), target.config.vocab_size), 0.5).numpy() for s in seqs]
+    own = torch.full((sum(len(s) for s in seqs), target.config.vocab_size), 0.5, dtype=torch.float64).numpy()
     bugs = context_bugs(["prompt_last_twice", "prompt_last_dropped"])
     got = _aimed_laws(target, bugs, ctxs, seqs, mask, process, own)
-    for k, (c, s) in enumerate(zip(ctxs, seqs)):
-        for b, wrong in enumerate([c + c[-1:], c[:-1]]):
+    assert len(got) == 2 and all(g.shape == own.shape for g in got)
+    for b, wrongs in enumerate([[c + c[-1:] for c in ctxs], [c[:-1] for c in ctxs]]):
+        rows = torch.from_numpy(got[b]).split([len(s) for s in seqs])
+        for row, wrong, s, mine in zip(rows, wrongs, seqs, torch.from_numpy(own).split([len(s) for s in seqs])):
             if not wrong:
-                assert got[k][b] is own[k]
+                assert torch.equal(row, mine)
                 continue
             with torch.inference_mode():
                 alone = target(input_ids=torch.tensor([wrong + s])).logits[0, len(wrong) - 1:-1].double()
-            assert torch.allclose(torch.from_numpy(got[k][b]), alone.softmax(-1), atol=1e-5)
+            assert torch.allclose(row, alone.softmax(-1), atol=1e-5)
 
 
 def test_a_prompt_fed_twice_is_caught_by_its_aimed_test(pair: Any) -> None:
