@@ -455,14 +455,17 @@ class SequenceEvidence:
         # ends, p and q's part on p's support, after the others) and its mass off that support
         r = np.empty((m, g_n + (2 if mix else 0), ps.shape[1]))
         im = np.zeros((m, r.shape[1]))
-        for fam in ("hotter", "colder"):
-            at = [k for k, i in enumerate(gen) if alt.names[i][0] == fam]
-            if at:
-                th = np.array([alt.names[gen[k]][1] for k in at])[None, :, None]
-                z = np.where(pos[:, None, :], logp[:, None, :] / th if fam == "hotter" else logp[:, None, :] * th,
-                             -np.inf)
-                z = np.exp(z - z.max(axis=2, keepdims=True))
-                r[:, at] = z / z.sum(axis=2, keepdims=True)
+        full = bool(pos.all())
+        rel = logp - logp[:, :1]  # log(p / max p) (column 0: ps is sorted)
+        z = np.empty_like(rel)
+        for k, i in enumerate(gen):  # one [m, V] block at a time: it stays in cache, no page-faulting temporaries
+            fam, f = alt.names[i]
+            if fam in ("hotter", "colder"):  # p^(1/f) or p^f over p's support
+                (np.divide if fam == "hotter" else np.multiply)(rel, f, out=z)
+                np.exp(z, out=z)
+                if not full:
+                    z *= pos
+                np.divide(z, z.sum(axis=1, keepdims=True), out=r[:, k])
         for k, i in enumerate(gen):
             fam = alt.names[i][0]
             if fam == "one fewer":
@@ -480,7 +483,7 @@ class SequenceEvidence:
             qs = np.where(pos, q[rows, order], 0.0)
             r[:, g_n], r[:, g_n + 1] = ps, qs
         keep = np.clip(1.0 - im, 0.0, 1.0)
-        tv = 0.5 * (np.abs(r[:, :g_n] - ps[:, None, :]).sum(axis=2) + im[:, :g_n])  # [m, G]
+        tv = 0.5 * (np.stack([np.abs(r[:, k] - ps).sum(axis=1) for k in range(g_n)], axis=1) + im[:, :g_n])  # [m, G]
         off = np.flatnonzero((im > 0).any(axis=0))  # only these alternatives put mass off p's support
         r[:, off] /= np.where(keep[:, off] > 0, keep[:, off], 1.0)[:, :, None]
         cond = r  # each alternative's law on p's support given that it draws there
@@ -490,10 +493,10 @@ class SequenceEvidence:
         j = np.minimum(np.stack([np.searchsorted(c, edges) for c in cum]), (s - 1)[:, None])  # [m, k + 1]: ids below
         pj = np.take_along_axis(ps, j, axis=1)
         frac = np.clip((edges[None, :] - (np.take_along_axis(cum, j, axis=1) - pj)) / pj, 0.0, 1.0)
-        g = np.cumsum(cond, axis=2)
+        below = (np.arange(ps.shape[1])[None, :, None] < j[:, None, :]).astype(np.float64)  # [m, V, k + 1]
         jj = np.broadcast_to(j[:, None, :], (m, r.shape[1], j.shape[1]))
         cj = np.take_along_axis(cond, jj, axis=2)
-        gb = np.take_along_axis(g, jj, axis=2) - cj + cj * frac[:, None, :]
+        gb = np.matmul(cond, below) + cj * frac[:, None, :]  # the mass below each edge
         gb[:, :, 0] = 0.0
         gb[:, :, -1] = cond.sum(axis=2)
         bins = np.diff(gb, axis=2)  # [m, A, k]

@@ -10,6 +10,9 @@ With a drafter, its law at each position is read the same way: its context is it
 the prompt, then each new target id re-synced as TLI does (the drafter id with that text, else its
 encoding of the text), so it depends on the history only; processed like the target's, restricted
 to the shared strings, renormalized and pushed onto target ids (:class:`~hsd_torch.vocab.VocabBridge`).
+For each named context bug (``context_bugs``, :mod:`hsd_core.context_bugs`), the sequences are
+teacher-forced once more through the bug's context (by default the prompt with its last id twice),
+and the laws read there give the test aimed at that bug.
 
 Float rounding: teacher forcing runs without a cache, the audited sampler with one; in float32 the
 two laws differ by ~1e-6, far below any detectable departure. In bfloat16 they differ by ~1e-2,
@@ -205,7 +208,8 @@ def audit_sequences(
                           expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
     seeds = sequence_seeds(int(seed), n)
     t_sample = t_force = 0.0
-    memo: dict[int, list[int]] = {}
+    forcer = _Forcer(target, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
+                     d_mask, d_contexts, int(seed))
     for c0 in range(0, n, batch_size):
         idx = list(range(c0, min(n, c0 + batch_size)))
         t0 = time.perf_counter()
@@ -236,33 +240,8 @@ def audit_sequences(
             if ids:
                 rows.append(ctx + ids)
                 seqs.append((i, ids))
-        if rows:  # the chunk's positions, all sequences in one [M, V] array
-            t_logits = _forced_logits(target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
-            law = _law(t_logits, mask, process, not do_sample)
-            q = None
-            if bridge is not None:
-                assert drafter is not None and tt is not None and dt is not None and d_mask is not None
-                drows, dstarts = [], []
-                for i, ids in seqs:
-                    d = list(d_contexts[i % len(plist)])
-                    ends = []
-                    for t in ids:
-                        ends.append(len(d))
-                        d.extend(resync_ids(t, bridge.to_drafter_list, tt, dt, memo))
-                    drows.append(d)
-                    dstarts.append(ends)
-                q = _drafter_laws(drafter, bridge, drows, dstarts, d_mask, process, not do_sample, law)
-            e = None
-            if top_extra:
-                e = _one_more(_law(t_logits, mask, dict(process, top_k=None, top_p=None), False), law)
-            del t_logits
-            aimed = _aimed_laws(target, bugs, [contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs],
-                                mask, process, law)
-            cat = np.concatenate
-            ev.add_steps(law, cat([ids for _, ids in seqs]), cat([np.arange(len(ids)) for _, ids in seqs]),
-                         cat([pit_uniforms(int(seed), i, len(ids)) for i, ids in seqs]),
-                         cat([np.full(len(ids), i) for i, ids in seqs]), q=q, extra=e,
-                         prompt=cat([np.full(len(ids), i % len(plist)) for i, ids in seqs]), aimed=aimed)
+        if rows:
+            forcer.run(ev, rows, seqs)
         t_force += time.perf_counter() - t0
         if progress is not None:
             done = idx[-1] + 1
@@ -276,6 +255,54 @@ def audit_sequences(
     cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
     object.__setattr__(rep, "cost", cost)
     return rep
+
+
+class _Forcer:
+    """Teacher forcing and the evidence it gives, for a batch of sampled sequences (module
+    docstring): the target's laws, the drafter's (pushed onto target ids), the one-more-token
+    probabilities under top-k / top-p, the laws under each named context bug."""
+
+    def __init__(self, target: Any, mask: torch.Tensor, process: dict[str, Any], do_sample: bool, top_extra: bool,
+                 bugs: Sequence[ContextBug], plist: list[str], contexts: list[list[int]], drafter: Any,
+                 bridge: VocabBridge | None, tt: Any, dt: Any, d_mask: torch.Tensor | None,
+                 d_contexts: list[list[int]], seed: int) -> None:
+        self.target, self.mask, self.process, self.do_sample, self.top_extra = target, mask, process, do_sample, top_extra
+        self.bugs, self.plist, self.contexts = bugs, plist, contexts
+        self.drafter, self.bridge, self.tt, self.dt, self.d_mask, self.d_contexts = (drafter, bridge, tt, dt, d_mask,
+                                                                                    d_contexts)
+        self.seed = seed
+        self.memo: dict[int, list[int]] = {}
+
+    def run(self, ev: SequenceEvidence, rows: list[list[int]], seqs: list[tuple[int, list[int]]]) -> None:
+        """Add the evidence of ``seqs`` (sequence index, new ids; ``rows``: prompt ids + new ids) to
+        ``ev``, every position in one [M, V] array."""
+        plist, process, greedy = self.plist, self.process, not self.do_sample
+        t_logits = _forced_logits(self.target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
+        law = _law(t_logits, self.mask, process, greedy)
+        q = None
+        if self.bridge is not None:
+            assert self.tt is not None and self.dt is not None and self.d_mask is not None
+            drows, dstarts = [], []
+            for i, ids in seqs:
+                d = list(self.d_contexts[i % len(plist)])
+                ends = []
+                for t in ids:
+                    ends.append(len(d))
+                    d.extend(resync_ids(t, self.bridge.to_drafter_list, self.tt, self.dt, self.memo))
+                drows.append(d)
+                dstarts.append(ends)
+            q = _drafter_laws(self.drafter, self.bridge, drows, dstarts, self.d_mask, process, greedy, law)
+        e = None
+        if self.top_extra:
+            e = _one_more(_law(t_logits, self.mask, dict(process, top_k=None, top_p=None), False), law)
+        del t_logits
+        aimed = _aimed_laws(self.target, self.bugs, [self.contexts[i % len(plist)] for i, _ in seqs],
+                            [s for _, s in seqs], self.mask, process, law)
+        cat = np.concatenate
+        ev.add_steps(law, cat([ids for _, ids in seqs]), cat([np.arange(len(ids)) for _, ids in seqs]),
+                     cat([pit_uniforms(self.seed, i, len(ids)) for i, ids in seqs]),
+                     cat([np.full(len(ids), i) for i, ids in seqs]), q=q, extra=e,
+                     prompt=cat([np.full(len(ids), i % len(plist)) for i, ids in seqs]), aimed=aimed)
 
 
 def _drafter_laws(drafter: Any, bridge: VocabBridge, drows: list[list[int]], dstarts: list[list[int]],
