@@ -29,11 +29,12 @@ the variant, so the check ties it to the code. The variants that act only after 
 the drafter's context, leave the first token's law exact (TV 0 up to rounding, computed the same way).
 
 ``--context-tv``: for ``prompt_token_twice`` (the one variant whose wrong context is known exactly:
-the prompt with its last id twice), how far its law is from the target's at every position it
-samples: ``--sizes``' first number of its sequences (half per prompt), each teacher-forced through
-the target with the right and with the doubled context, the TV between the two laws per token (mean,
-median, 90 % quantile, max), beside what ``audit_sequences`` promises on the same sequences (each
-family's detectable departure as mean per-token TV) and its verdict.
+the prompt with its last id twice, for the whole run), how far its law is from the target's at
+every position it samples: ``--sizes``' first number of its sequences (half per prompt), each
+teacher-forced through the target with the right and with the doubled context, the TV between the
+two laws per token (mean, median, 90 % quantile, max), beside ``audit_sequences``' verdict, p-values
+and promise (each family's detectable departure as mean per-token TV) on the same sequences, with
+the test aimed at that bug (the default) and without it (``context_bugs=None``).
 
     python bench/zoo.py --trained --context-tv --sizes 200 --json bench/zoo_context_tv.json
 """
@@ -259,19 +260,23 @@ def context_tv(target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str], 
             right = target(torch.tensor([ids + seq])).logits[0, len(ids) - 1:len(ids) - 1 + len(seq)].double()
             twice = target(torch.tensor([ids + ids[-1:] + seq])).logits[0, len(ids):len(ids) + len(seq)].double()
             tvs += (0.5 * (right.softmax(-1) - twice.softmax(-1)).abs().sum(-1)).tolist()
-    it = iter(seqs)
+    audits: dict[str, Any] = {}
+    for label, bugs in (("audit", ("prompt_last_twice",)), ("audit_without_aimed_test", None)):
+        it = iter(seqs)
 
-    def recorded(prompt: str, _seed: int) -> list[int]:  # the audit asks for the sequences in order
-        p, seq = next(it)
-        assert p == prompt, "the audit's prompts are the recorded ones, in order"
-        return seq
+        def recorded(prompt: str, _seed: int) -> list[int]:  # the audit asks for the sequences in order
+            p, seq = next(it)
+            assert p == prompt, "the audit's prompts are the recorded ones, in order"
+            return seq
 
-    rep = audit_sequences(recorded, target, tt, [p for p, _ in seqs], n=n, max_new_tokens=L, drafter=drafter,
-                          drafter_tokenizer=dt, seed=seed, max_detectable_tv=None)
+        rep = audit_sequences(recorded, target, tt, [p for p, _ in seqs], n=n, max_new_tokens=L, drafter=drafter,
+                              drafter_tokenizer=dt, seed=seed, max_detectable_tv=None, context_bugs=bugs)
+        audits[label] = {"verdict": rep.verdict, "p_values": {r.name: r.p_value for r in rep.tests},
+                      "promise_mean_tv": {f.family: f.mean_tv for f in rep.families},
+                      "caught_with_probability": {f.family: f.caught for f in rep.families}}
     t = torch.tensor(tvs, dtype=torch.float64)
     return {"variant": v.name, "sequences": n, "tokens": len(tvs), "mean_tv": float(t.mean()),
-            "median_tv": float(t.median()), "q90_tv": float(t.quantile(0.9)), "max_tv": float(t.max()),
-            "audit_verdict": rep.verdict, "audit_promise_mean_tv": {f.family: f.mean_tv for f in rep.families}}
+            "median_tv": float(t.median()), "q90_tv": float(t.quantile(0.9)), "max_tv": float(t.max()), **audits}
 
 
 def main() -> None:
