@@ -380,10 +380,17 @@ class SequenceEvidence:
             return
         p, x, pos, v, rows = p[ok], x[ok], np.asarray(pos)[ok], np.asarray(v)[ok], np.arange(int(ok.sum()))
         px = px[ok]
+        q = None if q is None else np.asarray(q, dtype=np.float64)[ok]
+        rs = [np.asarray(r, dtype=np.float64)[ok] for r in aimed]
+        full_p, full_q = p, q  # the power statement's picked rows keep every column
+        ids, xc = _sparse_columns(p, x, ([] if q is None else [q]) + rs)
+        if ids.ndim == 2:  # each row's ids with mass, padded: the laws read there (0 in the padding)
+            p, q, rs = _gather(p, ids), None if q is None else _gather(q, ids), [_gather(r, ids) for r in rs]
+        else:
+            ids = ids[None, :]
         if aimed:
-            self._aim.add(p, x, [np.asarray(r, dtype=np.float64)[ok] for r in aimed])
-        ids = np.arange(p.shape[1])
-        before = np.where((p > px[:, None]) | ((p == px[:, None]) & (ids[None, :] < x[:, None])), p, 0.0).sum(axis=1)
+            self._aim.add(p, xc, rs)
+        before = np.where((p > px[:, None]) | ((p == px[:, None]) & (ids < x[:, None])), p, 0.0).sum(axis=1)
         u = np.clip(before + v * px, 0.0, 1.0)
         self.u.append(u)
         self.u_pos.append(pos.astype(np.int64))
@@ -391,22 +398,26 @@ class SequenceEvidence:
         with np.errstate(divide="ignore", invalid="ignore"):
             logp = np.where(p > 0, np.log(np.where(p > 0, p, 1.0)), 0.0)
         h = -(p * logp).sum(axis=1)
-        self.ll_sum += float((logp[rows, x] + h).sum())
+        self.ll_sum += float((logp[rows, xc] + h).sum())
         self.ll_var += float(np.clip((p * logp ** 2).sum(axis=1) - h ** 2, 0.0, None).sum())
         w: F64 | None = None
         if q is not None:
-            q = np.asarray(q, dtype=np.float64)[ok]
             s = p + q
             w = np.where(s > 0, q / np.where(s > 0, s, 1.0), 0.0)
             ew = (p * w).sum(axis=1)
-            self.dir_sum += float((w[rows, x] - ew).sum())
+            self.dir_sum += float((w[rows, xc] - ew).sum())
             self.dir_var += float(np.clip((p * w ** 2).sum(axis=1) - ew ** 2, 0.0, None).sum())
         e = None if extra is None else np.asarray(extra, dtype=np.float64)[ok]
         pick = np.flatnonzero(self._pick.random(u.size) < self.rho)
         if pick.size:
-            self._pending.append((p[pick], None if q is None else q[pick], None if w is None else w[pick],
+            w_pick = None
+            if w is not None:
+                w_pick = np.zeros((pick.size, full_p.shape[1] + 1))  # a last column for the padding id
+                np.put_along_axis(w_pick, np.broadcast_to(ids, w.shape)[pick], w[pick], axis=1)  # 0 where p = q = 0
+                w_pick = w_pick[:, :-1]
+            self._pending.append((full_p[pick], None if full_q is None else full_q[pick], w_pick,
                                   None if e is None else e[pick]))
-            if sum(r[0].shape[0] for r in self._pending) * p.shape[1] * len(self._alt.names) >= _POWER_CHUNK:
+            if sum(r[0].shape[0] for r in self._pending) * full_p.shape[1] * len(self._alt.names) >= _POWER_CHUNK:
                 self._flush()
 
     @property
@@ -793,6 +804,32 @@ class SequenceEvidence:
             impossible=tuple(self.impossible), malformed=tuple(self.malformed), do_sample=self.do_sample,
             processing=processing, name=name, cost=dict(cost or {}), pits=u, pit_positions=upos, bins=self.bins,
             n_needed=n_needed)
+
+
+def _sparse_columns(p: F64, x: NDArray[np.int64], others: Sequence[F64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Where ``p`` and the ``others`` (same shape ``[m, V]``) have mass: when every row has mass at
+    fewer than ``V / 2`` ids (top-k / top-p over a large vocabulary), each row's ids with mass,
+    ``[m, W]`` padded with id ``V`` (no law has mass there), and each draw's column in its row;
+    else ``(arange(V), x)``: every sum over a row then needs only those columns."""
+    mass = p > 0
+    for a in others:
+        mass |= a > 0
+    counts = mass.sum(axis=1)
+    width = int(counts.max()) if counts.size else 0
+    if 2 * width >= p.shape[1]:
+        return np.arange(p.shape[1]), x
+    rr, cc = np.nonzero(mass)
+    within = np.arange(rr.size) - np.concatenate(([0], np.cumsum(counts)[:-1]))[rr]
+    ids = np.full((p.shape[0], width), p.shape[1], dtype=np.int64)
+    ids[rr, within] = cc
+    return ids, (ids == x[:, None]).argmax(axis=1)
+
+
+def _gather(a: F64, ids: NDArray[np.int64]) -> F64:
+    """``a[i, ids[i, j]]``, 0 where ``ids`` is the padding id ``V``."""
+    out: F64 = np.take_along_axis(a, np.minimum(ids, a.shape[1] - 1), axis=1)
+    out[ids == a.shape[1]] = 0.0
+    return out
 
 
 def check_sequence(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[int]) -> str | None:

@@ -65,7 +65,7 @@ def _prompts(prompts: Any) -> list[str]:
 
 @torch.inference_mode()
 def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
-    """The logits (float64, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
+    """The logits (the model's dtype, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
     for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
     rows, the head run only from the first position any row reads (``logits_to_keep``, where the
     model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
@@ -83,30 +83,21 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     off = width - logits.shape[1]  # 0 without logits_to_keep, else lo
     ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
     ci = torch.tensor([j - 1 - off for a in at for j in a], dtype=torch.long, device=dev)
-    out: torch.Tensor = logits[ri, ci].double()
+    out: torch.Tensor = logits[ri, ci]
     return out
 
 
-_LAW_BLOCK = 1 << 24  # entries of the [rows, V] block one processing call handles (top-p sorts a whole block)
-
-
-def _law(lg: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> np.ndarray:
-    """The processed law of logits ``lg [m, V]`` as float64 NumPy ``[m, V]`` (greedy: the one-hot argmax
-    over ``mask``, ties to the lowest id), processed in blocks of rows so that a 262k-id vocabulary
-    does not sort every audited position at once."""
-    out = np.empty(tuple(lg.shape), dtype=np.float64)
-    step = max(1, _LAW_BLOCK // max(1, lg.shape[1]))
-    m = mask.to(lg.device)
-    for a in range(0, lg.shape[0], step):
-        blk = lg[a:a + step]
-        if not greedy:
-            out[a:a + step] = process_logits(blk, m, **process).cpu().numpy()
-            continue
-        blk = blk.masked_fill(~m, float("-inf"))
-        law = torch.zeros_like(blk)
-        law[torch.arange(blk.shape[0]), blk.argmax(-1)] = 1.0
-        out[a:a + step] = law.cpu().numpy()
-    return out
+def _law_block(blk: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
+    """The processed law (float64) of the logits ``blk [b, V]`` (greedy: the one-hot argmax over
+    ``mask``, ties to the lowest id)."""
+    blk = blk.double()
+    m = mask.to(blk.device)
+    if not greedy:
+        return process_logits(blk, m, **process)
+    blk = blk.masked_fill(~m, float("-inf"))
+    law = torch.zeros_like(blk)
+    law[torch.arange(blk.shape[0]), blk.argmax(-1)] = 1.0
+    return law
 
 
 def audit_sequences(
@@ -275,13 +266,14 @@ class _Forcer:
 
     def run(self, ev: SequenceEvidence, rows: list[list[int]], seqs: list[tuple[int, list[int]]]) -> None:
         """Add the evidence of ``seqs`` (sequence index, new ids; ``rows``: prompt ids + new ids) to
-        ``ev``, every position in one [M, V] array."""
+        ``ev``: one teacher-forced pass per model (and per named bug), then the laws and the
+        statistics block by block of positions (:func:`_block_rows`: no float64 array over a whole
+        vocabulary at every position, which would cost more in fresh memory than in arithmetic)."""
         plist, process, greedy = self.plist, self.process, not self.do_sample
         t_logits = _forced_logits(self.target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
-        law = _law(t_logits, self.mask, process, greedy)
-        q = None
+        d_logits = None
         if self.bridge is not None:
-            assert self.tt is not None and self.dt is not None and self.d_mask is not None
+            assert self.tt is not None and self.dt is not None
             drows, dstarts = [], []
             for i, ids in seqs:
                 d = list(self.d_contexts[i % len(plist)])
@@ -291,53 +283,73 @@ class _Forcer:
                     d.extend(resync_ids(t, self.bridge.to_drafter_list, self.tt, self.dt, self.memo))
                 drows.append(d)
                 dstarts.append(ends)
-            q = _drafter_laws(self.drafter, self.bridge, drows, dstarts, self.d_mask, process, greedy, law)
-        e = None
-        if self.top_extra:
-            e = _one_more(_law(t_logits, self.mask, dict(process, top_k=None, top_p=None), False), law)
-        del t_logits
-        aimed = _aimed_laws(self.target, self.bugs, [self.contexts[i % len(plist)] for i, _ in seqs],
-                            [s for _, s in seqs], self.mask, process, law)
+            d_logits = _forced_logits(self.drafter, drows, dstarts)
+        aimed = [_aimed_logits(self.target, b, [self.contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs])
+                 for b in self.bugs]
         cat = np.concatenate
-        ev.add_steps(law, cat([ids for _, ids in seqs]), cat([np.arange(len(ids)) for _, ids in seqs]),
-                     cat([pit_uniforms(self.seed, i, len(ids)) for i, ids in seqs]),
-                     cat([np.full(len(ids), i) for i, ids in seqs]), q=q, extra=e,
-                     prompt=cat([np.full(len(ids), i % len(plist)) for i, ids in seqs]), aimed=aimed)
+        x = cat([ids for _, ids in seqs])
+        pos = cat([np.arange(len(ids)) for _, ids in seqs])
+        v = cat([pit_uniforms(self.seed, i, len(ids)) for i, ids in seqs])
+        sq = cat([np.full(len(ids), i) for i, ids in seqs])
+        pr = cat([np.full(len(ids), i % len(plist)) for i, ids in seqs])
+        step = _block_rows(t_logits.shape[1], 0 if d_logits is None else d_logits.shape[1])
+        for a in range(0, x.size, step):
+            sl = slice(a, a + step)
+            law = _law_block(t_logits[sl], self.mask, process, greedy).cpu().numpy()
+            q = None
+            if d_logits is not None:
+                assert self.bridge is not None and self.d_mask is not None
+                q = _drafter_block(self.bridge, d_logits[sl], self.d_mask, process, greedy, law)
+            e = None
+            if self.top_extra:
+                e = _one_more(_law_block(t_logits[sl], self.mask, dict(process, top_k=None, top_p=None),
+                                         False).cpu().numpy(), law)
+            rs = []
+            for lg, src in aimed:  # rows the bug leaves without context: the target's own law (no evidence)
+                r = law.copy()
+                at = np.flatnonzero(src[sl] >= 0)
+                if at.size:
+                    r[at] = _law_block(lg[src[sl][at]], self.mask, process, False).cpu().numpy()
+                rs.append(r)
+            ev.add_steps(law, x[sl], pos[sl], v[sl], sq[sl], q=q, extra=e, prompt=pr[sl], aimed=rs)
 
 
-def _drafter_laws(drafter: Any, bridge: VocabBridge, drows: list[list[int]], dstarts: list[list[int]],
-                  d_mask: torch.Tensor, process: dict[str, Any], greedy: bool, p_law: np.ndarray) -> np.ndarray:
-    """The drafter's law before each new target id (``[M, V]`` over target ids, rows as ``p_law``'s):
-    processed, restricted to the shared strings, renormalized, pushed; where it has no mass there,
-    the target's own law (no evidence either way)."""
-    q = torch.from_numpy(_law(_forced_logits(drafter, drows, dstarts), d_mask, process, greedy))
-    restricted = bridge.restrict(q.to(bridge.device))
+_BLOCK = 1 << 21  # entries of a [positions, V] float64 block (16 MB: glibc's heap reuses it; a larger one is mmap'ed afresh)
+
+
+def _block_rows(*widths: int) -> int:
+    """How many positions one block holds: :data:`_BLOCK` entries of the widest vocabulary."""
+    return max(1, _BLOCK // max(1, *widths))
+
+
+def _drafter_block(bridge: VocabBridge, lg: torch.Tensor, d_mask: torch.Tensor, process: dict[str, Any],
+                   greedy: bool, p_law: np.ndarray) -> np.ndarray:
+    """The drafter's law before each new target id of a block (``[b, V]`` over target ids, rows as
+    ``p_law``'s) from its logits ``lg``: processed, restricted to the shared strings, renormalized,
+    pushed; where it has no mass there, the target's own law (no evidence either way)."""
+    restricted = bridge.restrict(_law_block(lg, d_mask, process, greedy).to(bridge.device))
     pushed: np.ndarray = bridge.push(restricted.law).cpu().numpy()
     none = (restricted.mass <= 0).cpu().numpy()
     pushed[none] = p_law[none]
     return pushed
 
 
-def _aimed_laws(target: Any, bugs: Sequence[ContextBug], contexts: list[list[int]], seqs: list[list[int]],
-                mask: torch.Tensor, process: dict[str, Any], p_law: np.ndarray) -> list[np.ndarray]:
-    """Per bug, the target's processed law before each new id under the bug's context (``[M, V]``,
-    rows as ``p_law``'s: row ``k``'s prompt ids ``contexts[k]``, its new ids ``seqs[k]``; one
-    teacher-forced pass per bug); where a bug leaves no context, the target's own law (no evidence
-    either way)."""
-    out: list[np.ndarray] = []
+def _aimed_logits(target: Any, bug: ContextBug, contexts: list[list[int]], seqs: list[list[int]]
+                  ) -> tuple[torch.Tensor, np.ndarray]:
+    """The target's logits before each new id under ``bug``'s context (row ``k``: prompt ids
+    ``contexts[k]``, new ids ``seqs[k]``; one teacher-forced pass over the rows the bug leaves a
+    context), and for each position of the concatenated rows its row in those logits (-1: none)."""
+    wrong = [bug.context(c) for c in contexts]
+    live = [k for k, c in enumerate(wrong) if c]
+    src = np.full(sum(len(s) for s in seqs), -1)
     ends = np.cumsum([0] + [len(s) for s in seqs])
-    for b in bugs:
-        wrong = [b.context(c) for c in contexts]
-        live = [k for k, c in enumerate(wrong) if c]
-        r = np.array(p_law, dtype=np.float64) if len(live) < len(seqs) else np.empty(p_law.shape)
-        if live:
-            got = _law(_forced_logits(target, [wrong[k] + seqs[k] for k in live],
-                                      [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live]),
-                       mask, process, False)
-            at = np.concatenate([np.arange(ends[k], ends[k + 1]) for k in live])
-            r[at] = got
-        out.append(r)
-    return out
+    if not live:
+        return torch.zeros((0, 0)), src
+    at = np.concatenate([np.arange(ends[k], ends[k + 1]) for k in live])
+    src[at] = np.arange(at.size)
+    lg = _forced_logits(target, [wrong[k] + seqs[k] for k in live],
+                        [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live])
+    return lg, src
 
 
 def _one_more(raw: np.ndarray, p: np.ndarray) -> np.ndarray:

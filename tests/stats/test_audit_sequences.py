@@ -430,3 +430,50 @@ def test_a_prompt_fed_with_its_last_id_twice_is_caught_by_its_aimed_test() -> No
             audit_sequences(sampler, t, "ab", n=2, context_bugs=bad)
     with pytest.raises(TypeError):
         audit_sequences(sampler, t, "ab", n=2, context_bugs="prompt_last_twice")
+
+
+def test_sparse_laws_give_the_statistics_of_the_dense_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Top-k laws over a large vocabulary (here 50 of 3,000 ids, drafter and bug laws on other
+    supports, one draw of probability 0): ``add_steps`` keeps each row's ids with mass only; every
+    test's statistic and p-value, every family's numbers and the impossible draw are those of the
+    dense path (every column) to 1e-12."""
+    import hsd_core.seqaudit as sa
+
+    rng = np.random.default_rng(3)
+    m, v, k = 600, 3000, 50
+
+    def top_k_laws() -> np.ndarray:
+        z = rng.standard_normal((m, v)) * 2
+        out = np.zeros((m, v))
+        top = np.argsort(-z, axis=1)[:, :k]
+        vals = np.exp(np.take_along_axis(z, top, 1))
+        np.put_along_axis(out, top, vals / vals.sum(1, keepdims=True), 1)
+        return out
+
+    p = top_k_laws()
+    q, r = 0.5 * p + 0.5 * top_k_laws(), 0.7 * p + 0.3 * top_k_laws()
+    x = np.array([rng.choice(v, p=row) for row in p])
+    x[7] = np.flatnonzero(p[7] == 0)[0]
+    u = rng.random(m)
+    ids, _ = sa._sparse_columns(p[:120], x[:120], [q[:120], r[:120]])
+    assert ids.ndim == 2 and ids.shape[1] < v // 10  # the sparse path is the one taken
+
+    def report() -> SequenceAuditReport:
+        ev = SequenceEvidence(drafter=True, extra=True, expected_steps=m, aimed=["b"], power_steps=200)
+        for c in range(0, m, 120):
+            sl = slice(c, c + 120)
+            ev.add_steps(p[sl], x[sl], np.arange(c, c + 120) % 30, u[sl], np.arange(c, c + 120) // 30, q=q[sl],
+                         extra=np.full(120, 0.01), aimed=[r[sl]], prompt=(np.arange(c, c + 120) // 30) % 2)
+        return ev.report(n=m // 30, max_new_tokens=30)
+
+    sparse = report()
+    monkeypatch.setattr(sa, "_sparse_columns", lambda p, x, others: (np.arange(p.shape[1]), x))
+    dense = report()
+    assert sparse.impossible == dense.impossible == ((0, 7, int(x[7])),)
+    for a, b in zip(sparse.tests, dense.tests):
+        assert a.name == b.name and a.statistic == pytest.approx(b.statistic, rel=1e-12, abs=1e-12)
+        assert a.p_value == pytest.approx(b.p_value, rel=1e-9, abs=1e-300)
+    for fa, fb in zip(sparse.families, dense.families):
+        assert (fa.family, fa.detectable, fa.by) == (fb.family, fb.detectable, fb.by)
+        assert fa.caught == pytest.approx(fb.caught, rel=1e-9) and fa.mean_tv == pytest.approx(fb.mean_tv, rel=1e-9)
+    assert len(sparse.tests) == len(dense.tests) and len(sparse.families) == len(dense.families)

@@ -177,7 +177,7 @@ def test_teacher_forcing_reads_the_targets_own_logits(pair: Any) -> None:
     rows = [tt("def foo(x):\n    return")["input_ids"], tt("a")["input_ids"] + [5, 6, 7, 8, 9, 10, 11]]
     at = [range(len(rows[0]) - 3, len(rows[0])), range(2, len(rows[1]))]
     for model in (target, drafter):
-        got = _forced_logits(model, rows, at).split([len(a) for a in at])
+        got = _forced_logits(model, rows, at).double().split([len(a) for a in at])
         for r, a, g in zip(rows, at, got):
             with torch.inference_mode():
                 alone = model(input_ids=torch.tensor([r])).logits[0].double()
@@ -186,31 +186,54 @@ def test_teacher_forcing_reads_the_targets_own_logits(pair: Any) -> None:
 
 
 def test_aimed_laws_are_the_targets_under_the_wrong_context(pair: Any) -> None:
-    """The laws the aimed tests use are the target's own, run alone on the bug's context + the new
-    ids (float32 rounding); a bug that leaves no context (the last id dropped from a one-id prompt)
-    gives the target's own law back (no evidence)."""
+    """What the teacher forcing hands the statistics (blocks of positions; here blocks of 2, so a
+    sequence spans two): the target's law and, per named bug, the target's own law run alone on the
+    bug's context + the new ids (float32 rounding); a bug that leaves no context (the last id
+    dropped from a one-id prompt) gives the target's own law back (no evidence)."""
+    import numpy as np
+
+    import hsd_torch.seqaudit as sq
     from hsd_core.context_bugs import context_bugs
-    from hsd_torch.seqaudit import _aimed_laws
 
     target, tt, _, _ = pair
-    ctxs = [list(tt("def foo(x):\n")["input_ids"]), list(tt("a")["input_ids"])]
+    plist = ["def foo(x):\n", "a"]
+    ctxs = [list(tt(p)["input_ids"]) for p in plist]
     assert len(ctxs[1]) == 1
-    seqs = [[5, 6, 7], [8, 9]]
+    seqs = [(0, [5, 6, 7]), (1, [8, 9])]
+    got: list[dict[str, Any]] = []
+
+    class Record:
+        def add_steps(self, p: Any, x: Any, pos: Any, v: Any, seq: Any, **kw: Any) -> None:
+            got.append({"p": p, "x": x, **kw})
+
     mask = torch.ones(target.config.vocab_size, dtype=torch.bool)
     process = {"temperature": 1.0, "top_k": None, "top_p": None}
-    own = torch.full((sum(len(s) for s in seqs), target.config.vocab_size), 0.5, dtype=torch.float64).numpy()
-    bugs = context_bugs(["prompt_last_twice", "prompt_last_dropped"])
-    got = _aimed_laws(target, bugs, ctxs, seqs, mask, process, own)
-    assert len(got) == 2 and all(g.shape == own.shape for g in got)
-    for b, wrongs in enumerate([[c + c[-1:] for c in ctxs], [c[:-1] for c in ctxs]]):
-        rows = torch.from_numpy(got[b]).split([len(s) for s in seqs])
-        for row, wrong, s, mine in zip(rows, wrongs, seqs, torch.from_numpy(own).split([len(s) for s in seqs])):
+    forcer = sq._Forcer(target, mask, process, True, False, context_bugs(["prompt_last_twice", "prompt_last_dropped"]),
+                        plist, ctxs, None, None, None, None, None, [], 0)
+    old = sq._BLOCK
+    sq._BLOCK = 2 * target.config.vocab_size
+    try:
+        forcer.run(Record(), [c + s for c, (_, s) in zip(ctxs, seqs)], seqs)  # type: ignore[arg-type]
+    finally:
+        sq._BLOCK = old
+    assert [len(g["x"]) for g in got] == [2, 2, 1]
+    p = torch.from_numpy(np.concatenate([g["p"] for g in got]))
+    aimed = [torch.from_numpy(np.concatenate([g["aimed"][b] for g in got])) for b in range(2)]
+
+    def alone(ids: list[int], n: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return target(input_ids=torch.tensor([ids])).logits[0, len(ids) - n - 1:-1].double().softmax(-1)
+
+    rows = [0, 3, 5]
+    for k, (c, (_, s)) in enumerate(zip(ctxs, seqs)):
+        own = p[rows[k]:rows[k + 1]]
+        assert torch.allclose(own, alone(c + s, len(s)), atol=1e-5)
+        for b, wrong in enumerate([c + c[-1:], c[:-1]]):
+            r = aimed[b][rows[k]:rows[k + 1]]
             if not wrong:
-                assert torch.equal(row, mine)
-                continue
-            with torch.inference_mode():
-                alone = target(input_ids=torch.tensor([wrong + s])).logits[0, len(wrong) - 1:-1].double()
-            assert torch.allclose(row, alone.softmax(-1), atol=1e-5)
+                assert torch.equal(r, own)
+            else:
+                assert torch.allclose(r, alone(wrong + s, len(s)), atol=1e-5)
 
 
 def test_a_prompt_fed_twice_is_caught_by_its_aimed_test(pair: Any) -> None:
