@@ -272,8 +272,8 @@ def context_tv(target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str], 
         rep = audit_sequences(recorded, target, tt, [p for p, _ in seqs], n=n, max_new_tokens=L, drafter=drafter,
                               drafter_tokenizer=dt, seed=seed, max_detectable_tv=None, context_bugs=bugs)
         audits[label] = {"verdict": rep.verdict, "p_values": {r.name: r.p_value for r in rep.tests},
-                      "promise_mean_tv": {f.family: f.mean_tv for f in rep.families},
-                      "caught_with_probability": {f.family: f.caught for f in rep.families}}
+                         "promise_mean_tv": {f.family: f.mean_tv for f in rep.families},
+                         "caught_with_probability": {f.family: f.caught for f in rep.families}}
     t = torch.tensor(tvs, dtype=torch.float64)
     return {"variant": v.name, "sequences": n, "tokens": len(tvs), "mean_tv": float(t.mean()),
             "median_tv": float(t.median()), "q90_tv": float(t.quantile(0.9)), "max_tv": float(t.max()), **audits}
