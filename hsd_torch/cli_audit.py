@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-detectable-tv", type=ca.max_detectable_tv, default=0.1, metavar="TV",
       help="'inconclusive' when the audit could only detect a larger TV (default 0.1; 1 to accept any)")
     a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
+    from .engines import vllm_audit as engines_vllm  # numpy only: --impl vllm's options (--vllm-python, --spec, ...)
+
+    engines_vllm.add_arguments(p)
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
@@ -298,3 +301,15 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
 
 AUDIT = AuditImpl(add_arguments=add_arguments, run=run)
 """What the ``hsd.audit_impls`` entry points name: ``hsd audit --impl transformers|hsd_torch``."""
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
+    from .engines import vllm_audit as engines_vllm
+
+    return engines_vllm.run(args)
+
+
+VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm)
+"""What the ``hsd.audit_impls`` entry point ``vllm`` names: ``hsd audit --impl vllm`` (the same
+options as ``--impl transformers``, whose parser adds vLLM's own, so that the options are added once)."""

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["CACHE_ENV", "RealModelUnavailable", "available", "cache_dir", "install_command", "load", "load_tokenizer", "named",
-           "names"]
+__all__ = ["CACHE_ENV", "RealModelUnavailable", "available", "cache_dir", "folder", "install_command", "load",
+           "load_tokenizer", "named", "names"]
 
 CACHE_ENV = "HSD_REAL_MODELS_CACHE"
 """The environment variable that overrides :func:`cache_dir`."""
@@ -251,6 +251,14 @@ def _tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+def folder(name: str) -> Path:
+    """The converted checkpoint folder of the real model ``name`` (safetensors, config and
+    tokenizer, as :func:`load` reads them; converted first if missing or stale): what engines that
+    load a Hugging Face folder (vLLM) are given."""
+    _source(name)
+    return _folder(name)
 
 
 def load_tokenizer(name: str) -> Any:

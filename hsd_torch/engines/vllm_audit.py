@@ -1,0 +1,444 @@
+"""Audit vLLM, in its own environment, from hsd: ``hsd audit --impl vllm`` and the Python helpers
+behind it.
+
+vLLM pins its own torch and transformers, so it lives in its own venv
+(``bench/engines/setup_vllm.sh`` builds one) and hsd never imports it. This module runs
+:mod:`hsd_torch.engines.vllm_worker` with **that venv's Python** (:func:`find_python`: the
+``--vllm-python`` option, else ``$HSD_VLLM_PYTHON``) and exchanges data with it:
+
+* :func:`sample` asks the worker for a samples file (format ``hsd-samples/1``,
+  docs/auditing-engines.md): the target served by ``vllm.LLM`` offline with a speculative config
+  (:func:`spec_entry`: ``none``, ``ngram``, ``draft_model``, ``tli`` = a draft model with
+  ``use_heterogeneous_vocab=True``), one seeded request per draw, conditioned on the prompt ids hsd
+  computed (``target_tokenizer(prompt)["input_ids"]``, the sequence audit's rule), so the file's
+  ``prompt_ids`` are the contexts the audit uses;
+* :class:`VllmLaws` is a law provider ``laws(prompt_ids, ids) -> [len(ids), V]``: vLLM's own raw
+  teacher-forced log-probabilities (full-vocabulary ``prompt_logprobs``) from a worker kept alive,
+  streamed as float32 arrays over a pipe (a 262k-id vocabulary makes 1 MB per position: a
+  JSON transport would be gigabytes);
+* :func:`run` is ``hsd audit --impl vllm``: the speculative file and its null control (the same
+  engine without speculation, independent seeds), each audited against the reference (the
+  target's transformers law, or ``--reference vllm``: the engine's own law).
+
+The audit of a file is :func:`audit_file`: the samples-file audit of :mod:`hsd_torch.engine_audit`
+where it is installed, else :func:`hsd_torch.audit.audit_sequences` with the recorded draws
+replayed in order (every token against the target's teacher-forced law; the reference is then
+transformers' float32 law only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
+           "build_job", "file_entry", "find_python", "model_folder", "read_samples_file", "run", "sample", "spec_entry"]
+
+PYTHON_ENV = "HSD_VLLM_PYTHON"
+"""The environment variable naming vLLM's Python (when ``--vllm-python`` is not given)."""
+SETUP = "bench/engines/setup_vllm.sh"
+WORKER = Path(__file__).with_name("vllm_worker.py")
+"""The worker script, run by vLLM's Python (it imports nothing of hsd)."""
+SPEC_METHODS = ("none", "ngram", "draft_model", "tli")
+
+
+class VllmUnavailable(RuntimeError):
+    """No usable vLLM Python (the message says how to get one), or the worker failed (the message
+    holds the last lines of its log)."""
+
+
+def find_python(given: str | None = None) -> str:
+    """vLLM's Python: ``given`` (``--vllm-python``), else ``$HSD_VLLM_PYTHON``; it must be an
+    executable file. :class:`VllmUnavailable` with one line saying how to build it otherwise."""
+    path = given or os.environ.get(PYTHON_ENV)
+    if not path:
+        raise VllmUnavailable(f"no vLLM Python: give --vllm-python PATH or set {PYTHON_ENV} (build one with {SETUP}, "
+                              "then VENV/bin/python)")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise VllmUnavailable(f"vLLM Python {path!r} is not an executable file (build one with {SETUP})")
+    return path
+
+
+def model_folder(name_or_path: str) -> str:
+    """A checkpoint folder vLLM can load: a real model's name (:mod:`hsd_torch.real_models`,
+    converted to safetensors first if needed), else the path itself."""
+    from .. import real_models
+
+    if (name := real_models.named(name_or_path)) is not None:
+        return str(real_models.folder(name))
+    return name_or_path
+
+
+def spec_entry(method: str, drafter: str | None, drafter_name: str | None = None, *, num_speculative_tokens: int = 4,
+               draft_sample_method: str | None = None, rejection_sample_method: str | None = None
+               ) -> dict[str, Any] | None:
+    """The worker's ``speculative`` entry (also what the samples file records) for ``method``
+    (:data:`SPEC_METHODS`; ``none`` gives None). ``drafter``: the drafter's folder (draft_model,
+    tli); ``drafter_name``: what the file calls it (default: the folder)."""
+    if method not in SPEC_METHODS:
+        raise ValueError(f"speculative method {method!r}: one of {', '.join(SPEC_METHODS)}")
+    if method == "none":
+        return None
+    out: dict[str, Any] = {"method": method, "num_speculative_tokens": int(num_speculative_tokens)}
+    if method != "ngram":
+        if drafter is None:
+            raise ValueError(f"speculative method {method} needs a drafter (--drafter)")
+        out.update(model=drafter, drafter=drafter_name or drafter)
+        if draft_sample_method is not None:
+            out["draft_sample_method"] = draft_sample_method
+        if rejection_sample_method is not None:
+            out["rejection_sample_method"] = rejection_sample_method
+    elif draft_sample_method is not None or rejection_sample_method is not None:
+        raise ValueError("--draft-sample-method and --rejection-sample-method need a drafter (draft_model or tli)")
+    return out
+
+
+def file_entry(prompt_ids: Sequence[Sequence[int]], prompts: Sequence[str | None], seeds: Sequence[int], out: str,
+               *, do_sample: bool, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+               max_new_tokens: int = 32) -> dict[str, Any]:
+    """One samples file of a worker job: draw ``i`` conditions on ``prompt_ids[i % len]`` (recorded
+    with the text ``prompts[i % len]``), is seeded with ``seeds[i]`` (distinct) and sampled with the
+    given settings (``do_sample=False``: greedy); the file is written to ``out``."""
+    if not prompt_ids or len(prompt_ids) != len(prompts):
+        raise ValueError("give one list of prompt ids per prompt (and at least one)")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError("the seeds of a samples file must be distinct (a repeated seed is not an independent draw)")
+    reqs = [{"prompt": prompts[i % len(prompts)], "prompt_ids": [int(t) for t in prompt_ids[i % len(prompt_ids)]],
+             "seed": int(s)} for i, s in enumerate(seeds)]
+    return {"out": out, "requests": reqs,
+            "sampling": {"do_sample": do_sample, "temperature": float(temperature), "top_k": top_k or None,
+                         "top_p": top_p, "max_new_tokens": int(max_new_tokens)}}
+
+
+def build_job(target: str, files: Sequence[dict[str, Any]], speculative: dict[str, Any] | None, *,
+              target_name: str | None = None, dtype: str = "float32", max_model_len: int = 1024) -> dict[str, Any]:
+    """The worker's ``sample`` job: one engine serving the folder ``target`` with ``speculative``
+    (:func:`spec_entry`), sampling each of ``files`` (:func:`file_entry`) in turn."""
+    if not files:
+        raise ValueError("a job needs at least one file")
+    return {"model": target, "target": target_name or target, "dtype": dtype, "max_model_len": max_model_len,
+            "speculative": speculative, "files": list(files)}
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: float | None = None
+           ) -> list[dict[str, Any]]:
+    """Run the worker's ``sample`` mode on ``job`` (:func:`build_job`) with vLLM's ``python``; each
+    samples file is written to its ``out``. Returns the worker's summary per file (``init_s``,
+    ``generate_s``, ``tokens``, ``spec_stats``, ``version``); vLLM's log goes to ``log`` (default:
+    the first file's ``out`` + ``.log``). :class:`VllmUnavailable` with the log's last lines if it
+    fails."""
+    log = log or job["files"][0]["out"] + ".log"
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+        path = f.name
+    try:
+        with open(log, "w", encoding="utf-8") as err:
+            proc = subprocess.run([python, str(WORKER), "sample", path], stdout=subprocess.PIPE, stderr=err,
+                                  timeout=timeout, check=False)
+    finally:
+        os.unlink(path)
+    if proc.returncode != 0:
+        raise VllmUnavailable(f"the vLLM worker failed (exit status {proc.returncode}; log {log}): {_tail(log)}")
+    return [json.loads(ln) for ln in proc.stdout.decode().splitlines() if ln.strip()]
+
+
+@dataclass
+class VllmLaws:
+    """vLLM's own teacher-forced law of ``target`` (a folder), as a law provider:
+    ``laws(prompt_ids, ids)`` is a float32 array ``[len(ids), V]`` whose row ``j`` is vLLM's raw
+    log-probabilities (before temperature, top-k, top-p) of the token after
+    ``prompt_ids + ids[:j]``, V the logit width (:attr:`vocab_size`). One worker process (an engine
+    without speculation) serves every call until :meth:`close` (or the ``with`` block's end);
+    :meth:`many` sends several pairs in one request (vLLM batches them).
+
+    ``dtype``: the engine's (float32 by default, as the samples it is the reference for). The
+    worker is stopped by its PID."""
+
+    python: str
+    target: str
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    log: str | None = None
+    name: str = field(default="vllm prompt_logprobs")
+    vocab_size: int = field(init=False, default=0)
+    version: str = field(init=False, default="")
+    _proc: Any = field(init=False, default=None, repr=False)
+    _job: str = field(init=False, default="", repr=False)
+    _log: IO[str] | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"model": self.target, "dtype": self.dtype, "max_model_len": self.max_model_len}, f)
+            self._job = f.name
+        self._log = open(self.log or os.devnull, "w", encoding="utf-8")
+        self._proc = subprocess.Popen([self.python, str(WORKER), "laws", self._job], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._log)
+        head = self._proc.stdout.readline()
+        if not head:
+            self.close()
+            raise VllmUnavailable("the vLLM law worker exited before it was ready"
+                                  + (f" (log {self.log}: {_tail(self.log)})" if self.log else " (give log= to see why)"))
+        ready = json.loads(head)
+        self.vocab_size, self.version = int(ready["vocab_size"]), str(ready["version"])
+
+    def many(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """The laws of several ``(prompt_ids, ids)`` pairs, in order (one vLLM batch)."""
+        if self._proc is None:
+            raise ValueError("this VllmLaws is closed")
+        req = {"pairs": [[[int(t) for t in p], [int(t) for t in ids]] for p, ids in pairs]}
+        self._proc.stdin.write((json.dumps(req) + "\n").encode())
+        self._proc.stdin.flush()
+        head = self._proc.stdout.readline()
+        if not head:
+            raise VllmUnavailable("the vLLM law worker died" + (f" (log {self.log}: {_tail(self.log)})"
+                                                                 if self.log else ""))
+        h = json.loads(head)
+        if "error" in h:
+            raise ValueError(f"vLLM refused the law request: {h['error']}")
+        out = []
+        for shape in h["shapes"]:
+            n = int(np.prod(shape)) * 4
+            buf = self._proc.stdout.read(n)
+            if len(buf) != n:
+                raise VllmUnavailable("the vLLM law worker's answer was cut short")
+            out.append(np.frombuffer(buf, dtype="<f4").reshape(shape))
+        return out
+
+    def __call__(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> np.ndarray:
+        """Row ``j``: vLLM's raw log-probabilities of the next token after ``prompt_ids + ids[:j]``."""
+        return self.many([(prompt_ids, ids)])[0]
+
+    def close(self) -> None:
+        """Stop the worker (stdin closed, then SIGTERM to its PID after 30 s, SIGKILL after 10 more)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._job:
+            os.unlink(self._job)
+            self._job = ""
+
+    def __enter__(self) -> VllmLaws:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_samples_file(path: str) -> list[dict[str, Any]]:
+    """The records of a samples file written by the worker, in order (JSON lines; blank lines
+    skipped). Only what :func:`audit_file`'s replay needs: the full format's reader and validation
+    is :mod:`hsd_core.samples`."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+class _Replay:
+    """``sample_batch_fn(prompts, seeds)`` that hands out the recorded draws in order, checking
+    that each call asks for the prompt and seed the draw was made with."""
+
+    def __init__(self, recs: list[dict[str, Any]]) -> None:
+        self.recs, self.i = recs, 0
+
+    def __call__(self, prompts: list[str], seeds: list[int]) -> list[list[int]]:
+        out = []
+        for p, s in zip(prompts, seeds):
+            r = self.recs[self.i]
+            if r.get("prompt") != p or r.get("seed") != s:
+                raise ValueError(f"draw {self.i} of the samples file was made for prompt {r.get('prompt')!r} and seed "
+                                 f"{r.get('seed')}, the audit asks for {p!r} and {s}")
+            out.append(list(r["ids"]))
+            self.i += 1
+        return out
+
+
+def audit_file(path: str, target: Any, tokenizer: Any, prompts: Sequence[str], *, seed: int, alpha: float,
+               drafter: Any = None, drafter_tokenizer: Any = None, max_detectable_tv: float | None = 0.1,
+               context_bugs: Sequence[str] | None = None, name: str | None = None) -> Any:
+    """The sequence audit (:func:`hsd_torch.audit.audit_sequences`, transformers' float32 law of
+    ``target``) of a samples file made by :func:`sample` from :func:`build_job` with
+    ``seeds = hsd_core.seqaudit.sequence_seeds(seed, n)`` and ``prompts``: its draws are replayed
+    in order (each checked to have the prompt and seed the audit expects). Greedy files are audited
+    for identity. Returns the :class:`~hsd_core.seqaudit.SequenceAuditReport`."""
+    from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
+
+    from ..seqaudit import audit_sequences
+
+    recs = read_samples_file(path)
+    if not recs:
+        raise ValueError(f"{path}: no draws")
+    s = recs[0]["sampling"]
+    return audit_sequences(None, target, tokenizer, list(prompts), n=len(recs), max_new_tokens=int(s["max_new_tokens"]),
+                           do_sample=bool(s["do_sample"]), temperature=float(s.get("temperature") or 1.0),
+                           top_k=s.get("top_k"), top_p=s.get("top_p"), alpha=alpha, seed=seed, drafter=drafter,
+                           drafter_tokenizer=drafter_tokenizer, sample_batch_fn=_Replay(recs),
+                           max_detectable_tv=max_detectable_tv,
+                           context_bugs=DEFAULT_CONTEXT_BUGS if context_bugs is None else context_bugs,
+                           name=name or os.path.basename(path))
+
+
+def baseline_seeds(seed: int, n: int, taken: Sequence[int]) -> list[int]:
+    """``n`` seeds for the null control, independent of and disjoint from ``taken`` (the
+    speculative file's): :func:`hsd_core.seqaudit.sequence_seeds` of ``seed + 1``, skipping any
+    that ``taken`` holds."""
+    from hsd_core.seqaudit import sequence_seeds
+
+    avoid = set(taken)
+    out: list[int] = []
+    extra = 0
+    while len(out) < n:
+        out = [s for s in sequence_seeds(seed + 1, n + extra) if s not in avoid][:n]
+        extra += 1
+    return out
+
+
+def _add(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
+    """Add ``flag`` unless another extension's options already have it (``--reference``)."""
+    if flag not in p._option_string_actions:
+        p.add_argument(flag, **kw)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options only ``hsd audit --impl vllm`` reads (the target, drafter, prompt, sampling,
+    alpha and seed options are :func:`hsd_torch.cli_audit.add_arguments`')."""
+    _add(p, "--vllm-python", metavar="PATH", help=f"with --impl vllm: vLLM's venv's python (default ${PYTHON_ENV}; "
+                                                   f"{SETUP} builds one)")
+    _add(p, "--spec", choices=SPEC_METHODS, default=None,
+         help="with --impl vllm: vLLM's speculative method (tli: draft_model with use_heterogeneous_vocab; default "
+              "draft_model with --drafter, else ngram)")
+    _add(p, "--num-speculative-tokens", type=int, default=4, metavar="K", help="with --impl vllm: drafts per round "
+                                                                               "(default 4)")
+    _add(p, "--draft-sample-method", choices=("greedy", "probabilistic"), default=None,
+         help="with --impl vllm: how the draft model drafts (vLLM's default greedy)")
+    _add(p, "--rejection-sample-method", choices=("standard", "block", "synthetic"), default=None,
+         help="with --impl vllm: vLLM's verification (synthetic is lossy by design: a control)")
+    _add(p, "--vllm-dtype", default="float32", help="with --impl vllm: the engine's dtype (default float32, the "
+                                                    "reference's; vLLM's CPU default is bfloat16)")
+    _add(p, "--samples-dir", metavar="DIR", default=None,
+         help="with --impl vllm: where the samples files and vLLM's logs go (default: a new temporary folder)")
+    _add(p, "--no-null-control", action="store_true",
+         help="with --impl vllm: skip the same engine without speculation")
+    _add(p, "--reference", metavar="transformers|vllm", default="transformers",
+         help="the reference law (with --impl vllm: transformers' law of --target, or vllm: the engine's own "
+              "full-vocabulary prompt_logprobs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``hsd audit --impl vllm``: sample the speculative file and its null control with vLLM, audit
+    both; print a line per file, the speculative counters and the costs; 1 when the speculative
+    file is "lossy" while its null control passes (or no null control was asked for), else 0.
+    Problems before vLLM starts (no vLLM Python, a missing option) are one ``hsd audit: error:``
+    line, exit status 2."""
+    from hsd_core.seqaudit import sequence_seeds
+
+    from .. import cli_args as ca
+    from ..cli_audit import load
+
+    def error(message: str) -> int:
+        print(f"hsd audit: error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        python = find_python(args.vllm_python)
+    except VllmUnavailable as e:
+        return error(str(e))
+    if args.target is None:
+        return error("--impl vllm needs --target DIR|NAME")
+    if args.prompt is None:
+        return error("--impl vllm needs --prompt")
+    method = args.spec or ("draft_model" if args.drafter else "ngram")
+    reference = getattr(args, "reference", "transformers")
+    if reference not in ("transformers", "vllm"):
+        return error(f"--impl vllm takes --reference transformers or vllm, got {reference!r}")
+    try:
+        spec = spec_entry(method, None if args.drafter is None else model_folder(args.drafter), args.drafter,
+                          num_speculative_tokens=args.num_speculative_tokens,
+                          draft_sample_method=args.draft_sample_method,
+                          rejection_sample_method=args.rejection_sample_method)
+    except ValueError as e:
+        return error(str(e))
+    problem = ca.folders_problem(args.target, args.drafter if method in ("draft_model", "tli") else None,
+                                 args.target_tokenizer, args.drafter_tokenizer)
+    if problem is not None:
+        return error(problem)
+    target, tt = load(args.target, args.target_tokenizer)
+    drafter, dt = (None, None)
+    if args.drafter is not None and method in ("draft_model", "tli"):
+        drafter, dt = load(args.drafter, args.drafter_tokenizer)
+    n = args.samples if args.samples is not None else 200
+    out_dir = args.samples_dir or tempfile.mkdtemp(prefix="hsd-vllm-")
+    os.makedirs(out_dir, exist_ok=True)
+    prompt_ids = [int(t) for t in tt(args.prompt)["input_ids"]]
+    seeds = sequence_seeds(args.seed, n)
+    sampling: dict[str, Any] = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                                    top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+    runs = [(method, spec, args.seed, seeds)]
+    if spec is not None and not args.no_null_control:
+        runs.append(("none", None, args.seed + 1, baseline_seeds(args.seed, n, seeds)))
+    folder = model_folder(args.target)
+    verdicts = {}
+    for label, sp, s0, sd in runs:
+        out = os.path.join(out_dir, f"{label}.jsonl")
+        job = build_job(folder, [file_entry([prompt_ids], [args.prompt], sd, out, **sampling)], sp,
+                        target_name=args.target, dtype=args.vllm_dtype)
+        summary = sample(python, job)[0]
+        stats = summary.get("spec_stats") or {}
+        print(f"vllm {summary['version']} {label}: {n} draws, {summary['tokens']} tokens in {summary['generate_s']:.1f} s "
+              f"(engine start {summary['init_s']:.1f} s)" + (f", acceptance {stats['acceptance_rate']:.3f}"
+                                                              if "acceptance_rate" in stats else "") + f"; {out}")
+        rep = _audit(out, target, tt, drafter, dt, args, s0, reference)
+        verdicts[label] = rep.verdict
+        det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
+        print(f"  {'null control' if sp is None else 'speculative'}: {rep.verdict} ({rep.n} sequences, {rep.tokens} "
+              f"tokens, alpha={rep.alpha:.3g}, detectable mean per-token TV {det})")
+        print(f"  {rep.reason}")
+    if verdicts.get(method) == "lossy" and verdicts.get("none", "lossless-consistent") != "lossy":
+        return 1
+    if verdicts.get("none") == "lossy":
+        print("  the null control is lossy: the reference does not match the engine's numerics (or its plain sampler "
+              "is wrong); the speculative verdict does not blame speculation")
+    return 0
+
+
+def _audit(path: str, target: Any, tt: Any, drafter: Any, dt: Any, args: argparse.Namespace, seed: int,
+           reference: str) -> Any:
+    """One file's audit against transformers' law of the target (:func:`audit_file`)."""
+    if reference == "vllm":
+        raise VllmUnavailable("--reference vllm needs the samples-file audit with a law provider "
+                              "(hsd_torch.engine_audit), which this hsd does not have yet")
+    return audit_file(path, target, tt, [args.prompt], seed=seed, alpha=args.alpha, drafter=drafter,
+                      drafter_tokenizer=dt, max_detectable_tv=args.max_detectable_tv, context_bugs=args.context_bugs)
