@@ -148,7 +148,14 @@ def sample_endpoint(
                 body["top_p"] = sampling.top_p
         else:
             body["temperature"] = 0.0
-        ids, fr = _ids_of(_post(base + "/completions", body, min(timeout, left)), base + "/completions")
+        try:
+            ans = _post(base + "/completions", body, min(timeout, left))
+        except EndpointError as e:
+            if left < timeout and str(e).endswith("(timeout)"):
+                raise EndpointError(f"the time budget of {time_budget:g} s ran out after {i} of {len(seeds)} draws") \
+                    from None
+            raise
+        ids, fr = _ids_of(ans, base + "/completions")
         draws.append(Draw(ids=tuple(ids), seed=int(seed), prompt=prompts[i % len(prompts)], prompt_ids=tuple(pid),
                           finish_reason=fr))
     eng = engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"}
