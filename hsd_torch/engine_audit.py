@@ -213,7 +213,7 @@ def _audit_file(s: SamplesFile, target: Any, tt: Any, law: Any, alpha: float, *,
 
 
 def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
-    where = f"--baseline-file {b.path}"
+    where = f"the baseline {b.path}"
     if b.is_speculative:
         raise ValueError(f"{where} has speculative settings {dict(b.speculative or {})}: the baseline is the same engine "
                          "without speculation (\"speculative\": null)")
