@@ -149,21 +149,23 @@ def test_doc_jsonl_example_parses() -> None:
         assert f"`{key}`" in SECTION
 
 
-def _snippet(lang: str) -> str:
+def _run_snippet(tmp_path: Path, lang: str, main: str, compiler: list[str]) -> Any:
+    """The doc's ``lang`` snippet with ``main`` appended, compiled by ``compiler + [-o exe, source]``,
+    run, and its output read back as a samples file."""
     m = re.search(rf"```{lang}\n(.*?)```", SECTION, re.S)
     assert m is not None, lang
-    return m.group(1)
+    src = tmp_path / f"w.{lang}"
+    src.write_text(m.group(1) + main)
+    subprocess.run([*compiler, "-o", str(tmp_path / "w"), str(src)], check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / "w")], check=True, capture_output=True, text=True).stdout
+    return parse_samples(out.splitlines(), lang)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
 def test_doc_cpp_snippet_writes_lines_the_reader_accepts(tmp_path: Path) -> None:
-    src = tmp_path / "w.cpp"
-    src.write_text(_snippet("cpp") + "\nint main() { write_draw(stdout, 7, {2, 10}, {5, 1}); "
-                   "write_draw(stdout, 8, {2, 10}, {}); return 0; }\n")
-    subprocess.run(["g++", "-std=c++17", "-o", str(tmp_path / "w"), str(src)], check=True)
-    out = subprocess.run([str(tmp_path / "w")], check=True, capture_output=True, text=True).stdout
-    s = parse_samples(out.splitlines(), "cpp")
+    s = _run_snippet(tmp_path, "cpp", "\nint main() { write_draw(stdout, 7, {2, 10}, {5, 1}); "
+                     "write_draw(stdout, 8, {2, 10}, {}); return 0; }\n", ["g++", "-std=c++17"])
     assert [d.ids for d in s.draws] == [(5, 1), ()] and s.speculative == {"method": "draft_model",
                                                                           "num_speculative_tokens": 4}
 
@@ -171,10 +173,6 @@ def test_doc_cpp_snippet_writes_lines_the_reader_accepts(tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rustc") is None, reason="no Rust compiler")
 def test_doc_rust_snippet_writes_lines_the_reader_accepts(tmp_path: Path) -> None:
-    src = tmp_path / "w.rs"
-    src.write_text(_snippet("rust") + '\nfn main() { println!("{}", draw_line(7, &[2, 10], &[5, 1])); '
-                   'println!("{}", draw_line(8, &[2], &[])); }\n')
-    subprocess.run(["rustc", "-o", str(tmp_path / "w"), str(src)], check=True, capture_output=True)
-    out = subprocess.run([str(tmp_path / "w")], check=True, capture_output=True, text=True).stdout
-    s = parse_samples(out.splitlines(), "rust")
+    s = _run_snippet(tmp_path, "rust", '\nfn main() { println!("{}", draw_line(7, &[2, 10], &[5, 1])); '
+                     'println!("{}", draw_line(8, &[2], &[])); }\n', ["rustc"])
     assert [d.ids for d in s.draws] == [(5, 1), ()] and s.speculative is None and s.seeds() == {7, 8}
