@@ -242,3 +242,30 @@ def test_cli_endpoint(folder: Path, server: str, capsys: pytest.CaptureFixture[s
     assert rc == 0 and "it is the null control of the reference itself" in out, out
     s = read_samples(tmp_path / "endpoint.jsonl")
     assert len(s.draws) == 40 and s.sampling.max_new_tokens == 6 and not s.is_speculative
+
+
+@pytest.mark.slow
+def test_greedy_files_are_audited_for_identity(pair: Any, drafter: Any, tmp_path: Path) -> None:
+    """Greedy: every draw must be the target's argmax path (sequence and first-token audits), and with
+    speculation equal the engine's deterministic output without it (exact two-sample comparison)."""
+    target, tok = pair
+    greedy = Sampling(False, 1.0, None, None, L)
+
+    def write(name: str, method: str, d: Any, bad: bool = False) -> Path:
+        out = generate(target, d, PROMPTS * 3, target_tokenizer=tok, drafter_tokenizer=tok, method=method,
+                       max_new_tokens=L, do_sample=False).sequences
+        if bad:  # one draw off the argmax path at its third token
+            out[1] = out[1][:2] + [(out[1][2] + 1) % 384] + out[1][3:]
+        seed0 = 100 if method == "ar" else 0
+        draws = [Draw(ids=tuple(o), seed=seed0 + i, prompt=p) for i, (p, o) in enumerate(zip(PROMPTS * 3, out))]
+        write_samples(tmp_path / name, draws, engine=ENGINE, sampling=greedy,
+                      speculative=None if method == "ar" else {"method": method})
+        return tmp_path / name
+
+    plain, sd, off = write("p.jsonl", "ar", None), write("s.jsonl", "sd", drafter), write("o.jsonl", "sd", drafter, True)
+    good = audit_samples(sd, target, tok, baseline=plain)
+    assert good.verdict == "lossless-consistent", good.reason
+    assert good.two_sample is not None and "every greedy draw with speculation equals" in good.two_sample.reason
+    bad = audit_samples(off, target, tok, baseline=plain)
+    assert bad.verdict == "lossy" and bad.two_sample is not None and bad.two_sample.verdict == "lossy"
+    assert "first at position 2" in bad.two_sample.greedy_mismatch[0]
