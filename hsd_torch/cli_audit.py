@@ -311,7 +311,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
     from .engines import vllm_audit as engines_vllm
 
-    return engines_vllm.run(args, load)
+    return engines_vllm.run(args, load, cli_engine.run)
 
 
 VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm)

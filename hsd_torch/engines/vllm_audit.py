@@ -42,7 +42,7 @@ from typing import IO, Any
 import numpy as np
 
 __all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
-           "build_job", "file_entry", "find_python", "model_folder", "read_samples_file", "run", "sample", "spec_entry"]
+           "build_job", "file_entry", "find_python", "model_folder", "open_laws", "read_samples_file", "run", "sample", "spec_entry"]
 
 PYTHON_ENV = "HSD_VLLM_PYTHON"
 """The environment variable naming vLLM's Python (when ``--vllm-python`` is not given)."""
@@ -357,13 +357,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               "full-vocabulary prompt_logprobs)")
 
 
-def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:
-    """``hsd audit --impl vllm``: sample the speculative file and its null control with vLLM, audit
-    both; print a line per file, the speculative counters and the costs; 1 when the speculative
-    file is "lossy" while its null control passes (or no null control was asked for), else 0.
+_OPEN: list[VllmLaws] = []
+
+
+def open_laws(prompt_ids: list[int], ids: list[int]) -> np.ndarray:
+    """The law provider of the :class:`VllmLaws` that ``hsd audit --impl vllm --reference vllm``
+    holds open (what it names as the engine audit's ``--reference``)."""
+    if not _OPEN:
+        raise ValueError("no vLLM law worker is open (hsd audit --impl vllm --reference vllm opens one)")
+    return _OPEN[-1](prompt_ids, ids)
+
+
+def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]],
+        engine_run: Callable[[argparse.Namespace], int]) -> int:
+    """``hsd audit --impl vllm``: sample the speculative file and its null control (the same
+    engine without speculation, seeds disjoint) with vLLM into ``--samples-dir``, then run the
+    engine audit of the two (``engine_run``: :func:`hsd_torch.cli_engine.run`, i.e.
+    :func:`hsd_torch.engine_audit.audit_samples` with the null control as baseline: both against
+    the reference, and the two-sample test), against transformers' law of the target or, with
+    ``--reference vllm``, against vLLM's own teacher-forced law (a :class:`VllmLaws` worker, started
+    after the samplers have exited: one engine at a time). Prints a line per sampled file (draws,
+    seconds, vLLM's acceptance counters) and the engine audit's lines; its exit status (1: lossy).
     Problems before vLLM starts (no vLLM Python, a missing option) are one ``hsd audit: error:``
-    line, exit status 2. ``load(path_or_name, tokenizer_path)`` gives ``(model, tokenizer)``
-    (``hsd audit --impl``'s loader, :func:`hsd_torch.cli_audit.load`)."""
+    line, exit status 2; so is a worker that fails. ``load(path_or_name, tokenizer_path)`` gives
+    ``(model, tokenizer)`` (:func:`hsd_torch.cli_audit.load`)."""
     from hsd_core.seqaudit import sequence_seeds
 
     from .. import cli_args as ca
@@ -384,6 +401,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     reference = getattr(args, "reference", "transformers")
     if reference not in ("transformers", "vllm"):
         return error(f"--impl vllm takes --reference transformers or vllm, got {reference!r}")
+    uses_drafter = method in ("draft_model", "tli")
     try:
         spec = spec_entry(method, None if args.drafter is None else model_folder(args.drafter), args.drafter,
                           num_speculative_tokens=args.num_speculative_tokens,
@@ -391,54 +409,48 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
                           rejection_sample_method=args.rejection_sample_method)
     except ValueError as e:
         return error(str(e))
-    problem = ca.folders_problem(args.target, args.drafter if method in ("draft_model", "tli") else None,
-                                 args.target_tokenizer, args.drafter_tokenizer)
+    problem = ca.folders_problem(args.target, args.drafter if uses_drafter else None, args.target_tokenizer,
+                                 args.drafter_tokenizer)
     if problem is not None:
         return error(problem)
-    target, tt = load(args.target, args.target_tokenizer)
-    drafter, dt = (None, None)
-    if args.drafter is not None and method in ("draft_model", "tli"):
-        drafter, dt = load(args.drafter, args.drafter_tokenizer)
+    _, tt = load(args.target, args.target_tokenizer)
     n = args.samples if args.samples is not None else 200
     out_dir = args.samples_dir or tempfile.mkdtemp(prefix="hsd-vllm-")
     os.makedirs(out_dir, exist_ok=True)
     prompt_ids = [int(t) for t in tt(args.prompt)["input_ids"]]
     seeds = sequence_seeds(args.seed, n)
-    sampling: dict[str, Any] = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                                    top_p=args.top_p, max_new_tokens=args.max_new_tokens)
-    runs = [(method, spec, args.seed, seeds)]
-    if spec is not None and not args.no_null_control:
-        runs.append(("none", None, args.seed + 1, baseline_seeds(args.seed, n, seeds)))
     folder = model_folder(args.target)
-    verdicts = {}
-    for label, sp, s0, sd in runs:
-        out = os.path.join(out_dir, f"{label}.jsonl")
-        job = build_job(folder, [file_entry([prompt_ids], [args.prompt], sd, out, **sampling)], sp,
-                        target_name=args.target, dtype=args.vllm_dtype)
-        summary = sample(python, job)[0]
-        stats = summary.get("spec_stats") or {}
+    paths = {}
+    runs = [(method, spec, seeds)] + ([("none", None, baseline_seeds(args.seed, n, seeds))]
+                                      if spec is not None and not args.no_null_control else [])
+    for label, sp, sd in runs:
+        paths[label] = out = os.path.join(out_dir, f"{label}.jsonl")
+        entry = file_entry([prompt_ids], [args.prompt], sd, out, do_sample=not args.greedy, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+        try:
+            summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype))[0]
+        except VllmUnavailable as e:
+            return error(str(e))
+        acc = (summary.get("spec_stats") or {}).get("acceptance_rate")
         print(f"vllm {summary['version']} {label}: {n} draws, {summary['tokens']} tokens in {summary['generate_s']:.1f} s "
-              f"(engine start {summary['init_s']:.1f} s)" + (f", acceptance {stats['acceptance_rate']:.3f}"
-                                                              if "acceptance_rate" in stats else "") + f"; {out}")
-        rep = _audit(out, target, tt, drafter, dt, args, s0, reference)
-        verdicts[label] = rep.verdict
-        det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.4g}"
-        print(f"  {'null control' if sp is None else 'speculative'}: {rep.verdict} ({rep.n} sequences, {rep.tokens} "
-              f"tokens, alpha={rep.alpha:.3g}, detectable mean per-token TV {det})")
-        print(f"  {rep.reason}")
-    if verdicts.get(method) == "lossy" and verdicts.get("none", "lossless-consistent") != "lossy":
-        return 1
-    if verdicts.get("none") == "lossy":
-        print("  the null control is lossy: the reference does not match the engine's numerics (or its plain sampler "
-              "is wrong); the speculative verdict does not blame speculation")
-    return 0
-
-
-def _audit(path: str, target: Any, tt: Any, drafter: Any, dt: Any, args: argparse.Namespace, seed: int,
-           reference: str) -> Any:
-    """One file's audit against transformers' law of the target (:func:`audit_file`)."""
-    if reference == "vllm":
-        raise VllmUnavailable("--reference vllm needs the samples-file audit with a law provider "
-                              "(hsd_torch.engine_audit), which this hsd does not have yet")
-    return audit_file(path, target, tt, [args.prompt], seed=seed, alpha=args.alpha, drafter=drafter,
-                      drafter_tokenizer=dt, max_detectable_tv=args.max_detectable_tv, context_bugs=args.context_bugs)
+              f"(engine start {summary['init_s']:.1f} s)" + ("" if acc is None else f", acceptance {acc:.3f}")
+              + f"; {out}")
+    ns = argparse.Namespace(**vars(args))
+    for k, v in dict(impl=None, samples_file=paths[method], baseline_file=paths.get("none"), prompt=None, samples=None,
+                     greedy=False, temperature=1.0, top_k=None, top_p=None, max_new_tokens=32, speculative=None,
+                     save_samples=None, endpoint=None, baseline_endpoint=None, positions=2, sequences=False,
+                     drafter=args.drafter if uses_drafter else None,
+                     reference="transformers" if reference == "transformers" else f"{__name__}:open_laws").items():
+        setattr(ns, k, v)
+    if reference == "transformers":
+        return engine_run(ns)
+    try:
+        laws = VllmLaws(python, folder, dtype=args.vllm_dtype, log=os.path.join(out_dir, "laws.log"))
+    except VllmUnavailable as e:
+        return error(str(e))
+    _OPEN.append(laws)
+    try:
+        return engine_run(ns)
+    finally:
+        _OPEN.remove(laws)
+        laws.close()

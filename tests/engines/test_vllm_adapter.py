@@ -284,7 +284,7 @@ def test_impl_vllm_refuses_before_any_engine(monkeypatch: pytest.MonkeyPatch, ca
         raise AssertionError("nothing may be loaded before the refusal")
 
     def refusal(*argv: str) -> str:
-        assert va.run(p.parse_args(list(argv)), load) == 2
+        assert va.run(p.parse_args(list(argv)), load, load) == 2  # type: ignore[arg-type]
         err = capsys.readouterr().err
         assert err.startswith("hsd audit: error: ") and err.count("\n") == 1
         return err
