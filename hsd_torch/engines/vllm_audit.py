@@ -152,13 +152,36 @@ def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: fl
         path = f.name
     try:
         with open(log, "w", encoding="utf-8") as err:
-            proc = subprocess.run([python, str(WORKER), "sample", path], stdout=subprocess.PIPE, stderr=err,
-                                  timeout=timeout, check=False)
+            proc = subprocess.Popen([python, str(WORKER), "sample", path], stdout=subprocess.PIPE, stderr=err,
+                                    start_new_session=True)
+            try:
+                stdout, _ = proc.communicate(timeout=timeout)
+            except BaseException:  # a timeout or an interrupt: vLLM's engine processes go with the worker
+                _stop(proc)
+                raise
     finally:
         os.unlink(path)
     if proc.returncode != 0:
         raise VllmUnavailable(f"the vLLM worker failed (exit status {proc.returncode}; log {log}): {_tail(log)}")
-    return [json.loads(ln) for ln in proc.stdout.decode().splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in stdout.decode().splitlines() if ln.strip()]
+
+
+def _stop(proc: Any, grace: float = 10.0) -> None:
+    """Stop a worker started with ``start_new_session=True`` and the engine processes vLLM spawned
+    under it: SIGTERM to its process group (the group its PID leads), SIGKILL after ``grace``
+    seconds."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass
@@ -191,7 +214,7 @@ class VllmLaws:
             self._job = f.name
         self._log = open(self.log or os.devnull, "w", encoding="utf-8")
         self._proc = subprocess.Popen([self.python, str(WORKER), "laws", self._job], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log)
+                                      stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
         head = self._proc.stdout.readline()
         if not head:
             self.close()
@@ -228,7 +251,8 @@ class VllmLaws:
         return self.many([(prompt_ids, ids)])[0]
 
     def close(self) -> None:
-        """Stop the worker (stdin closed, then SIGTERM to its PID after 30 s, SIGKILL after 10 more)."""
+        """Stop the worker: stdin closed (it exits and vLLM shuts its engine down), after 30 s SIGTERM to
+        the worker's process group (its engine processes with it), SIGKILL after 10 more."""
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
@@ -238,12 +262,7 @@ class VllmLaws:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _stop(proc)
             proc.stdout.close()
         if self._log is not None:
             self._log.close()

@@ -296,3 +296,12 @@ def test_impl_vllm_refuses_before_any_engine(monkeypatch: pytest.MonkeyPatch, ca
     assert "needs a drafter" in refusal(*py, "--target", "t", "--prompt", "x", "--spec", "tli")
     assert "--reference transformers or vllm" in refusal(*py, "--target", "t", "--prompt", "x", "--reference", "x:y")
     assert "--target" in refusal(*py, "--target", str(tmp_path / "nothing"), "--prompt", "x", "--spec", "ngram")
+
+
+def test_sample_runs_the_worker_and_reports_its_failure(tmp_path: Path) -> None:
+    job = va.build_job("/t", [va.file_entry([[1]], ["a"], [3], str(tmp_path / "f.jsonl"), do_sample=True)], None)
+    ok = _fake_python(tmp_path, "import json\nfor i in range(2): print(json.dumps({'draws': i}))\n")
+    assert va.sample(ok, job) == [{"draws": 0}, {"draws": 1}]
+    bad = _fake_python(tmp_path, "import sys\nprint('ImportError: no vllm here', file=sys.stderr)\nsys.exit(3)\n")
+    with pytest.raises(va.VllmUnavailable, match=r"exit status 3; log .*f\.jsonl\.log\): ImportError: no vllm here"):
+        va.sample(bad, job)
