@@ -144,6 +144,19 @@ def law_check(python: str, target: str, path: str, k: int, models: dict[str, Any
             "vocab": laws.vocab_size, "law_worker_start_s": start, "laws_s": t_laws}
 
 
+def table(record: dict[str, Any]) -> str:
+    """The markdown table of a record's rows (docs/auditing-engines.md)."""
+    out = ["| configuration | sampling | verdict | draws (tokens) | detectable mean TV | accept. | sample s | audit s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        acc = (r["spec_stats"] or {}).get("acceptance_rate")
+        det = "exact" if r["sampling"] == "greedy" else ("n/a" if r["detectable_mean_tv"] is None
+                                                         else f"{r['detectable_mean_tv']:.3f}")
+        out.append(f"| {r['config']} | {r['sampling']} | {r['verdict']} | {r['draws']} ({r['tokens']}) | {det} | "
+                   f"{'-' if acc is None else f'{acc:.3f}'} | {r['generate_s']:.0f} | {r['audit_s']:.0f} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(CONFIGS), help="comma-separated labels (default all)")
@@ -161,7 +174,12 @@ def main() -> int:
                                                               "less: cheaper on Gemma's 262k-id head)")
     ap.add_argument("--no-drafter-test", action="store_true", help="no directional test along the drafter's law "
                                                                      "(no drafter pass)")
+    ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     args = ap.parse_args()
+    if args.table:
+        with open(args.out, encoding="utf-8") as f:
+            print(table(json.load(f)))
+        return 0
     torch.set_num_threads(1)
     python = va.find_python(args.vllm_python)
     os.makedirs(args.samples_dir, exist_ok=True)
