@@ -76,6 +76,7 @@ def audit_seed(method: str, base: int) -> int:
 
 def run_config(label: str, python: str, args: argparse.Namespace, models: dict[str, Any]) -> list[dict[str, Any]]:
     target, method, drafter, extra, samplings = CONFIGS[label]
+    samplings = tuple(x for x in samplings if args.samplings is None or x in args.samplings.split(","))
     tt = models[target][1]
     prompt_ids = [[int(t) for t in tt(p)["input_ids"]] for p in PROMPTS]
     spec = va.spec_entry(method, None if drafter is None else va.model_folder(drafter), drafter,
@@ -174,6 +175,7 @@ def main() -> int:
                                                               "less: cheaper on Gemma's 262k-id head)")
     ap.add_argument("--no-drafter-test", action="store_true", help="no directional test along the drafter's law "
                                                                      "(no drafter pass)")
+    ap.add_argument("--samplings", default=None, help="comma-separated subset of greedy,t1,t07p09 (default all)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     args = ap.parse_args()
     if args.table:
@@ -188,6 +190,8 @@ def main() -> int:
         if x not in CONFIGS:
             ap.error(f"unknown label {x!r}: one of {', '.join(CONFIGS)}")
     needed = {CONFIGS[x][0] for x in labels} | {CONFIGS[x][2] for x in labels if CONFIGS[x][2] is not None}
+    if not labels:  # --only "" --law-check K: only the law check, on both targets
+        needed = {SMOL, GEMMA}
     models = {m: real_models.load(m) for m in sorted(needed)}
     record: dict[str, Any] = {"commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                               "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared with other jobs)",
@@ -195,7 +199,8 @@ def main() -> int:
     if os.path.exists(args.out):  # runs of other labels are kept
         with open(args.out, encoding="utf-8") as f:
             old = json.load(f)
-        record["rows"] = [r for r in old.get("rows", []) if r["config"] not in labels]
+        record["rows"] = [r for r in old.get("rows", []) if r["config"] not in labels or
+                          (args.samplings is not None and r["sampling"] not in args.samplings.split(","))]
         record["law_check"] = old.get("law_check", [])
     for x in labels:
         record["rows"].extend(run_config(x, python, args, models))
