@@ -902,7 +902,7 @@ class LengthCheck:
         hint = "; it starts with the prompt's ids: return only the new ids" if starts else ""
         if self.policy == "error":
             raise ValueError(
-                f"{what} (sequence {i}) returned {wrong}{hint}: a length mismatch, so no statistics were run. Return "
+                f"{what} (sequence {i}) returned {wrong}: a length mismatch, so no statistics were run{hint}. Return "
                 f"the new ids only, up to the first end id and at most max_new_tokens={self.max_new_tokens}, or pass "
                 "length_mismatch='prefix' to audit each sequence up to its first end id and max_new_tokens (the "
                 "report then says how many were cut)")
