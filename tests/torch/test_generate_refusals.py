@@ -383,10 +383,18 @@ def test_audit_takes_prompt_ids_without_a_prompt(pair: dict[str, Any]) -> None:
         audit_generate(sampler, pair["target"], tt, n=20)
 
 
-def test_audit_refuses_an_empty_prompt(pair: dict[str, Any]) -> None:
-    """The byte-level tokenizer adds no BOS: an empty prompt gives no ids to condition on."""
-    with no_forward_pass(pair["target"]), pytest.raises(ValueError, match=r"prompt '' encodes to no target ids"):
-        _audit(pair, lambda p, s: [0], prompt="")
+def test_audit_takes_an_empty_prompt_as_generate_does(pair: dict[str, Any]) -> None:
+    """The byte-level tokenizer adds no BOS: an empty prompt conditions on its BOS, as generate's
+    context does (one prompt-to-ids rule; it used to be refused), and the audit's reference is the
+    law after exactly that context; empty prompt_ids are refused."""
+    from hsd_torch import generate
+
+    target, tt = pair["target"], pair["target_tokenizer"]
+    ctx = generate(target, None, "", target_tokenizer=tt, method="ar", max_new_tokens=1, seed=0).prompt_ids[0]
+    assert ctx == [tt.bos_token_id]
+    empty = _audit(pair, lambda p, s: [0], prompt="")
+    by_ids = _audit(pair, lambda p, s: [0], prompt_ids=ctx)
+    assert empty.core.expected == by_ids.core.expected
     with no_forward_pass(pair["target"]), pytest.raises(ValueError, match=r"prompt_ids is empty"):
         _audit(pair, lambda p, s: [0], prompt_ids=[])
 
