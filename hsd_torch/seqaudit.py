@@ -149,6 +149,34 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     return out
 
 
+@torch.inference_mode()
+def _shared_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
+                   ids: torch.Tensor) -> torch.Tensor | None:
+    """:func:`_forced_logits` restricted to the columns ``ids``: the model's decoder run once
+    (right-padded), its last hidden states at the read positions times the head's rows ``ids``
+    (with the config's final logit soft-capping). None when the model has no separate decoder
+    and linear head to do this with."""
+    decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    dev = ids.device
+    width = max(len(r) for r in rows)
+    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        am[i, :len(r)] = 1
+    hidden = decoder(input_ids=x, attention_mask=am).last_hidden_state
+    ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
+    ci = torch.tensor([j - 1 for a in at for j in a], dtype=torch.long, device=dev)
+    out: torch.Tensor = torch.nn.functional.linear(hidden[ri, ci], head.weight[ids],
+                                                   None if head.bias is None else head.bias[ids])
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        out = torch.tanh(out / cap) * cap
+    return out
+
+
 def _law_block(blk: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
     """The processed law (float64) of the logits ``blk [b, V]`` (greedy: the one-hot argmax over
     ``mask``, ties to the lowest id)."""
@@ -361,6 +389,32 @@ class _Forcer:
         self.seed = seed
         self.memo: dict[int, list[int]] = {}
         self.fit = _Fit(process, do_sample, seed, 1)
+        # untruncated sampling: the drafter's law restricted to the shared ids is the softmax of their logits
+        # alone, so its head need only run on their rows (checked against the full head on first use)
+        top_p = process.get("top_p")
+        self.shared_head: bool | None = (None if do_sample and bridge is not None and process.get("top_k") is None
+                                         and (top_p is None or top_p >= 1.0) else False)
+
+    def _drafter_logits(self, rows: list[list[int]], at: list[list[int]]) -> torch.Tensor:
+        """The drafter's logits before each new target id (:func:`_forced_logits`' layout). Where
+        only the shared ids' law is read (untruncated sampling), the head runs on the shared ids'
+        rows only (:func:`_shared_logits`; Gemma's 262,144-id head is most of a drafter pass) and the
+        other columns are -inf, which gives the same restricted, renormalized law; the first call
+        checks that against the full head and keeps the full head if they differ."""
+        assert self.bridge is not None
+        if self.shared_head is False:
+            return _forced_logits(self.drafter, rows, at)
+        ids = self.bridge.drafter_ids.to(next(self.drafter.parameters()).device)
+        sub = _shared_logits(self.drafter, rows, at, ids)
+        if sub is not None and self.shared_head is None:
+            full = _forced_logits(self.drafter, rows[:1], at[:1])
+            self.shared_head = bool(torch.allclose(sub[:full.shape[0]], full[:, ids], rtol=1e-4, atol=1e-4))
+        if sub is None or not self.shared_head:
+            self.shared_head = False
+            return _forced_logits(self.drafter, rows, at)
+        out = torch.full((sub.shape[0], _width(self.drafter)), float("-inf"), dtype=sub.dtype, device=sub.device)
+        out[:, ids] = sub
+        return out
 
     def run(self, ev: SequenceEvidence, rows: list[list[int]], seqs: list[tuple[int, list[int]]]) -> None:
         """Add the evidence of ``seqs`` (sequence index, new ids; ``rows``: prompt ids + new ids) to
@@ -381,7 +435,7 @@ class _Forcer:
                     d.extend(resync_ids(t, self.bridge.to_drafter_list, self.tt, self.dt, self.memo))
                 drows.append(d)
                 dstarts.append(ends)
-            d_logits = _forced_logits(self.drafter, drows, dstarts)
+            d_logits = self._drafter_logits(drows, dstarts)
         aimed = [_aimed_logits(self.target, b, [self.contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs])
                  for b in self.bugs]
         cat = np.concatenate

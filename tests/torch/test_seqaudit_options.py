@@ -157,3 +157,44 @@ def test_a_sampler_that_changes_the_drafter_is_refused(pair: Any) -> None:
     rep = audit_sequences(ar, target, tt, "def", n=2, max_new_tokens=3, drafter=drafter, drafter_tokenizer=dt,
                           max_detectable_tv=None)
     assert rep.n == 2
+
+
+def test_the_drafter_head_on_the_shared_ids_gives_the_full_heads_statistics(pair: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Untruncated sampling reads the drafter's law on the shared ids only, so the audit runs its
+    head on those rows alone; the statistics equal the full head's (float32 rounding), and the
+    shortcut is taken (checked against the full head on its first use)."""
+    import numpy as np
+
+    import hsd_torch.seqaudit as sq
+
+    target, tt, drafter, dt = pair
+    used: list[bool] = []
+    real = sq._shared_logits
+
+    def spy(*a: Any) -> Any:
+        used.append(True)
+        return real(*a)
+
+    def ar(p: str, s: int) -> list[int]:
+        return generate(target, None, p, target_tokenizer=tt, method="ar", max_new_tokens=8, seed=s).sequences[0]
+
+    full_rows: list[int] = []
+    forced = sq._forced_logits
+
+    def forced_spy(model: Any, rows: Any, at: Any) -> Any:
+        if model is drafter:
+            full_rows.append(len(rows))
+        return forced(model, rows, at)
+
+    kw = dict(n=16, max_new_tokens=8, drafter=drafter, drafter_tokenizer=dt, max_detectable_tv=None)
+    monkeypatch.setattr(sq, "_shared_logits", spy)
+    monkeypatch.setattr(sq, "_forced_logits", forced_spy)
+    fast = audit_sequences(ar, target, tt, "def foo(x):\n", **kw)
+    assert used and full_rows == [1]  # the full head ran once, on one row, to check the shortcut
+    monkeypatch.setattr(sq, "_shared_logits", lambda *a: None)
+    full = audit_sequences(ar, target, tt, "def foo(x):\n", **kw)
+    got = {t.name: t.statistic for t in fast.tests}
+    want = {t.name: t.statistic for t in full.tests}
+    assert got.keys() == want.keys() and "directional (toward the drafter)" in got
+    assert np.allclose([got[k] for k in want], list(want.values()), rtol=1e-6, atol=1e-9), (got, want)
