@@ -125,6 +125,17 @@ def _changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     return "its parameters changed"
 
 
+def _right_padded(rows: Sequence[Sequence[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one right-padded batch: input ids and attention mask, ``[len(rows), longest]``."""
+    width = max(len(r) for r in rows)
+    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        am[i, :len(r)] = 1
+    return x, am
+
+
 @torch.inference_mode()
 def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
     """The logits (the model's dtype, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
@@ -133,12 +144,8 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
     ones)."""
     dev = next(model.parameters()).device
-    width = max(len(r) for r in rows)
-    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    for i, r in enumerate(rows):
-        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
-        am[i, :len(r)] = 1
+    x, am = _right_padded(rows, dev)
+    width = x.shape[1]
     lo = min(min(a) for a in at) - 1  # the first position any row reads: the head runs from there on
     kw = {"logits_to_keep": width - lo} if takes_logits_to_keep(model) else {}
     logits = model(input_ids=x, attention_mask=am, **kw).logits
@@ -160,12 +167,7 @@ def _shared_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     if decoder is None or not isinstance(head, torch.nn.Linear):
         return None
     dev = ids.device
-    width = max(len(r) for r in rows)
-    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    for i, r in enumerate(rows):
-        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
-        am[i, :len(r)] = 1
+    x, am = _right_padded(rows, dev)
     hidden = decoder(input_ids=x, attention_mask=am).last_hidden_state
     ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
     ci = torch.tensor([j - 1 for a in at for j in a], dtype=torch.long, device=dev)
