@@ -43,7 +43,8 @@ class Parts:
     def __init__(self, target: Any, drafter: Any) -> None:
         self.target, self.drafter = target, drafter
         self.s = {"target pass": 0.0, "drafter pass": 0.0, "aimed test's target pass": 0.0}
-        self._forced, self._aimed, self.in_aimed = sq._forced_logits, sq._aimed_logits, False
+        self._forced, self._aimed, self._shared, self.in_aimed = (sq._forced_logits, sq._aimed_logits,
+                                                                  sq._shared_logits, False)
 
     def __enter__(self) -> "Parts":
         def forced(model: Any, *a: Any) -> Any:
@@ -62,11 +63,17 @@ class Parts:
                 self.in_aimed = False
                 self.s["aimed test's target pass"] += time.perf_counter() - t0
 
-        sq._forced_logits, sq._aimed_logits = forced, aimed
+        def shared(model: Any, *a: Any) -> Any:  # the drafter's pass with its head on the shared ids only
+            t0 = time.perf_counter()
+            out = self._shared(model, *a)
+            self.s["drafter pass"] += time.perf_counter() - t0
+            return out
+
+        sq._forced_logits, sq._aimed_logits, sq._shared_logits = forced, aimed, shared
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        sq._forced_logits, sq._aimed_logits = self._forced, self._aimed
+        sq._forced_logits, sq._aimed_logits, sq._shared_logits = self._forced, self._aimed, self._shared
 
 PROMPTS = ["def fibonacci(n):\n", "The history of the printing press", "Question: why is the sky blue?\nAnswer:"]
 
