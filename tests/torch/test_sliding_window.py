@@ -9,7 +9,7 @@ window) and ``layer_masks`` counts each row's window in its own positions.
 
 Models: a random-init tiny Gemma3 (4 layers, sliding window 8, float64, ``hsd_torch.tiny``) as the
 target, and as the drafter (another tokenizer) where the drafter's cache must be cropped past its
-window too. Contexts reach 40-60 positions, 5-7 windows.
+window too. Contexts reach 25-70 positions, 3-9 windows.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws ho
 WINDOW = 8
 SHORT = "def foo(x):\n"
 LONG = "import os\nimport sys\n\nclass Foo(object):\n    def __init__(self, x):\n        self.x = x\n"  # > 2 windows
-NEW = 30
+NEW = 24
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,8 @@ def test_the_tiny_model_has_sliding_layers_that_transformers_cannot_crop(world: 
 
 
 SLOW = pytest.mark.slow
-GREEDY = [("ar", "target", 4), ("tli", "drafter", 3), ("slem", "drafter", 3), ("slrs", "drafter", 1),
-          pytest.param("sd", "self", 4, marks=SLOW), pytest.param("tli", "gpt2", 4, marks=SLOW),
+GREEDY = [("ar", "target", 4), ("tli", "drafter", 3), ("slrs", "drafter", 1),
+          pytest.param("slem", "drafter", 3, marks=SLOW), pytest.param("sd", "self", 4, marks=SLOW), pytest.param("tli", "gpt2", 4, marks=SLOW),
           pytest.param("slem", "gpt2", 4, marks=SLOW), pytest.param("slrs", "gpt2", 1, marks=SLOW)]
 
 
@@ -82,7 +82,7 @@ def test_greedy_past_the_window_is_the_targets_own(method: str, drafter: str, lo
     """Greedy, every method, one prompt alone and both in a batch (ragged: the short row is padded
     past a window), equals transformers' own greedy ``generate`` of the target for each prompt
     (``target_greedy``, textless ids suppressed as ``mask_textless`` does),
-    ``NEW`` tokens past a context of up to 60 positions (window 8). The drafter is a GPT-2 or a
+    ``NEW`` tokens after a prompt of 9 or 47 ids (window 8). The drafter is a GPT-2 or a
     Gemma3 with its own window (its cache is cropped past the window at every re-sync)."""
     tt = world["tt"]
     target, d = world["target"], world[drafter]
@@ -122,7 +122,7 @@ def test_sampled_mirror_past_the_window(method: str, drafter: str, lookahead: in
     target, d = world["target"], world[drafter]
     dt = tt if drafter == "self" else world["dt"]
     prompts = [SHORT, LONG]
-    new = 24
+    new = 16
     out = generate(target, d, prompts, target_tokenizer=tt, drafter_tokenizer=dt, method=method, lookahead=lookahead,
                    max_new_tokens=new, seed=7, record_uniforms=True, **options)
     assert out.uniforms is not None
