@@ -44,6 +44,7 @@ from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
 from . import cli_args as ca
+from . import cli_engine
 from .audit import GenerateAuditReport, audit_generate, audit_sequences
 
 
@@ -88,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="refuse (after the first draws) a run whose sampling alone is estimated above M minutes, naming the "
            "--samples that fits (default 20)")
     ca.add_threads(p)
+    cli_engine.add_arguments(p)  # --samples-file, --endpoint, ...: engines audited without --impl
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
@@ -261,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)
         return 2
 
+    if args.samples_file is not None or args.endpoint is not None:
+        return cli_engine.run(args)
     try:
         problem = problem_before_loading(args)
     except ca.Refusal as e:  # a tokenizer that does not load (the sd check reads both)

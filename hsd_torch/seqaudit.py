@@ -63,6 +63,7 @@ from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
 from .prompts import target_context
+from .reference import LawProvider, ProvidedLaw
 from .runner import check_model, refuse_meta, takes_logits_to_keep
 from .text import TokenText
 from .vocab import VocabBridge
@@ -142,7 +143,9 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
     rows, the head run only from the first position any row reads (``logits_to_keep``, where the
     model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
-    ones)."""
+    ones). ``model`` may be a :class:`~hsd_torch.reference.ProvidedLaw`: its provider's rows instead."""
+    if isinstance(model, ProvidedLaw):
+        return model.forced(rows, at)
     dev = next(model.parameters()).device
     x, am = _right_padded(rows, dev)
     width = x.shape[1]
@@ -221,6 +224,7 @@ def audit_sequences(
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
     prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     length_mismatch: str = "error",
+    reference: LawProvider | ProvidedLaw | None = None,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -246,6 +250,12 @@ def audit_sequences(
     one more teacher-forced pass of the target; None or empty: none). Returns a
     :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
     and teacher forcing.
+
+    A recorded engine's own context goes in ``prompt_ids`` (one id list per entry of ``prompts``).
+    ``reference``: a law provider
+    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.reference`), teacher
+    forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
+    ids).
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -307,7 +317,9 @@ def audit_sequences(
                           expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
     seeds = sequence_seeds(int(seed), n)
     t_sample = t_force = 0.0
-    forcer = _Forcer(target, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
+    forced: Any = target if reference is None else \
+        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
                      d_mask, d_contexts, int(seed))
     forcer.fit = _Fit(process, do_sample, int(seed), n * max_new_tokens)
     drafter_print = model_fingerprint(drafter) if drafter is not None else None
