@@ -875,9 +875,11 @@ def truncate_at_end(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[
     return out
 
 
-LENGTH_MISMATCH = ("error", "prefix")
-"""What a sequence audit does with a length mismatch (module docstring): raise (the default), or
-audit each sequence's prefix up to its first end id and the budget."""
+LENGTH_MISMATCH = ("error", "prefix", "lossy")
+"""What a sequence audit does with a length mismatch (module docstring): raise (the default),
+audit each sequence's prefix up to its first end id and the budget, or count it as a malformed
+sequence, which makes the verdict "lossy" (the engine audits' rule: a recorded engine's draws are
+what it claims to have sampled, and no option can fix them after the fact)."""
 
 
 class LengthCheck:
@@ -887,7 +889,7 @@ class LengthCheck:
 
     def __init__(self, length_mismatch: str, max_new_tokens: int, end_ids: frozenset[int]) -> None:
         if length_mismatch not in LENGTH_MISMATCH:
-            raise ValueError(f"length_mismatch must be 'error' or 'prefix', got {length_mismatch!r}")
+            raise ValueError(f"length_mismatch must be 'error', 'prefix' or 'lossy', got {length_mismatch!r}")
         self.policy, self.max_new_tokens, self.end_ids = length_mismatch, int(max_new_tokens), end_ids
 
     def take(self, ev: SequenceEvidence, i: int, ids: list[int], prompt_ids: Sequence[int], what: str) -> list[int]:
@@ -906,7 +908,7 @@ class LengthCheck:
                 f"the new ids only, up to the first end id and at most max_new_tokens={self.max_new_tokens}, or pass "
                 "length_mismatch='prefix' to audit each sequence up to its first end id and max_new_tokens (the "
                 "report then says how many were cut)")
-        ev.prefix_cut.append(f"sequence {i}: {wrong}{hint}")
+        (ev.prefix_cut if self.policy == "prefix" else ev.malformed).append(f"sequence {i}: {wrong}{hint}")
         return truncate_at_end(ids, self.max_new_tokens, self.end_ids)
 
 
@@ -940,7 +942,8 @@ def audit_sequences(
     to aim a test at (None or empty: none; sampling only). ``length_mismatch``: ``"error"`` (a
     sequence longer than ``max_new_tokens``, going on after an end id or stopping short without one
     raises ``ValueError`` naming it) or ``"prefix"`` (each sequence audited up to its first end id
-    and ``max_new_tokens``; the report says how many were cut). Returns a :class:`SequenceAuditReport`."""
+    and ``max_new_tokens``; the report says how many were cut) or ``"lossy"`` (a malformed sequence:
+    the verdict is "lossy"; its prefix is audited too). Returns a :class:`SequenceAuditReport`."""
     from .laws import argmax
     from .methods.base import State, check_run_args
     from .methods.tli import drafter_context, intersection

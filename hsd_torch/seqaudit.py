@@ -235,9 +235,10 @@ def audit_sequences(
     (:func:`hsd_torch.prompts.target_context`). ``prompt_ids`` (as :func:`audit_generate`'s: one
     list of ids, or one per prompt) overrides them as the target's context; ``prompts`` may then be
     None, and the sampler gets each context's decoded text. ``length_mismatch``: ``"error"`` (a
-    sequence of the wrong length raises ``ValueError`` naming it, before any statistics) or
+    sequence of the wrong length raises ``ValueError`` naming it, before any statistics),
     ``"prefix"`` (each sequence audited up to its first end id and ``max_new_tokens``, and the
-    report says so). Sequence ``i`` gets the seed
+    report says so) or ``"lossy"`` (a malformed sequence: the verdict is "lossy"; the engine
+    audits' rule for recorded draws). Sequence ``i`` gets the seed
     :func:`hsd_core.seqaudit.sequence_seeds` ``(seed, n)[i]``. Instead of ``sample_fn``, a batched
     sampler ``sample_batch_fn(prompts, seeds) -> list of id lists`` (called with ``batch_size``
     sequences at a time; its rows must be independent draws). ``temperature``, ``top_k``,

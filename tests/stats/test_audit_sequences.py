@@ -349,6 +349,15 @@ def test_ids_outside_the_vocabulary_are_lossy_and_a_bad_length_policy_is_refused
         audit_sequences(_malformed("range"), w.target, w.prompt, n=5, max_new_tokens=8, length_mismatch="cut")
 
 
+@pytest.mark.parametrize("bug, what", LENGTH_BUGS)
+def test_length_mismatch_lossy_keeps_the_malformed_verdict(bug: str, what: str) -> None:
+    """``length_mismatch="lossy"`` (the engine audits' rule for recorded draws): a malformed sequence
+    makes the verdict "lossy", naming it."""
+    w = builtin_world()
+    rep = audit_sequences(_malformed(bug), w.target, w.prompt, n=50, max_new_tokens=8, length_mismatch="lossy")
+    assert rep.verdict == "lossy" and rep.malformed and any(what in m for m in rep.malformed), rep.reason
+
+
 def test_the_report_keeps_its_title_with_20_or_more_sequences_per_prompt() -> None:
     """The first-token test (run for prompts with >= 20 sequences) once overwrote the report's name
     with its own ("first token after prompt 0 (chi-square)")."""
