@@ -359,13 +359,16 @@ def rejection_verify(
 
 
 def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
-    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, exactly as
-    the tensor expression ``u.to(cdt) < clamp(px / qx, max=1)``: ``q = 0`` gives ``+inf`` (accept)
-    for ``p > 0`` and NaN (reject) for ``p = 0``, and a NaN ratio rejects. In float32 the quotient of
-    two float32 values is taken in double and rounded once to float32 (one NumPy cast for the
-    list), which is the correctly rounded float32 quotient (double has more than 2 x 24 + 2 bits);
-    quotients above 2 are taken as 2 first (the clamp to 1 makes them equal, and the cast cannot
-    overflow)."""
+    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic: a ratio of
+    at least 1 accepts whatever the uniform (``u < 1`` always holds, before any rounding), else
+    ``u.to(cdt) < px / qx``. ``q = 0`` gives ``+inf`` (accept) for ``p > 0`` and NaN (reject) for
+    ``p = 0``, and a NaN ratio rejects. In float32 the quotient of two float32 values is taken in
+    double and rounded once to float32 (one NumPy cast for the list), which is the correctly rounded
+    float32 quotient (double has more than 2 x 24 + 2 bits); quotients above 2 are taken as 2 first
+    (the comparison with 1 makes them equal, and the cast cannot overflow). The ratio is compared
+    with 1 first because a float64 uniform above ``1 - 2**-25`` rounds to 1.0 in float32, and
+    ``1.0 < 1.0`` would reject a draft the target accepts with probability 1 (about 3 uniforms in
+    1e8)."""
     ratios: list[float] = []
     for a, b in zip(px, qx):
         if b == 0.0:
@@ -376,7 +379,7 @@ def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dty
     if cdt != torch.float64:
         ratios = np.array(ratios, dtype=np.float32).tolist()
         u = np.array(u, dtype=np.float32).tolist()
-    return [uu < (1.0 if r >= 1.0 else r) for uu, r in zip(u, ratios)]  # clamp(r, max=1); NaN stays NaN
+    return [r >= 1.0 or uu < r for uu, r in zip(u, ratios)]  # a NaN ratio fails both comparisons
 
 
 def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
