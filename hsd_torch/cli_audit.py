@@ -30,6 +30,7 @@ from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
 from . import cli_args as ca
+from . import cli_engine
 from .audit import GenerateAuditReport, audit_generate, audit_sequences
 
 
@@ -68,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-detectable-tv", type=ca.max_detectable_tv, default=0.1, metavar="TV",
       help="'inconclusive' when the audit could only detect a larger TV (default 0.1; 1 to accept any)")
     a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
+    cli_engine.add_arguments(p)  # --samples-file, --endpoint, ...: engines audited without --impl
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
@@ -203,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)
         return 2
 
+    if args.samples_file is not None or args.endpoint is not None:
+        return cli_engine.run(args)
     problem = problem_before_loading(args)
     if problem is not None:
         return error(problem)

@@ -44,6 +44,7 @@ from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
+from .reference import LawProvider, ProvidedLaw
 from .runner import check_model, refuse_meta, takes_logits_to_keep
 from .text import TokenText
 from .vocab import VocabBridge
@@ -69,7 +70,9 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
     rows, the head run only from the first position any row reads (``logits_to_keep``, where the
     model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
-    ones)."""
+    ones). ``model`` may be a :class:`~hsd_torch.reference.ProvidedLaw`: its provider's rows instead."""
+    if isinstance(model, ProvidedLaw):
+        return model.forced(rows, at)
     dev = next(model.parameters()).device
     width = max(len(r) for r in rows)
     x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
@@ -127,6 +130,8 @@ def audit_sequences(
     progress: Callable[[str], None] | None = None,
     name: str | None = None,
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    reference: LawProvider | ProvidedLaw | None = None,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -144,6 +149,12 @@ def audit_sequences(
     one more teacher-forced pass of the target; None or empty: none). Returns a
     :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
     and teacher forcing.
+
+    ``prompt_ids``: the target's context of each prompt (one id list per entry of ``prompts``), in
+    place of its tokenizer's encoding (a recorded engine's own context). ``reference``: a law provider
+    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.reference`), teacher
+    forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
+    ids).
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -172,8 +183,11 @@ def audit_sequences(
     if mask_textless:
         processing += ", ids without text removed (mask_textless)"
     contexts = []
-    for p in plist:
-        ids = [int(i) for i in target_tokenizer(p)["input_ids"]]
+    if prompt_ids is not None and len(prompt_ids) != len(plist):
+        raise ValueError(f"prompt_ids has {len(prompt_ids)} id lists for {len(plist)} prompts: give one per prompt")
+    for k, p in enumerate(plist):
+        ids = ([int(i) for i in target_tokenizer(p)["input_ids"]] if prompt_ids is None
+               else _as_ids(prompt_ids[k], f"prompt_ids[{k}] has", width))
         if not ids:
             raise ValueError(f"prompt {p!r} encodes to no target ids: the target has nothing to condition on")
         contexts.append(ids)
@@ -199,7 +213,9 @@ def audit_sequences(
                           expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
     seeds = sequence_seeds(int(seed), n)
     t_sample = t_force = 0.0
-    forcer = _Forcer(target, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
+    forced: Any = target if reference is None else \
+        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
                      d_mask, d_contexts, int(seed))
     for c0 in range(0, n, batch_size):
         idx = list(range(c0, min(n, c0 + batch_size)))
