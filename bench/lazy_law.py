@@ -18,29 +18,21 @@ quiet machine, ``bench/overhead.py``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
-from datetime import datetime, timezone
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_record import provenance, save  # noqa: E402
+from top_p import TEXTS  # noqa: E402
 
 from hsd_torch import kernels, real_models  # noqa: E402
 from hsd_torch.laws import TextSpace, space_law  # noqa: E402
 from hsd_torch.text import TokenText  # noqa: E402
 
-TEXTS = [
-    "def day_of_week(date):\n    year, month, day = map(int, date.split('-'))\n    return",
-    "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks",
-    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate:",
-    "import numpy as np\n\nx = np.linspace(0, 1, 100)\ny = np.sin(2 * np.pi * x)\nprint(",
-]
 
 
 def main() -> None:
@@ -111,16 +103,12 @@ def main() -> None:
            "temperature": args.temperature, "top_p": args.top_p, "vocabulary": v,
            "all_positions_ms_per_round": round(med["all positions"], 3), "lazy_ms_per_round": round(med["lazy"], 3),
            "all_over_lazy_median": round(ratio, 3), "positions_processed_mean": round(float(np.mean(processed)), 3),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__, "threads": 1}
+           **provenance(), "torch": torch.__version__, "threads": 1}
     print(f"Gemma-3-270M, {len(rounds)} rounds of 5 positions ({v} ids), {res['kernel']} verification, temperature "
           f"{args.temperature}, top-p {args.top_p}, {args.repeats} repeats, 1 thread")
     print(f"ms per round: all positions {med['all positions']:.2f}, lazy {med['lazy']:.2f} (positions processed: "
           f"{res['positions_processed_mean']:.2f} of 5); all / lazy median {ratio:.2f}x; the same decisions")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    save(res, args.json)
 
 
 if __name__ == "__main__":

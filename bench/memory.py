@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 
@@ -167,10 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rows} rows: peak above baseline {a['above_baseline_mb']} MB with logits only where read, "
                   f"{b['above_baseline_mb']} MB with {what} ({a['per_row_mb']} vs {b['per_row_mb']} MB per row)")
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        with open(args.json, "w") as f:
-            json.dump({"commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "runs": results}, f, indent=1)
+        from bench_record import provenance, save
+
+        save({**provenance(), "runs": results}, args.json)
     return 0
 
 

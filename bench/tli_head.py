@@ -17,17 +17,14 @@ machine. One thread.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
-from datetime import datetime, timezone
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_record import provenance, save  # noqa: E402
 
 from hsd_torch import real_models  # noqa: E402
 from hsd_torch.laws import TextSpace, restricted_law, space_law  # noqa: E402
@@ -98,8 +95,7 @@ def main() -> None:
         "full_ms_median": round(med["full"], 3), "shared_ms_median": round(med["shared"], 3),
         "full_over_shared_median": round(statistics.median(ratios), 3),
         "max_abs_law_difference": diff,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor() or platform.machine(),
+        **provenance(),
         "torch": torch.__version__, "threads": 1,
     }
     print(f"{args.drafter} drafting for {args.target}: {n_draw} of {vd} ids shared; context {args.context}, "
@@ -107,9 +103,7 @@ def main() -> None:
     print(f"one drafting step (forward of one id + law), median ms: full head {med['full']:.2f}, "
           f"shared ids only {med['shared']:.2f}; full / shared per step: median {res['full_over_shared_median']:.2f}x; "
           f"laws differ by at most {diff:.2e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    save(res, args.json)
 
 
 if __name__ == "__main__":
