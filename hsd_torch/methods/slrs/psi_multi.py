@@ -183,10 +183,13 @@ class MultiTokenRound:
         whatever the parse (path mass below ``tau``, or the row's depth cap) its parse changes
         nothing: it adds ``w`` to position 0 at ``u[0]``, as ``join`` of ``u`` and no parsed id
         gives. Those are most children (at most ``1 / tau`` of a node's may grow). The root level's
-        parses are cached; a lossy variant that counts by ``settled`` needs every parse."""
+        parses are cached; the lossy variants of the tests (a psi that counts by ``settled``, or
+        sums every kept proposal whatever its prefix) need every parse."""
         from .psi import BoundedSLRS
 
-        if depth == 1 or type(self.p)._psi_counts is not BoundedSLRS._psi_counts:
+        cls = type(self.p)
+        if depth == 1 or cls._psi_counts is not BoundedSLRS._psi_counts or \
+                cls._given_prefix is not BoundedSLRS._given_prefix:
             return None
         row = self.node_row.index_select(0, pn)
         first = self.u_t[:, 0].index_select(0, pn)  # -1: no settled id
