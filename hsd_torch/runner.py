@@ -219,6 +219,27 @@ def window_view(context: Sequence[int], n_prefix: int, max_pos: int) -> list[int
     return list(context[:n_prefix]) + list(context[n_prefix + s:])
 
 
+def read_logits(logits: Tensor, read: list[list[int]], keep: list[int], width_in: int, width: int, one: bool
+                ) -> Tensor:
+    """The logits each row reads (``read``: its block columns) out of a model's ``[rows, C, V]``,
+    computed at every block column (``C = width_in``) or at the columns ``keep``
+    (``logits_to_keep``): ``[rows, width, V]`` (``one``: ``[rows, V]``)."""
+    if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
+        if logits.shape[1] != len(keep):
+            raise AssertionError(f"the model returned logits at {logits.shape[1]} columns, asked for "
+                                 f"{len(keep)} of {width_in}")
+        rank = {c: k for k, c in enumerate(keep)}
+        read = [[rank[c] for c in r] for r in read]
+    c = read[0][0]
+    if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
+        got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
+    else:
+        idx = torch.tensor(read, dtype=torch.long, device=logits.device)
+        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        got = got[:, 0] if one else got
+    return got
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two id lists (a binary search over slice
     comparisons, which run in C: contexts are long and usually differ only near their end)."""
@@ -295,12 +316,10 @@ class Runner:
         ``width=None``: ``[B, V]``, the column ``starts[b]`` alone. ``head_rows [N]`` (int64 ids on
         the model's device): the logits of those ids only, ``[..., N]`` in that order.
 
-        The model's head runs only where a row reads: when every row reads the same block columns,
-        at those (``logits_to_keep``, where the model takes it: a prompt's prefill computes logits at
-        its last position, not at every one; on Gemma's 262,144 ids, 1 MB per position in float32);
-        when rows read different columns (ragged blocks: prompts of several lengths) or only some
-        ids are read, at each row's own columns and on those ids (:class:`hsd_torch._head.HeadTap`),
-        so the logits computed are exactly the ``[B, width, N]`` returned."""
+        The head runs only where a row reads: at the block columns every row reads
+        (``logits_to_keep``: a prefill's last position; 1 MB per position on Gemma's 262,144 ids),
+        else (ragged reads, or ``head_rows``) at each row's own columns and on those ids
+        (:class:`hsd_torch._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
         live = self.live
@@ -325,7 +344,7 @@ class Runner:
         if steer:  # exactly the logits read: [rows, width, N]
             got = logits[:, 0] if one else logits
         else:
-            got = self._read(logits, read, keep, width_in, width, one)
+            got = read_logits(logits, read, keep, width_in, width, one)
             if head_rows is not None:  # a head the tap cannot steer: its full logits, those ids taken
                 got = got.index_select(-1, head_rows)
         if len(live) == self.batch:
@@ -368,25 +387,6 @@ class Runner:
             out = self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
             self._mask = mask
         return out
-
-    def _read(self, logits: Tensor, read: list[list[int]], keep: list[int], width_in: int, width: int,
-              one: bool) -> Tensor:
-        """The logits each row reads (``read``: its block columns) out of the model's, computed at
-        every block column or at the columns ``keep`` (``logits_to_keep``)."""
-        if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
-            if logits.shape[1] != len(keep):
-                raise AssertionError(f"the {self.name} returned logits at {logits.shape[1]} columns, asked for "
-                                     f"{len(keep)} of {width_in}")
-            rank = {c: k for k, c in enumerate(keep)}
-            read = [[rank[c] for c in r] for r in read]
-        c = read[0][0]
-        if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
-            got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
-        else:
-            idx = torch.tensor(read, dtype=torch.long, device=self.device)
-            got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            got = got[:, 0] if one else got
-        return got
 
     def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
         """Row ``i`` is fed ``block`` (non-empty) at cache columns from ``start``: check that it fits
