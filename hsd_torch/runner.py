@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from . import kernels
+from ._head import HeadTap
 
 __all__ = ["Runner", "check_model", "common_prefix", "layer_masks", "logit_width", "max_positions", "model_device",
            "new_cache", "refuse_meta", "window_view"]
@@ -217,6 +219,27 @@ def window_view(context: Sequence[int], n_prefix: int, max_pos: int) -> list[int
     return list(context[:n_prefix]) + list(context[n_prefix + s:])
 
 
+def read_logits(logits: Tensor, read: list[list[int]], keep: list[int], width_in: int, width: int, one: bool
+                ) -> Tensor:
+    """The logits each row reads (``read``: its block columns) out of a model's ``[rows, C, V]``,
+    computed at every block column (``C = width_in``) or at the columns ``keep``
+    (``logits_to_keep``): ``[rows, width, V]`` (``one``: ``[rows, V]``)."""
+    if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
+        if logits.shape[1] != len(keep):
+            raise AssertionError(f"the model returned logits at {logits.shape[1]} columns, asked for "
+                                 f"{len(keep)} of {width_in}")
+        rank = {c: k for k, c in enumerate(keep)}
+        read = [[rank[c] for c in r] for r in read]
+    c = read[0][0]
+    if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
+        got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
+    else:
+        idx = torch.tensor(read, dtype=torch.long, device=logits.device)
+        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        got = got[:, 0] if one else got
+    return got
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two id lists (a binary search over slice
     comparisons, which run in C: contexts are long and usually differ only near their end)."""
@@ -283,16 +306,20 @@ class Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = takes_logits_to_keep(model)
+        self.head = HeadTap(model)
 
-    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
+    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None,
+             head_rows: Tensor | None = None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
         rows dropped from the cache must have empty blocks); returns the logits ``[B, width, V]``
         at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows;
-        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone.
+        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone. ``head_rows [N]`` (int64 ids on
+        the model's device): the logits of those ids only, ``[..., N]`` in that order.
 
-        The model's head runs only at the block columns some row reads (``logits_to_keep``, where the
-        model takes it): a prompt's prefill computes logits at its last position, not at every one
-        (on Gemma's 262,144 ids, 1 MB per position in float32)."""
+        The head runs only where a row reads: at the block columns every row reads
+        (``logits_to_keep``: a prefill's last position; 1 MB per position on Gemma's 262,144 ids),
+        else (ragged reads, or ``head_rows``) at each row's own columns and on those ids
+        (:class:`hsd_torch._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
         live = self.live
@@ -303,8 +330,33 @@ class Runner:
         read = [[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live]
         keep = sorted({c for r in read for c in r})
         kw: dict[str, Any] = {self._cache_kw: self.cache}
-        if self._keep_kw and len(keep) < width_in:
+        steer = self.head.usable and (head_rows is not None or any(r != read[0] for r in read))
+        if self._keep_kw and len(keep) < width_in and not steer:
             kw["logits_to_keep"] = kernels._host_tensor(keep, torch.long, dev)
+        with self.head.steer(kernels._host_tensor(read, torch.long, dev), head_rows) if steer else nullcontext(
+                [True]) as fired:
+            out = self._forward(blocks, start, width_in, kw)
+        if not fired[0]:
+            raise AssertionError(f"the {self.name} computed its logits without calling its output head module "
+                                 "(get_output_embeddings()): hsd cannot read them at each row's positions")
+        self.width = start + width_in
+        logits: Tensor = out.logits
+        if steer:  # exactly the logits read: [rows, width, N]
+            got = logits[:, 0] if one else logits
+        else:
+            got = read_logits(logits, read, keep, width_in, width, one)
+            if head_rows is not None:  # a head the tap cannot steer: its full logits, those ids taken
+                got = got.index_select(-1, head_rows)
+        if len(live) == self.batch:
+            return got
+        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
+        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
+        return full
+
+    def _forward(self, blocks: Sequence[Sequence[int]], start: int, width_in: int, kw: dict[str, Any]) -> Any:
+        """The model's forward over the rows' blocks (padded to ``width_in`` columns), recorded."""
+        live = self.live
+        dev = self.device
         if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
             row = self._record(0, blocks[0], start)
             out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True, **kw)
@@ -334,26 +386,7 @@ class Runner:
                 am = self.masks_for(mask, self._pos, pos_in, start)
             out = self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
             self._mask = mask
-        self.width = start + width_in
-        logits: Tensor = out.logits
-        if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
-            if logits.shape[1] != len(keep):
-                raise AssertionError(f"the {self.name} returned logits at {logits.shape[1]} columns, asked for "
-                                     f"{len(keep)} of {width_in}")
-            rank = {c: k for k, c in enumerate(keep)}
-            read = [[rank[c] for c in r] for r in read]
-        c = read[0][0]
-        if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
-            got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
-        else:
-            idx = torch.tensor(read, dtype=torch.long, device=dev)
-            got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            got = got[:, 0] if one else got
-        if len(live) == self.batch:
-            return got
-        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
-        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
-        return full
+        return out
 
     def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
         """Row ``i`` is fed ``block`` (non-empty) at cache columns from ``start``: check that it fits
