@@ -59,6 +59,7 @@ from hsd_core.seqaudit import (
 )
 
 from ._args import as_int
+from ._head import HeadTap
 from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
@@ -160,25 +161,24 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
 
 
 @torch.inference_mode()
-def _shared_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
+def _shared_logits(model: Any, tap: HeadTap, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
                    ids: torch.Tensor) -> torch.Tensor | None:
-    """:func:`_forced_logits` restricted to the columns ``ids``: the model's decoder run once
-    (right-padded), its last hidden states at the read positions times the head's rows ``ids``
-    (with the config's final logit soft-capping). None when the model has no separate decoder
-    and linear head to do this with."""
-    decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
-    if decoder is None or not isinstance(head, torch.nn.Linear):
+    """:func:`_forced_logits` restricted to the columns ``ids``: one right-padded forward pass whose
+    head runs at the read positions only and on the rows ``ids`` only (:class:`hsd_torch._head.HeadTap`,
+    so whatever the model does after its head, Gemma's soft-capping, still applies). None when the
+    model's head is not a linear layer the tap can steer."""
+    if not tap.usable:
         return None
     dev = ids.device
     x, am = _right_padded(rows, dev)
-    hidden = decoder(input_ids=x, attention_mask=am).last_hidden_state
-    ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
-    ci = torch.tensor([j - 1 for a in at for j in a], dtype=torch.long, device=dev)
-    out: torch.Tensor = torch.nn.functional.linear(hidden[ri, ci], head.weight[ids],
-                                                   None if head.bias is None else head.bias[ids])
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        out = torch.tanh(out / cap) * cap
+    w = max(len(a) for a in at)
+    read = torch.tensor([[j - 1 for j in a] + [a[-1] - 1] * (w - len(a)) for a in at], dtype=torch.long, device=dev)
+    with tap.steer(read, ids) as fired:
+        logits = model(input_ids=x, attention_mask=am).logits
+    if not fired[0]:
+        return None
+    keep = torch.tensor([k < len(a) for a in at for k in range(w)], dtype=torch.bool, device=dev)
+    out: torch.Tensor = logits.reshape(len(at) * w, -1)[keep]
     return out
 
 
@@ -409,6 +409,7 @@ class _Forcer:
         top_p = process.get("top_p")
         self.shared_head: bool | None = (None if do_sample and bridge is not None and process.get("top_k") is None
                                          and (top_p is None or top_p >= 1.0) else False)
+        self.tap = HeadTap(drafter) if self.shared_head is None else None
 
     def _drafter_logits(self, rows: list[list[int]], at: list[list[int]]) -> torch.Tensor:
         """The drafter's logits before each new target id (:func:`_forced_logits`' layout). Where
@@ -420,7 +421,8 @@ class _Forcer:
         if self.shared_head is False:
             return _forced_logits(self.drafter, rows, at)
         ids = self.bridge.drafter_ids.to(next(self.drafter.parameters()).device)
-        sub = _shared_logits(self.drafter, rows, at, ids)
+        assert self.tap is not None
+        sub = _shared_logits(self.drafter, self.tap, rows, at, ids)
         if sub is not None and self.shared_head is None:
             full = _forced_logits(self.drafter, rows[:1], at[:1])
             self.shared_head = bool(torch.allclose(sub[:full.shape[0]], full[:, ids], rtol=1e-4, atol=1e-4))
