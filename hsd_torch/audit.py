@@ -51,6 +51,7 @@ from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
 from .generate import process_logits
 from .laws import TextSpace, check_processing
+from .prompts import target_context
 from .reference import LawProvider, ProvidedLaw
 from .runner import check_model, refuse_meta
 from .seqaudit import audit_sequences
@@ -524,7 +525,9 @@ def audit_generate(
     ``temperature``, ``top_k``, ``top_p``: the processing the sampler claims
     (:func:`hsd_torch.generate.process_logits`; ignored when greedy); ``mask_textless=True`` adds
     hsd_torch's removal of ids without text (other than EOS), the law :func:`hsd_torch.generate`
-    samples; ``prompt_ids`` overrides ``target_tokenizer(prompt)["input_ids"]`` as the target's
+    samples; the target's context is the prompt's ids as :func:`hsd_torch.generate` feeds them
+    (:func:`hsd_torch.prompts.target_context`: one BOS, also when the text starts with the BOS's
+    text, as a chat template's does); ``prompt_ids`` overrides them as the target's
     context (``prompt`` may then be left out: the sampler gets the ids' decoded text). ``seed``: the draws are made in chunks of ``chunk_size`` with
     ``SeedSequence(seed).spawn`` children, each draw gets a 32-bit seed from its chunk's generator
     (a repeated seed among 20,000 draws has probability about 5% and repeats one draw), so a run is
@@ -581,11 +584,8 @@ def audit_generate(
         ids = _as_ids(prompt_ids, "prompt_ids has", width)
         if not ids:
             raise ValueError("prompt_ids is empty: the target needs at least one id to condition on")
-    else:
-        ids = [int(i) for i in target_tokenizer(prompt)["input_ids"]]
-        if not ids:
-            raise ValueError(f"prompt {prompt!r} encodes to no target ids (the tokenizer adds no BOS): the target has "
-                             "nothing to condition on; give a non-empty prompt, or prompt_ids (e.g. [bos_token_id])")
+    else:  # as generate feeds it (one BOS, even when the text starts with the BOS's own text)
+        ids = target_context(TokenText.get(target_tokenizer, width), prompt)
     law_of: Any = target if reference is None else \
         reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
     ref = reference_law(law_of, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)

@@ -188,6 +188,7 @@ def _audit_file(s: SamplesFile, target: Any, tt: Any, law: Any, alpha: float, *,
                           max_detectable_tv=max_detectable_tv, batch_size=batch_size, progress=progress,
                           name=os.path.basename(s.path), context_bugs=context_bugs,
                           prompt_ids=[ctxs[i] for i in entries], reference=provided, do_sample=sm.do_sample,
+                          length_mismatch="lossy",  # a recorded draw of the wrong length is evidence
                           temperature=sm.temperature, top_k=sm.top_k, top_p=sm.top_p)
     firsts: list[GenerateAuditReport] = []
     notes: list[str] = []
