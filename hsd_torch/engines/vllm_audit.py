@@ -455,7 +455,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
               f"(engine start {summary['init_s']:.1f} s)" + ("" if acc is None else f", acceptance {acc:.3f}")
               + f"; {out}")
     ns = argparse.Namespace(**vars(args))
-    for k, v in dict(impl=None, samples_file=paths[method], baseline_file=paths.get("none"), prompt=None, samples=None,
+    for k, v in dict(impl=None, samples_file=paths[method], baseline_file=paths.get("none") if spec is not None else None, prompt=None, samples=None,
                      greedy=False, temperature=1.0, top_k=None, top_p=None, max_new_tokens=32, speculative=None,
                      save_samples=None, endpoint=None, baseline_endpoint=None, positions=2, sequences=False,
                      drafter=args.drafter if uses_drafter else None,
