@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Lossless speculative generation over local Hugging Face checkpoints.")
     a = p.add_argument
     a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained), or a real model: "
-      "smollm2-135m-instruct, gemma-3-270m (hsd_torch.real_models)")
+      "smollm2-135m-instruct, gemma-3-270m, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct "
+      "(hsd_torch.real_models)")
     a("--drafter", metavar="DIR", help="drafter checkpoint folder or real model (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
@@ -150,7 +151,7 @@ def _problem_before_loading(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from transformers.utils import logging as hf_logging
 
@@ -164,7 +165,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             if (name := real_models.named(path)) is not None:
                 m = real_models.load(name, dtype=dtype)[0]
             else:
-                m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                m = real_models.load_checkpoint(path, dtype)  # damaged or mismatched weights: one line
         except (OSError, ValueError) as e:
             raise ca.Refusal(f"cannot load the {role} from --{role} {path!r}: {ca.one_line(e)}") from None
         return m.to(args.device).eval()
