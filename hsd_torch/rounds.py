@@ -40,6 +40,7 @@ from torch import Tensor
 from hsd_core.methods.resync import ResyncMemo
 
 from ._cache import IdentityCache
+from ._precision import NearTies
 from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
@@ -74,6 +75,11 @@ class RowStats:
     target_recomputed: int = 0
     drafter_recomputed: int = 0
     wall_time: float = 0.0
+    near_ties: int = 0
+    """Greedy with a bfloat16 or float16 target: verified positions whose near-equal top logits were
+    decided again in float32 (:mod:`hsd_torch._precision`)."""
+    tie_flips: int = 0
+    """Of those, the positions where the float32 decision differs from the reduced-precision argmax."""
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -225,6 +231,7 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
+        self.near: NearTies | None = None  # greedy under reduced precision: set by generate (hsd_torch._precision)
         t_space = self.t_space = TextSpace.law(tt, dev, keep_all=not mask_textless, ends=self.ends)
         self.t_drop = t_space.drop_mask()
         self.t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns

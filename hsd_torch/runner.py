@@ -194,6 +194,11 @@ class Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = takes_logits_to_keep(model)
+        self.want_hidden = False
+        """Set: :meth:`feed` also keeps the final hidden states at the columns it returns (:attr:`hidden`)."""
+        self.hidden: Tensor | None = None
+        """With :attr:`want_hidden`, the head's input ``[B, width, H]`` at the columns the last
+        :meth:`feed` returned logits for (zeros for dropped rows); else None."""
 
     def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
@@ -216,6 +221,8 @@ class Runner:
         kw: dict[str, Any] = {self._cache_kw: self.cache}
         if self._keep_kw and len(keep) < width_in:
             kw["logits_to_keep"] = kernels._host_tensor(keep, torch.long, dev)
+        if self.want_hidden:
+            kw["output_hidden_states"] = True
         if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
             row = self._record(0, blocks[0], start)
             out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True, **kw)
@@ -243,6 +250,7 @@ class Runner:
             self._mask = mask
         self.width = start + width_in
         logits: Tensor = out.logits
+        self.hidden = self._hidden(out.hidden_states[-1], read, one, width) if self.want_hidden else None
         if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
             if logits.shape[1] != len(keep):
                 raise AssertionError(f"the {self.name} returned logits at {logits.shape[1]} columns, asked for "
@@ -260,6 +268,19 @@ class Runner:
             return got
         full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
         full[torch.tensor(live, dtype=torch.long, device=dev)] = got
+        return full
+
+    def _hidden(self, h: Tensor, read: list[list[int]], one: bool, width: int) -> Tensor:
+        """The final hidden states ``h [rows in the cache, width_in, H]`` at the block columns
+        ``read`` (per live row), as :meth:`feed` returns logits: ``[B, width, H]`` (``[B, H]`` when
+        ``one``), zeros for dropped rows."""
+        idx = torch.tensor(read, dtype=torch.long, device=h.device)
+        got = h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        got = got[:, 0] if one else got
+        if len(self.live) == self.batch:
+            return got
+        full = got.new_zeros((self.batch, *got.shape[1:]))
+        full[torch.tensor(self.live, dtype=torch.long, device=h.device)] = got
         return full
 
     def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
