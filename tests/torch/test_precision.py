@@ -100,11 +100,13 @@ def test_flat_rows_are_not_rechecked() -> None:
 
 
 @pytest.fixture(scope="module")
-def bf16(llama_uni: dict[str, Any]) -> dict[str, Any]:
+def bf16(llama_uni: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The tiny Llama target and, as an SD drafter on its tokenizer, the tiny GPT-2 over the same
+    byte-level BPE, both in bfloat16 (copies)."""
     import copy
 
     return dict(llama_uni, target=copy.deepcopy(llama_uni["target"]).to(torch.bfloat16),
-                drafter=copy.deepcopy(llama_uni["drafter"]).to(torch.bfloat16))
+                drafter=copy.deepcopy(models["gpt2_bpe"]).to(torch.bfloat16), dt=llama_uni["tt"])
 
 
 def test_dtype_names_and_refusals(llama_uni: dict[str, Any]) -> None:
@@ -134,17 +136,17 @@ def test_greedy_bf16_rechecks_with_the_forwards_own_hidden_states(bf16: dict[str
         return real(self, logits, hidden)
 
     monkeypatch.setattr(NearTies, "apply", spy)
-    kw = dict(target_tokenizer=bf16["tt"], drafter_tokenizer=bf16["dt"], max_new_tokens=6)
-    out = generate(bf16["target"], bf16["drafter"], ["def f(x):", "hello"], method="tli", lookahead=3,
+    kw = dict(target_tokenizer=bf16["tt"], drafter_tokenizer=bf16["dt"], max_new_tokens=3)
+    out = generate(bf16["target"], bf16["drafter"], ["def f(x):", "hello"], method="sd", lookahead=2,
                    do_sample=False, dtype="bf16", **kw)  # two rows: one may finish first (a dropped row)
     assert calls and all(lg[:2] == hd[:2] and hd[2] == bf16["target"].config.hidden_size for lg, hd in calls)
     assert len(calls) == max(s.target_calls for s in out.stats)
     assert all(s.tie_flips <= s.near_ties for s in out.stats)
     n = len(calls)
     generate(bf16["target"], None, ["def f(x):"], method="ar", do_sample=True, target_tokenizer=bf16["tt"],
-             max_new_tokens=3)
+             max_new_tokens=2)
     generate(llama_uni["target"], None, ["def f(x):"], method="ar", do_sample=False, target_tokenizer=bf16["tt"],
-             max_new_tokens=3)
+             max_new_tokens=2)
     assert len(calls) == n
 
 
@@ -171,10 +173,10 @@ def test_the_command_line_casts_on_load_and_refuses_a_damaged_checkpoint(
     folder = tmp_path / "target"
     bf16["target"].save_pretrained(folder)
     bf16["tt"].save_pretrained(folder)
-    args = ["--target", str(folder), "--method", "ar", "--greedy", "--prompt", "def f(x):", "--max-new-tokens", "4"]
+    args = ["--target", str(folder), "--method", "ar", "--greedy", "--prompt", "def f(x):", "--max-new-tokens", "2"]
     assert main(args + ["--dtype", "bf16"]) == 0
     want = generate(bf16["target"], None, ["def f(x):"], target_tokenizer=bf16["tt"], method="ar", do_sample=False,
-                    max_new_tokens=4).texts[0]
+                    max_new_tokens=2).texts[0]
     assert want in capsys.readouterr().out
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
