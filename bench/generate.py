@@ -459,6 +459,80 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+LOSSY = ("hf:uag-sample",)
+"""Samplers measured for speed that are lossy (transformers' sampled UAG as installed,
+docs/auditing-transformers.md): every chart marks them, so that none reads as the fastest lossless
+method."""
+
+_COLORS = {"hsd_torch": "tab:blue", "transformers": "tab:orange", "lossy": "tab:red"}
+
+
+def _kind(key: str) -> str:
+    """``lossy``, ``hsd_torch`` or ``transformers``: how a method key is coloured."""
+    if key.startswith(LOSSY):
+        return "lossy"
+    return "hsd_torch" if key.startswith("hsd") else "transformers"
+
+
+def _legend(ax: Any, kinds: set[str], **where: Any) -> None:
+    from matplotlib.patches import Patch
+
+    names = {"hsd_torch": "hsd_torch (lossless)", "transformers": "transformers (lossless)",
+             "lossy": "transformers' sampled UAG as installed: LOSSY"}
+    ax.legend(handles=[Patch(color=_COLORS[k], label=names[k]) for k in _COLORS if k in kinds], fontsize=7, **where)
+
+
+def tokens_per_s_figure(plt: Any, m: dict[str, Any], modes: Any) -> Any:
+    """Batch-1 tokens/s per method and mode, bars coloured by kind (legend), lossy bars hatched
+    and labelled LOSSY."""
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 5.2), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        names, vals, kinds = [], [], []
+        for k, r in m.items():
+            if k.endswith(f"-{mode}@b1"):  # the sweep's keys end in /kK
+                kinds.append(_kind(k))
+                names.append(k.replace(f"-{mode}@b1", "") + (" (LOSSY)" if kinds[-1] == "lossy" else ""))
+                vals.append(r["tokens_per_s"])
+        bars = ax.barh(names, vals, color=[_COLORS[k] for k in kinds])
+        for b, k in zip(bars, kinds):
+            if k == "lossy":
+                b.set_hatch("//")
+        ax.set_title(f"batch 1, {mode}: tokens/s")
+        ax.set_xlabel("new tokens per second")
+        ax.invert_yaxis()
+        _legend(ax, set(kinds), loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def bound_figure(plt: Any, m: dict[str, Any]) -> Any:
+    """Measured speed-up against its bound at batch 1, one point per method coloured by kind
+    (legend); each point's name sits in a column right of the plot, in the points' order, joined
+    to its point by a line, so that no two names overlap."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ks = [k for k in m if k.endswith("@b1") and ":ar-" not in k]  # not the sweep's
+    xs = [m[k]["bound_median"] for k in ks]
+    ys = [m[k]["speedup_median"] for k in ks]
+    ax.scatter(xs, ys, c=[_COLORS[_kind(k)] for k in ks], zorder=3)
+    lim = max(xs + ys + [1.0]) * 1.1
+    ax.plot([0, lim], [0, lim], "k--", lw=0.8)
+    ax.plot([0, lim], [0, 0.9 * lim], "k:", lw=0.8)
+    ax.set_xlim(0, lim)
+    ax.set_ylim(0, lim)
+    order = sorted(range(len(ks)), key=lambda i: -ys[i])
+    for slot, i in enumerate(order):
+        y_text = lim * (1 - (slot + 0.5) / max(1, len(ks)))
+        name = ks[i].replace("@b1", "") + (" (LOSSY)" if _kind(ks[i]) == "lossy" else "")
+        ax.annotate(name, (xs[i], ys[i]), xytext=(1.03, y_text / lim), textcoords="axes fraction", fontsize=7,
+                    va="center", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.5"})
+    ax.set_xlabel("bound (speed-up acceptance and forward costs allow)")
+    ax.set_ylabel("measured speed-up over AR")
+    ax.set_title("batch 1: measured vs allowed (dashed: equal, dotted: 90 %)")
+    _legend(ax, {_kind(k) for k in ks}, loc="upper left")  # above the diagonal: no point can be there
+    fig.tight_layout(rect=(0.0, 0.0, 0.72, 1.0))
+    return fig
+
+
 def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     try:
         import matplotlib
@@ -471,18 +545,7 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     m = summary["methods"]
     modes = summary.get("setup", {}).get("modes", MODES)
     written = []
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        names, vals, colors = [], [], []
-        for k, r in m.items():
-            if k.endswith(f"-{mode}@b1"):  # the sweep's keys end in /kK
-                names.append(k.replace(f"-{mode}@b1", ""))
-                vals.append(r["tokens_per_s"])
-                colors.append("tab:blue" if k.startswith("hsd") else "tab:orange")
-        ax.barh(names, vals, color=colors)
-        ax.set_title(f"batch 1, {mode}: tokens/s (blue hsd_torch, orange transformers)")
-        ax.invert_yaxis()
-    fig.tight_layout()
+    fig = tokens_per_s_figure(plt, m, modes)
     fig.savefig(folder / "generate_tokens_per_s.png", dpi=110)
     written.append(str(folder / "generate_tokens_per_s.png"))
     plt.close(fig)
@@ -501,19 +564,7 @@ def plots(summary: dict[str, Any], folder: Path) -> list[str]:
     fig.savefig(folder / "generate_batch.png", dpi=110)
     written.append(str(folder / "generate_batch.png"))
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ks = [k for k in m if k.endswith("@b1") and ":ar-" not in k]  # not the sweep's
-    ax.scatter([m[k]["bound_median"] for k in ks], [m[k]["speedup_median"] for k in ks],
-               c=["tab:blue" if k.startswith("hsd") else "tab:orange" for k in ks])
-    for k in ks:
-        ax.annotate(k.replace("@b1", ""), (m[k]["bound_median"], m[k]["speedup_median"]), fontsize=7)
-    lim = max([m[k]["bound_median"] for k in ks] + [1.0]) * 1.1
-    ax.plot([0, lim], [0, lim], "k--", lw=0.8)
-    ax.plot([0, lim], [0, 0.9 * lim], "k:", lw=0.8)
-    ax.set_xlabel("bound (speed-up acceptance and forward costs allow)")
-    ax.set_ylabel("measured speed-up over AR")
-    ax.set_title("batch 1: measured vs allowed (dotted: 90 %)")
-    fig.tight_layout()
+    fig = bound_figure(plt, m)
     fig.savefig(folder / "generate_bound.png", dpi=110)
     written.append(str(folder / "generate_bound.png"))
     plt.close(fig)

@@ -228,11 +228,32 @@ def _parse(args_in: list[str], commands: Sequence[str],
     impl = getattr(args, "impl", None)
     if impl is None:
         given = _impl_options_given(args, list(loaded.values()))
+        source = _source_extension(args, list(loaded.values()))
+        if source is not None:  # --samples-file F / --endpoint URL: the engine's own draws, no --impl
+            return parser, args, source
         if given:  # e.g. --samples N: the toy audit would run and ignore it
             parser.error(f"{', '.join(given)}: options of hsd audit --impl {'|'.join(impls) or 'NAME'}, given without "
                          "--impl; without it hsd audit runs the exact toy audit (its sampled audit is --sampled N)")
         return parser, args, None
     return parser, args, loaded[impl] if impl in loaded else extensions.load_audit_impl(impl)
+
+
+SOURCE_OPTIONS = ("samples_file", "endpoint")
+"""Options (argparse dests) that give the draws themselves (an engine's samples file, its server):
+with one of them, ``hsd audit`` runs the extension that defines it without ``--impl``."""
+
+
+def _source_extension(args: argparse.Namespace, exts: Sequence[extensions.AuditImpl]) -> extensions.AuditImpl | None:
+    """The extension defining the first of :data:`SOURCE_OPTIONS` that ``args`` sets (None if none is set)."""
+    for dest in SOURCE_OPTIONS:
+        if getattr(args, dest, None) is None:
+            continue
+        for ext in exts:
+            p = argparse.ArgumentParser(add_help=False)
+            ext.add_arguments(p)
+            if any(a.dest == dest for a in p._actions):
+                return ext
+    return None
 
 
 def _impl_options_given(args: argparse.Namespace, exts: Sequence[extensions.AuditImpl]) -> list[str]:

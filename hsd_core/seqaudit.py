@@ -44,8 +44,14 @@ The pooled tests and the martingale tests sum over a random number of tokens (se
 EOS); their normal / chi-square / KS reference laws are asymptotic (martingale central limit
 theorem). ``tests/stats/test_audit_sequences.py`` checks by simulation that the false-fail rate
 stays within ``alpha``. Besides the family, two exact checks make the verdict "lossy" at once: a
-token the target gives probability 0 at its position, and a malformed sequence (longer than the
-budget, shorter without ending at an end id, or going on after an end id).
+token the target gives probability 0 at its position, and an id outside the target's vocabulary.
+
+**Length mismatches** (a sequence longer than the budget, shorter without ending at an end id, or
+going on after an end id) say nothing about the law by themselves: a lossless sampler that returns
+a few tokens more than asked, or pads after its EOS, writes them. By default
+(``length_mismatch="error"``) the first one is a ``ValueError`` naming it, before any statistics
+(with the hint "it starts with the prompt's ids" when it does); ``length_mismatch="prefix"`` audits
+each sequence up to its first end id and the budget, and the report says how many were cut.
 
 **The promise.** For the laws actually met (the teacher-forced ``p_t``, and ``q_t`` with a
 drafter), the report states, per named family of departures, the smallest one caught with
@@ -88,8 +94,8 @@ from .context_bugs import DEFAULT_CONTEXT_BUGS, AimedStats
 from .context_bugs import context_bugs as _context_bugs
 from .stats import InvalidTest, TestResult, _check_alpha, _check_power, chi_square_gof, holm
 
-__all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "FamilyPower", "SequenceAuditReport", "SequenceEvidence",
-           "as_ids", "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
+__all__ = ["DEFAULT_BINS", "DEFAULT_POSITIONS", "LENGTH_MISMATCH", "FamilyPower", "LengthCheck", "SequenceAuditReport",
+           "SequenceEvidence", "as_ids", "audit_sequences", "check_sequence", "pit_uniforms", "sequence_seeds",
            "truncate_at_end"]
 
 Verdict = Literal["lossless-consistent", "lossy", "inconclusive"]
@@ -157,7 +163,8 @@ class SequenceAuditReport:
     statement; ``detectable_tv`` the headline promise (mean per-token TV, ``detectable_by`` names
     its family); ``impossible`` the draws the target gives probability 0 as ``(sequence,
     position, id)``; ``malformed`` what was wrong with malformed sequences; ``pits`` and
-    ``pit_positions`` every PIT and its position (for plots and further tests)."""
+    ``pit_positions`` every PIT and its position (for plots and further tests); ``prefix_cut`` the
+    sequences audited on their prefix only (``length_mismatch="prefix"``)."""
 
     verdict: Verdict
     reason: str
@@ -184,6 +191,7 @@ class SequenceAuditReport:
     pit_positions: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False,
                                              compare=False)
     bins: int = DEFAULT_BINS
+    prefix_cut: tuple[str, ...] = ()
     n_needed: int | None = None
     """When the headline promise is above ``max_detectable_tv``: about how many sequences would
     bring it down to that (None otherwise, or when no grid point reaches it)."""
@@ -210,6 +218,9 @@ class SequenceAuditReport:
                          + ", ".join(f"sequence {s} position {j} id {t}" for s, j, t in self.impossible[:5]))
         if self.malformed:
             lines.append(f"- {len(self.malformed)} malformed sequences, first: " + "; ".join(self.malformed[:3]))
+        if self.prefix_cut:
+            lines.append(f"- {len(self.prefix_cut)} sequences audited on their prefix only (length_mismatch='prefix': "
+                         "cut after the first end id and at max_new_tokens), first: " + "; ".join(self.prefix_cut[:3]))
         lines += ["", "| test | statistic | p-value | n | Holm rejects |", "|---|---|---|---|---|"]
         for r, rej in zip(self.tests, self.holm_rejected):
             lines.append(f"| {r.name} | {r.statistic:.4g} | {r.p_value:.3g} | {r.n} | {'**yes**' if rej else 'no'} |")
@@ -328,6 +339,8 @@ class SequenceEvidence:
         self.tokens = 0
         self.impossible: list[tuple[int, int, int]] = []
         self.malformed: list[str] = []
+        self.prefix_cut: list[str] = []
+        self.with_prompt = 0  # sequences that start with their prompt's ids (prompt + new ids returned)
         self.first: dict[int, tuple[F64, list[int]]] = {}  # prompt -> (its first-token law, first tokens)
         names: list[tuple[str, float]] = []
         if drafter:
@@ -732,13 +745,13 @@ class SequenceEvidence:
                     skipped.append(f"PIT KS (position {j}): {uj.size} tokens, fewer than {_MIN_POSITION_DRAWS}")
             for g in self._first_groups():
                 law0, toks = self.first[g]
-                name = f"first token after prompt {g} (chi-square)"
+                test = f"first token after prompt {g} (chi-square)"  # not `name`: that is the report's title
                 try:
                     r = chi_square_gof({int(t): float(law0[t]) for t in np.flatnonzero(law0 > 0)},
                                        toks, a, min_kept_mass=0.0)
-                    tests.append(TestResult(name, r.statistic, r.p_value, a, r.n, r.dof, r.rejected, r.detail))
+                    tests.append(TestResult(test, r.statistic, r.p_value, a, r.n, r.dof, r.rejected, r.detail))
                 except InvalidTest as e:
-                    skipped.append(f"{name}: {e}")
+                    skipped.append(f"{test}: {e}")
             if self.drafter:
                 if self.dir_var > 0:
                     z = self.dir_sum / math.sqrt(self.dir_var)
@@ -797,13 +810,19 @@ class SequenceEvidence:
             verdict = "lossless-consistent"
             reason = (f"no test rejects at family-wise alpha {self.alpha:.3g}; a {by} at mean per-token TV >= "
                       f"{detectable:.4g} would be caught with probability >= {self.power} (at the met positions)")
+        if verdict == "lossy" and self.with_prompt > n / 2:
+            reason += (f"; {self.with_prompt} of {n} sequences start with the prompt's own ids: does the sampler return "
+                       "prompt + new ids? return only the new ones")
+        if self.prefix_cut:
+            reason += (f"; {len(self.prefix_cut)} sequences audited on their prefix only (length_mismatch='prefix', "
+                       f"first: {self.prefix_cut[0]})")
         return SequenceAuditReport(
             verdict=verdict, reason=reason, n=n, tokens=self.tokens, max_new_tokens=max_new_tokens, alpha=self.alpha,
             power=self.power, seed=self.seed, m=m, tests=tuple(tests), holm_rejected=tuple(rejected),
             skipped=tuple(skipped), families=tuple(fams), detectable_tv=detectable, detectable_by=by,
             impossible=tuple(self.impossible), malformed=tuple(self.malformed), do_sample=self.do_sample,
             processing=processing, name=name, cost=dict(cost or {}), pits=u, pit_positions=upos, bins=self.bins,
-            n_needed=n_needed)
+            n_needed=n_needed, prefix_cut=tuple(self.prefix_cut))
 
 
 def _sparse_columns(p: F64, x: NDArray[np.int64], others: Sequence[F64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -856,6 +875,43 @@ def truncate_at_end(ids: Sequence[int], max_new_tokens: int, end_ids: frozenset[
     return out
 
 
+LENGTH_MISMATCH = ("error", "prefix", "lossy")
+"""What a sequence audit does with a length mismatch (module docstring): raise (the default),
+audit each sequence's prefix up to its first end id and the budget, or count it as a malformed
+sequence, which makes the verdict "lossy" (the engine audits' rule: a recorded engine's draws are
+what it claims to have sampled, and no option can fix them after the fact)."""
+
+
+class LengthCheck:
+    """One audit's rule for sequences whose length does not fit (module docstring, "Length
+    mismatches"): :meth:`take` returns the ids to audit, raises ``ValueError`` on a mismatch under
+    ``"error"``, and cuts it (recorded in the evidence) under ``"prefix"``."""
+
+    def __init__(self, length_mismatch: str, max_new_tokens: int, end_ids: frozenset[int]) -> None:
+        if length_mismatch not in LENGTH_MISMATCH:
+            raise ValueError(f"length_mismatch must be 'error', 'prefix' or 'lossy', got {length_mismatch!r}")
+        self.policy, self.max_new_tokens, self.end_ids = length_mismatch, int(max_new_tokens), end_ids
+
+    def take(self, ev: SequenceEvidence, i: int, ids: list[int], prompt_ids: Sequence[int], what: str) -> list[int]:
+        """``ids`` (sequence ``i``'s new target ids; ``what`` names the draw: "sample_fn('x', 7)"),
+        as audited; counts in ``ev`` the sequences that start with ``prompt_ids``."""
+        head = list(prompt_ids)
+        starts = bool(head) and len(ids) > len(head) and ids[:len(head)] == head
+        ev.with_prompt += starts
+        wrong = check_sequence(ids, self.max_new_tokens, self.end_ids)
+        if wrong is None:
+            return ids
+        hint = "; it starts with the prompt's ids: return only the new ids" if starts else ""
+        if self.policy == "error":
+            raise ValueError(
+                f"{what} (sequence {i}) returned {wrong}: a length mismatch, so no statistics were run{hint}. Return "
+                f"the new ids only, up to the first end id and at most max_new_tokens={self.max_new_tokens}, or pass "
+                "length_mismatch='prefix' to audit each sequence up to its first end id and max_new_tokens (the "
+                "report then says how many were cut)")
+        (ev.prefix_cut if self.policy == "prefix" else ev.malformed).append(f"sequence {i}: {wrong}{hint}")
+        return truncate_at_end(ids, self.max_new_tokens, self.end_ids)
+
+
 def audit_sequences(
     sample_fn: Callable[[str, int], Sequence[int]],
     target: Any,
@@ -874,6 +930,7 @@ def audit_sequences(
     power_steps: int = DEFAULT_POWER_STEPS,
     name: str | None = None,
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
+    length_mismatch: str = "error",
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) over ``hsd_core`` models:
     ``n`` sequences (the prompts taken in turn), every token tested against ``target``'s exact
@@ -882,7 +939,11 @@ def audit_sequences(
     shared strings (TLI's intersection, renormalized) with TLI's drafter context. Sequence ``i``'s
     seed is :func:`sequence_seeds` ``(seed, n)[i]``. ``do_sample=False``: every token must be the
     argmax (ties to the lowest id). ``context_bugs``: names of :data:`hsd_core.context_bugs.CONTEXT_BUGS`
-    to aim a test at (None or empty: none; sampling only). Returns a :class:`SequenceAuditReport`."""
+    to aim a test at (None or empty: none; sampling only). ``length_mismatch``: ``"error"`` (a
+    sequence longer than ``max_new_tokens``, going on after an end id or stopping short without one
+    raises ``ValueError`` naming it) or ``"prefix"`` (each sequence audited up to its first end id
+    and ``max_new_tokens``; the report says how many were cut) or ``"lossy"`` (a malformed sequence:
+    the verdict is "lossy"; its prefix is audited too). Returns a :class:`SequenceAuditReport`."""
     from .laws import argmax
     from .methods.base import State, check_run_args
     from .methods.tli import drafter_context, intersection
@@ -908,6 +969,7 @@ def audit_sequences(
         inter = intersection(target.vocab, drafter.vocab)
     size = len(target.vocab)
     eos = target.vocab.eos_id
+    lengths = LengthCheck(length_mismatch, int(max_new_tokens), frozenset([eos]))
     bugs = _context_bugs(context_bugs) if do_sample else ()
     ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=seed,
                           drafter=drafter is not None, do_sample=do_sample, power_steps=power_steps,
@@ -920,13 +982,10 @@ def audit_sequences(
         if bad:
             ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {size} ids")
             continue
-        what = check_sequence(ids, int(max_new_tokens), frozenset([eos]))
-        if what is not None:
-            ev.add_malformed(f"sequence {i}: {what}")
-            ids = truncate_at_end(ids, int(max_new_tokens), frozenset([eos]))
+        base = tuple(target.tokenizer.encode(prompt))
+        ids = lengths.take(ev, i, ids, base, f"sample_fn({prompt!r}, {sd})")
         if not ids:
             continue
-        base = tuple(target.tokenizer.encode(prompt))
         rows = []
         qrows = []
         bases = [tuple(b.context(base)) for b in bugs]

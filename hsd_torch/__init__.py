@@ -14,8 +14,9 @@
   :mod:`hsd_torch.drafting` and :mod:`hsd_torch.verification`. :class:`hsd_torch.CoreModel` presents a
   model and tokenizer as an ``hsd_core`` model for the mirror tests (:mod:`hsd_torch.mirror`).
 
-Install a CPU torch explicitly first (``pip install torch==2.13.0``), then ``pip install -e
-".[torch]"``; on a GPU machine bring your own CUDA torch.
+Install a CPU torch explicitly first (``pip install torch==2.13.0 --index-url
+https://download.pytorch.org/whl/cpu``: without the index, Linux gets the CUDA wheel), then
+``pip install -e ".[torch]"``; on a GPU machine bring your own CUDA torch.
 """
 
 from . import kernels, slrs, vocab

@@ -51,6 +51,8 @@ from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
 from .generate import process_logits
 from .laws import TextSpace, check_processing
+from .prompts import target_context
+from .reference import LawProvider, ProvidedLaw
 from .runner import check_model, refuse_meta
 from .seqaudit import audit_sequences
 from .text import TokenText
@@ -106,7 +108,10 @@ class Reference:
 @torch.inference_mode()
 def _laws(target: Any, contexts: Sequence[Sequence[int]], mask: torch.Tensor, process: Mapping[str, Any],
           batch: int = 32) -> list[np.ndarray]:
-    """The processed next-token law (float64 numpy) after each context (all of one length)."""
+    """The processed next-token law (float64 numpy) after each context (all of one length);
+    ``target`` may be a :class:`~hsd_torch.reference.ProvidedLaw` (the provider's laws)."""
+    if isinstance(target, ProvidedLaw):
+        return [row.numpy() for row in process_logits(target.next_laws(contexts), mask, **process)]
     dev = next(target.parameters()).device
     out: list[np.ndarray] = []
     for i in range(0, len(contexts), batch):
@@ -512,6 +517,7 @@ def audit_generate(
     batch_size: int = 64,
     max_detectable_tv: float | None = 0.1,
     text: bool = False,
+    reference: LawProvider | ProvidedLaw | None = None,
 ) -> GenerateAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s own
     law of the first ``positions`` new tokens (module docstring).
@@ -519,7 +525,9 @@ def audit_generate(
     ``temperature``, ``top_k``, ``top_p``: the processing the sampler claims
     (:func:`hsd_torch.generate.process_logits`; ignored when greedy); ``mask_textless=True`` adds
     hsd_torch's removal of ids without text (other than EOS), the law :func:`hsd_torch.generate`
-    samples; ``prompt_ids`` overrides ``target_tokenizer(prompt)["input_ids"]`` as the target's
+    samples; the target's context is the prompt's ids as :func:`hsd_torch.generate` feeds them
+    (:func:`hsd_torch.prompts.target_context`: one BOS, also when the text starts with the BOS's
+    text, as a chat template's does); ``prompt_ids`` overrides them as the target's
     context (``prompt`` may then be left out: the sampler gets the ids' decoded text). ``seed``: the draws are made in chunks of ``chunk_size`` with
     ``SeedSequence(seed).spawn`` children, each draw gets a 32-bit seed from its chunk's generator
     (a repeated seed among 20,000 draws has probability about 5% and repeats one draw), so a run is
@@ -535,7 +543,9 @@ def audit_generate(
     reference is the law of ``target_tokenizer.decode(ids, skip_special_tokens=True)`` of the first
     ``positions`` tokens, which is exact only when no cell was pooled (``ValueError`` otherwise: give
     a top-k or top-p that keeps few tokens, or fewer positions); a text no such token sequence
-    decodes to is a draw of probability 0. Returns a :class:`GenerateAuditReport`.
+    decodes to is a draw of probability 0. ``reference``: a law provider ``(prompt_ids, ids) -> [len(ids),
+    V]`` raw log-probabilities (:mod:`hsd_torch.reference`), whose laws replace ``target``'s forward
+    passes (``target`` still gives the logit width and the end ids). Returns a :class:`GenerateAuditReport`.
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -574,12 +584,11 @@ def audit_generate(
         ids = _as_ids(prompt_ids, "prompt_ids has", width)
         if not ids:
             raise ValueError("prompt_ids is empty: the target needs at least one id to condition on")
-    else:
-        ids = [int(i) for i in target_tokenizer(prompt)["input_ids"]]
-        if not ids:
-            raise ValueError(f"prompt {prompt!r} encodes to no target ids (the tokenizer adds no BOS): the target has "
-                             "nothing to condition on; give a non-empty prompt, or prompt_ids (e.g. [bos_token_id])")
-    ref = reference_law(target, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
+    else:  # as generate feeds it (one BOS, even when the text starts with the BOS's own text)
+        ids = target_context(TokenText.get(target_tokenizer, width), prompt)
+    law_of: Any = target if reference is None else \
+        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    ref = reference_law(law_of, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
     label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
     draw: Any
     law: dict[tuple[int, ...], float] = ref.law
@@ -623,7 +632,7 @@ def audit_generate(
         verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
                                            f"max_detectable_tv {max_detectable_tv:.4g}{more}")
     if verdict == "lossy" and do_sample and not text and ref.forward_passes <= _MAX_FIT_PASSES:
-        fit = _best_fit(target, ids, ref, mask, process, core.observed)
+        fit = _best_fit(law_of, ids, ref, mask, process, core.observed)
         if fit is not None:
             reason += f"; of a few processings, the draws fit best {fit}"
     with_prompt = getattr(draw, "with_prompt", 0)  # counted in this process (not on an executor's workers)

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     a("--prompts-file", metavar="FILE", help="one prompt per line (\\n escapes are expanded)")
     a("--max-new-tokens", type=ca.positive_int, default=64, metavar="N", help="default 64")
-    a("--lookahead", type=ca.positive_int, default=None, metavar="K", help="drafts per round (default 4; 1 for slrs)")
+    a("--lookahead", type=ca.positive_int, default=None, metavar="K",
+      help=f"drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate; 1 for slrs)")
     a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="bounded SLRS: stop drafting a path below this drafter probability")
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", default="float32", choices=("float32", "fp32", "bfloat16", "bf16", "float64", "fp64", "float16", "fp16"),
       help="the models' dtype, cast on load (default float32; bf16 is much cheaper on CPUs with AMX: greedy near ties "
            "are then decided in float32, docs/generate.md 'Reduced precision')")
+    ca.add_threads(p)
     a("--stats", action="store_true", help="print the per-prompt stats table at the end")
     return p
 
@@ -219,22 +221,21 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give at least one --prompt or a --prompts-file")
     if args.method != "ar" and not args.drafter:
         parser.error(f"--method {args.method} needs --drafter DIR")
-    lookahead = args.lookahead if args.lookahead is not None else (1 if args.method == "slrs" else 4)
-
-    import torch
+    lookahead = args.lookahead if args.lookahead is not None else ca.default_lookahead(args.method)
 
     from .generate import generate
-    from .methods import make
 
-    try:  # the method's options, as generate checks them first (lookbehind None: its default)
-        make(args.method, lookahead=lookahead, greedy=args.greedy, lookbehind=None, min_path_prob=args.min_path_prob,
-             proposal_map=args.proposal_map, max_tokens=args.max_tokens)
-    except (ValueError, NotImplementedError) as e:
-        raise ca.Refusal(ca.one_line(e)) from None
-    problem = _problem_before_loading(args)
+    # the method's options, as generate checks them first, in the flags' words
+    problem = ca.method_problem(args.method, lookahead, args.greedy, args.min_path_prob, args.proposal_map,
+                                args.max_tokens)
+    if problem is None:
+        problem = _problem_before_loading(args)
+    if problem is None and args.method == "sd":  # the tokenizers only: refused before either model loads
+        problem = ca.sd_tokenizer_problem("sd", ca.load_tokenizer(args.target_tokenizer or args.target),
+                                          ca.load_tokenizer(args.drafter_tokenizer or args.drafter))
     if problem is not None:
         raise ca.Refusal(problem)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    ca.set_threads(args.threads, args.device)
     t0 = time.perf_counter()
     target, tt, drafter, dt = _load(args)
     load_s = time.perf_counter() - t0

@@ -27,6 +27,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 from .laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 
@@ -112,6 +113,11 @@ def max_detectable_tv(text: str) -> float:
     """``--max-detectable-tv``: a number in (0, 1]."""
     return _float(text, "needs a number in (0, 1] (the largest detectable TV a passing verdict may come with)",
                   lambda v: 0 < v <= 1)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``--max-minutes``)."""
+    return _float(text, "needs a number > 0", lambda v: math.isfinite(v) and v > 0)
 
 
 def context_bugs(text: str) -> tuple[str, ...]:
@@ -246,3 +252,83 @@ def device_problem(text: str) -> str | None:
     except Exception as e:  # noqa: BLE001  any failure to place a tensor there (a backend this torch lacks)
         return f"--device {text!r} cannot be used here ({type(e).__name__}: {one_line(e, 160)}); use --device cpu"
     return None
+
+
+DEFAULT_LOOKAHEAD = 4
+"""``--lookahead``'s default in ``hsd generate`` and ``hsd audit --impl hsd_torch``, as
+:func:`hsd_torch.generate`'s (1 for ``--method slrs``, whose one-token form takes only 1)."""
+
+
+def default_lookahead(method: str) -> int:
+    """The lookahead a command uses when ``--lookahead`` is not given (:data:`DEFAULT_LOOKAHEAD`)."""
+    return 1 if method == "slrs" else DEFAULT_LOOKAHEAD
+
+
+def method_problem(method: str, lookahead: int, greedy: bool, min_path_prob: float | None,
+                   proposal_map: str | None, max_tokens: int | None) -> str | None:
+    """Why ``hsd_torch.generate`` would refuse these method options (None if it would not), in the
+    command line's words: the flags to give, not the library's keyword names."""
+    from .methods import make
+
+    try:
+        make(method, lookahead=lookahead, greedy=greedy, lookbehind=None, min_path_prob=min_path_prob,
+             proposal_map=proposal_map, max_tokens=max_tokens)
+    except (ValueError, NotImplementedError) as e:
+        if method == "slrs" and lookahead > 1 and proposal_map != "longest_prefix":
+            return (f"--method slrs with --lookahead {lookahead} needs bounded SLRS: add --proposal-map longest_prefix "
+                    "--min-path-prob TAU (e.g. 0.05; psi then costs at most 1 + (lookahead - 1) / TAU drafter rows "
+                    "per round), or use --lookahead 1 (the one-token SLRS), or --method tli / slem for longer drafts")
+        if method == "slrs" and max_tokens != 1 and proposal_map != "longest_prefix":
+            return ("--method slrs with --max-tokens other than 1 needs bounded SLRS: add --proposal-map longest_prefix "
+                    "--min-path-prob TAU (e.g. 0.05)")
+        if method == "slrs" and proposal_map == "longest_prefix" and min_path_prob is None:
+            return (f"--method slrs --proposal-map longest_prefix with --lookahead {lookahead} needs --min-path-prob TAU "
+                    "(e.g. 0.05): without it psi would enumerate every drafter path")
+        return one_line(e)
+    return None
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's CPU threads (default 1 on CPU: with torch's default of one per core a
+    forward pass was measured 3.8x slower on a 2-core machine shared with other work)."""
+    p.add_argument("--threads", type=int_at_least(1, "an int", "torch's CPU threads"), default=None, metavar="N",
+                   help="torch CPU threads (default 1 on CPU, where more were measured slower on a busy 2-core "
+                        "machine; give the number of idle cores to use them)")
+
+
+def set_threads(threads: int | None, device: str = "cpu") -> int:
+    """Set torch's threads for ``--threads`` (None: 1 on a CPU device, torch's own default
+    elsewhere, where the CPU only feeds the device); returns the number set."""
+    import torch
+
+    n = threads if threads is not None else (1 if torch.device(device).type == "cpu" else torch.get_num_threads())
+    torch.set_num_threads(n)
+    return n
+
+
+def sd_tokenizer_problem(method: str, target_tokenizer: Any, drafter_tokenizer: Any) -> str | None:
+    """Why ``--method sd`` cannot run with these tokenizers (None if it may): same-tokenizer
+    speculative decoding drafts target ids, so the drafter's tokenizer must be the target's (the
+    same token strings at the same ids). Checked on the tokenizers alone, before any model loads."""
+    if method != "sd" or drafter_tokenizer is None:
+        return None
+    if target_tokenizer.get_vocab() != drafter_tokenizer.get_vocab():
+        return ("--method sd needs a drafter that uses the target's tokenizer (same ids, same text), but their "
+                f"vocabularies differ ({len(target_tokenizer)} and {len(drafter_tokenizer)} tokens): use --method tli, "
+                "slem or slrs for a drafter with another tokenizer")
+    return None
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of a checkpoint folder or a real model's name (:mod:`hsd_torch.real_models`);
+    ``Refusal`` naming the path when it does not load."""
+    from transformers import AutoTokenizer
+
+    from . import real_models
+
+    try:
+        if (name := real_models.named(path)) is not None:
+            return real_models.load_tokenizer(name)
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise Refusal(f"cannot load the tokenizer from {path!r}: {one_line(e)}") from None

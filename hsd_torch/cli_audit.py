@@ -14,13 +14,27 @@ otherwise applies its default top-k 50). ``--impl hsd_torch`` samples :func:`hsd
 one token more than ``--positions`` (the audit reads the first ``--positions``), so that every
 audited token comes out of a round with room to draft: transformers drafts nothing for the last
 new token, so ``--positions 1`` with ``max_new_tokens=1`` would audit no speculation at all.
+
+With ``--sequences``, transformers' sampler gets its own deep copy of the drafter: its sampled
+assisted generation prunes and re-indexes its assistant in place, and the audit's directional test
+must read the drafter as given (``audit_sequences`` refuses a sampler that changed it).
+
+Cost: after the first draws (at least 2 s of sampling or 10 draws) the command prints the
+estimated time of the whole sampling on stderr and refuses to go on (exit status 2) when it is
+above ``--max-minutes`` (default 20), naming the ``--samples`` that fits; the sequence audit then
+prints its own estimate after the first chunk, teacher forcing and the departure it should catch
+included. Progress is counted per draw and per sequence (hsd_torch's rows as they finish).
+``--threads`` sets torch's CPU threads (default 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +44,7 @@ from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
 from . import cli_args as ca
+from . import cli_engine
 from .audit import GenerateAuditReport, audit_generate, audit_sequences
 
 
@@ -54,12 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="with --sequences: context bugs to aim a test at, comma-separated, or 'none' (default "
            "prompt_last_twice; hsd_core.context_bugs)")
     a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
-    a("--method", default="tli", choices=ca.METHODS, help="hsd_torch method (default tli)")
+    a("--method", default=None, choices=ca.METHODS, help="hsd_torch method (default tli; not with --impl transformers)")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="hsd_torch bounded SLRS's probability stop")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
       help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
-    a("--lookahead", type=ca.positive_int, default=2, help="hsd_torch drafts per round (default 2)")
+    a("--lookahead", type=ca.positive_int, default=None,
+      help=f"hsd_torch drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate and hsd generate; 1 "
+           "for slrs)")
     a("--temperature", type=ca.temperature, default=1.0,
       help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
     a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (0: off)")
@@ -68,6 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-detectable-tv", type=ca.max_detectable_tv, default=0.1, metavar="TV",
       help="'inconclusive' when the audit could only detect a larger TV (default 0.1; 1 to accept any)")
     a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
+    a("--max-minutes", type=ca.positive_float, default=20.0, metavar="M",
+      help="refuse (after the first draws) a run whose sampling alone is estimated above M minutes, naming the "
+           "--samples that fits (default 20)")
+    ca.add_threads(p)
+    cli_engine.add_arguments(p)  # --samples-file, --endpoint, ...: engines audited without --impl
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
@@ -95,12 +117,24 @@ def _uses_drafter(args: argparse.Namespace) -> bool:
     return not (args.impl == "hsd_torch" and args.method == "ar")
 
 
+_HSD_TORCH_ONLY = (("method", "--method"), ("lookahead", "--lookahead"), ("min_path_prob", "--min-path-prob"),
+                   ("proposal_map", "--proposal-map"))
+
+
 def problem_before_loading(args: argparse.Namespace) -> str | None:
     """What stops ``hsd audit --impl`` before any model is loaded (None if nothing): a missing
     option, a folder that holds no checkpoint or no tokenizer, hsd_torch method options that
     ``generate`` would refuse. The ranges were checked while parsing (:mod:`hsd_torch.cli_args`)."""
     if args.target is None:
         return f"--impl {args.impl} needs --target DIR"
+    if args.impl == "transformers":
+        given = [flag for dest, flag in _HSD_TORCH_ONLY if getattr(args, dest) is not None]
+        if given:
+            return (f"{', '.join(given)}: options of --impl hsd_torch; transformers' assisted generation has no such "
+                    "setting (it picks its own number of drafts), so they would be ignored")
+    else:
+        args.method = args.method or "tli"
+        args.lookahead = args.lookahead if args.lookahead is not None else ca.default_lookahead(args.method)
     if _uses_drafter(args) and args.drafter is None:
         if args.impl == "hsd_torch":
             return f"--method {args.method} needs --drafter DIR (only --method ar runs without a drafter)"
@@ -118,13 +152,11 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
     if problem is not None:
         return problem
     if args.impl == "hsd_torch":
-        from .methods import make
-
-        try:  # the method's options, as generate checks them first (lookbehind None: its default)
-            make(args.method, lookahead=args.lookahead, greedy=args.greedy, lookbehind=None,
-                 min_path_prob=args.min_path_prob, proposal_map=args.proposal_map, max_tokens=1)
-        except (ValueError, NotImplementedError) as e:
-            return ca.one_line(e)
+        problem = ca.method_problem(args.method, args.lookahead, args.greedy, args.min_path_prob, args.proposal_map, 1)
+        if problem is None and args.method == "sd":  # the tokenizers only: before either model loads
+            problem = ca.sd_tokenizer_problem("sd", ca.load_tokenizer(args.target_tokenizer or args.target),
+                                              ca.load_tokenizer(args.drafter_tokenizer or args.drafter))
+        return problem
     return None
 
 
@@ -148,25 +180,52 @@ class _LazyBar:
 
 
 class _Sampler:
-    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar; ``batch``
-    (hsd_torch) samples a list of prompts in one call, row streams from the first seed."""
+    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar (per draw,
+    and per finished row of hsd_torch's batches); ``batch`` (hsd_torch) samples a list of prompts
+    in one call, row streams from the first seed. After the first draws it prints the estimated
+    sampling time of all ``n`` and raises ``ValueError`` when it is above ``--max-minutes``."""
 
-    def __init__(self, args: argparse.Namespace, target: Any, tt: Any, drafter: Any, dt: Any, bar: Any) -> None:
+    def __init__(self, args: argparse.Namespace, target: Any, tt: Any, drafter: Any, dt: Any, bar: Any,
+                 n: int) -> None:
         self.a, self.target, self.tt, self.drafter, self.dt, self.bar = args, target, tt, drafter, dt, bar
         self.budget = args.max_new_tokens if args.sequences else args.positions + 1
+        self.n, self.done, self.spent, self.estimated = n, 0, 0.0, False
+
+    def _timed(self, k: int, t0: float) -> None:
+        """Count ``k`` draws that took the time since ``t0``; once (2 s or 10 draws in, before the
+        end) print the estimate and refuse a run above the budget."""
+        self.done += k
+        self.spent += time.perf_counter() - t0
+        if self.estimated or self.done >= self.n or (self.spent < 2.0 and self.done < 10):
+            return
+        self.estimated = True
+        each = self.spent / self.done
+        total = each * self.n
+        what = "sequences" if self.a.sequences else "draws"
+        print(f"\nhsd audit: sampling {self.n} {what} should take about {total / 60:.1f} min here (the first "
+              f"{self.done} took {each:.2f} s each)" + ("; teacher forcing comes on top" if self.a.sequences else ""),
+              file=sys.stderr)
+        if total > 60 * self.a.max_minutes:
+            fits = max(1, math.floor(60 * self.a.max_minutes / each))
+            raise ValueError(f"--samples {self.n} would take about {total / 60:.0f} min of sampling alone here (the "
+                             f"first {self.done} {what} took {each:.2f} s each), more than --max-minutes "
+                             f"{self.a.max_minutes:g}: choose --samples {fits} or fewer (about {self.a.max_minutes:g} "
+                             "min; the report states what that size can detect), or raise --max-minutes")
 
     def batch(self, prompts: list[str], seeds: list[int]) -> list[list[int]]:
         from .generate import generate
 
         a = self.a
+        t0 = time.perf_counter()
         out = generate(self.target, self.drafter, prompts, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
                        method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget, do_sample=not a.greedy,
                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=seeds[0],
-                       min_path_prob=a.min_path_prob, proposal_map=a.proposal_map).sequences
-        self.bar.update(len(prompts))
+                       min_path_prob=a.min_path_prob, proposal_map=a.proposal_map, progress=self.bar.update).sequences
+        self._timed(len(prompts), t0)
         return [list(r) for r in out]
 
     def __call__(self, prompt: str, seed: int) -> list[int]:
+        t0 = time.perf_counter()
         a = self.a
         if a.impl == "hsd_torch":
             from .generate import generate
@@ -187,6 +246,7 @@ class _Sampler:
                 out = self.target.generate(**x, assistant_model=self.drafter, **kw)
             ids = out[0, x["input_ids"].shape[1]:].tolist()
         self.bar.update(1)
+        self._timed(1, t0)
         return list(ids)
 
 
@@ -203,10 +263,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)
         return 2
 
-    problem = problem_before_loading(args)
+    if args.samples_file is not None or args.endpoint is not None:
+        return cli_engine.run(args)
+    try:
+        problem = problem_before_loading(args)
+    except ca.Refusal as e:  # a tokenizer that does not load (the sd check reads both)
+        return error(str(e))
     if problem is not None:
         return error(problem)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    ca.set_threads(args.threads)
     loaded: dict[str, tuple[Any, Any]] = {"drafter": (None, None)}
     for role, path, tok in (("target", args.target, args.target_tokenizer),
                             ("drafter", args.drafter if _uses_drafter(args) else None, args.drafter_tokenizer)):
@@ -222,7 +287,10 @@ def run(args: argparse.Namespace) -> int:
     n = args.samples if args.samples is not None else (200 if args.sequences else 20000)
     bar = _LazyBar(total=n, desc=f"sampling {args.impl}", unit="sequence" if args.sequences else "draw",
                    file=sys.stderr)
-    sampler = _Sampler(args, target, tt, drafter, None if (same and args.impl == "transformers") else dt, bar)
+    # transformers' sampled UAG rewrites its assistant in place: with --sequences (whose directional test reads
+    # the drafter) it samples with its own copy, and the audit reads the untouched one
+    own = copy.deepcopy(drafter) if (args.sequences and args.impl == "transformers" and drafter is not None) else drafter
+    sampler = _Sampler(args, target, tt, own, None if (same and args.impl == "transformers") else dt, bar, n)
     if args.sequences:
         return _run_sequences(args, n, sampler, target, tt, drafter, dt, bar, error)
     try:
@@ -269,7 +337,9 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
                 max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if batched else None,
                 context_bugs=DEFAULT_CONTEXT_BUGS if args.context_bugs is None else args.context_bugs,
-                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}",
+                progress=lambda line: print("\nhsd audit: " + line, file=sys.stderr) if line.startswith("estimate")
+                else None)
         finally:
             bar.close()
     except (ValueError, NotImplementedError) as e:

@@ -22,7 +22,7 @@ from hsd_core.methods.resync import Resync, drafter_context_ids
 
 from . import kernels
 from ._precision import nan_hint
-from .laws import TextSpace, space_law
+from .laws import TextSpace, restricted_law, space_law
 from .rounds import Drafts
 
 if TYPE_CHECKING:
@@ -37,12 +37,17 @@ class DraftColumns:
     from the first ``n_draw`` of them (TLI: the intersection's, a slice, not renormalized);
     ``to_target[c]`` is the target column drawing column ``c`` proposes (None: the method maps
     the drafted text itself, SLEM); ``stop_on_empty``: a law with no mass on those columns ends the
-    row's drafting (TLI, SLEM) instead of raising ``ValueError`` (SD, SLRS)."""
+    row's drafting (TLI, SLEM) instead of raising ``ValueError`` (SD, SLRS). ``head`` (int64, the
+    ids ``space.ids[:n_draw]`` on the drafter's device; only when the drafter's processing has no
+    top-k or top-p, whose kept sets read every logit): the drafter's head computes those ids'
+    logits alone and the law drawn from is :func:`hsd_torch.laws.restricted_law` of them, the
+    processed law restricted to the drafting columns and renormalized (TLI's q_cap)."""
 
     space: TextSpace
     n_draw: int
     to_target: list[int] | None
     stop_on_empty: bool
+    head: Tensor | None = None
 
 
 def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: Resync) -> None:
@@ -79,13 +84,14 @@ def drafting_uniforms(gen: Generation, k: Sequence[int]) -> list[list[float]]:
     return [gen.rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(gen.batch)]
 
 
-def feed_drafter(gen: Generation, contexts: Sequence[Sequence[int] | None]) -> Tensor:
+def feed_drafter(gen: Generation, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
     """Re-sync each row's drafter cache to ``contexts[i]`` (None: the row is not fed) and run the
-    drafter once: its logits ``[B, Vd]`` after each fed context (zeros for rows not fed)."""
+    drafter once: its logits ``[B, Vd]`` after each fed context (zeros for rows not fed); with
+    ``head`` (int64 ids), those ids' logits alone, ``[B, len(head)]``."""
     drun = gen.drun
     assert drun is not None
     blocks = [drun.sync(i, c) if c is not None else [] for i, c in enumerate(contexts)]
-    return drun.feed(blocks, [len(b) - 1 for b in blocks], None)
+    return drun.feed(blocks, [len(b) - 1 for b in blocks], None, head)
 
 
 def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
@@ -103,14 +109,18 @@ def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols
     d_ctx, space, n_draw, to_target = gen.d_ctx, cols.space, cols.n_draw, cols.to_target
     still = [k[i] > 0 for i in range(batch)]
     drafts_d: list[list[int]] = [[] for _ in range(batch)]
-    last = feed_drafter(gen, [d_ctx[i] if active[i] else None for i in range(batch)])
+    head = cols.head
+    last = feed_drafter(gen, [d_ctx[i] if active[i] else None for i in range(batch)], head)
     for j in range(max(k, default=0)):
         rows = [i for i in range(batch) if still[i]]
         if not rows:
             break
-        law = space_law(last, space, gen.d_drop, **gen.d_process)
-        if n_draw < space.n:
-            law = law[:, :n_draw]
+        if head is not None:  # the drafting columns' logits alone
+            law = restricted_law(last, gen.d_process["temperature"])
+        else:
+            law = space_law(last, space, gen.d_drop, **gen.d_process)
+            if n_draw < space.n:
+                law = law[:, :n_draw]
         if not greedy and u_round is None:  # one host-to-device copy a round
             u_round = kernels._host_tensor(
                 [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)
@@ -143,5 +153,5 @@ def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols
                 still[r] = False
         if not any(still):
             break
-        last = feed_drafter(gen, [d_ctx[i] + drafts_d[i] if still[i] else None for i in range(batch)])
+        last = feed_drafter(gen, [d_ctx[i] + drafts_d[i] if still[i] else None for i in range(batch)], head)
     return out, drafts_d

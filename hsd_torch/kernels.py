@@ -62,6 +62,7 @@ Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+__all__ = ["LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
 
 _INF = float("inf")
 _NAN = float("nan")
@@ -228,6 +229,51 @@ def _rows_at(x: Tensor, rows: list[int], pos: list[int]) -> Tensor:
     return x.flatten(0, 1).index_select(0, idx)
 
 
+class LazyLaw:
+    """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision
+    first reads it: ``process`` maps a block of source rows ``[R, W]`` (a model's logits at those
+    positions) to their laws ``[R, N]``, or, without ``process``, ``source [B, P, N]`` holds the
+    laws themselves. The verifiers read positions in order and stop at a row's first rejection or
+    mismatch, so a round processes only the positions it reads (with top-p, the softmax and sorted
+    head of a 262,144-id law cost about a millisecond a position). Each law row is a function of
+    its own source row alone (``process`` acts row by row: softmax, top-k, top-p), so the laws, and
+    every decision, are the bits that processing the whole ``[B, P]`` at once gives.
+
+    ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
+    :func:`hsd_torch.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``."""
+
+    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None) -> None:
+        if source.dim() != 3:
+            raise ValueError(f"a law source must be [B, P, N], got {tuple(source.shape)}")
+        self.source, self.process = source, process
+        self.batch, self.positions = source.shape[0], source.shape[1]
+        self.device = source.device
+        self.dtype = source.dtype if process is None else (
+            torch.float64 if source.dtype == torch.float64 else torch.float32)
+        self._at: dict[tuple[int, int], tuple[int, int]] = {}  # (b, j) -> (block, row in it)
+        self._blocks: list[Tensor] = []
+
+    def rows(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
+        """The laws at ``pairs`` ((row, position) each): ``[len(pairs), N]``, a fresh buffer; the
+        positions not yet read are processed together, once."""
+        missing = list(dict.fromkeys(pr for pr in pairs if pr not in self._at))
+        if missing:
+            block = _rows_at(self.source, [b for b, _ in missing], [j for _, j in missing])
+            law = block if self.process is None else self.process(block)
+            n = len(self._blocks)
+            self._blocks.append(law)
+            for r, pr in enumerate(missing):
+                self._at[pr] = (n, r)
+        where = [self._at[pr] for pr in pairs]
+        if all(w[0] == where[0][0] for w in where):
+            return self._blocks[where[0][0]].index_select(
+                0, torch.tensor([w[1] for w in where], dtype=torch.int64, device=self.device))
+        return torch.stack([self._blocks[a][r] for a, r in where])
+
+    def __getitem__(self, at: tuple[int, int]) -> Tensor:
+        return self.rows([at])[0]
+
+
 def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None:
     if n.dim() != 1 or n.shape[0] != batch:
         raise ValueError(f"{name} must have shape [B] = [{batch}], got {tuple(n.shape)}")
@@ -359,13 +405,16 @@ def rejection_verify(
 
 
 def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
-    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic, exactly as
-    the tensor expression ``u.to(cdt) < clamp(px / qx, max=1)``: ``q = 0`` gives ``+inf`` (accept)
-    for ``p > 0`` and NaN (reject) for ``p = 0``, and a NaN ratio rejects. In float32 the quotient of
-    two float32 values is taken in double and rounded once to float32 (one NumPy cast for the
-    list), which is the correctly rounded float32 quotient (double has more than 2 x 24 + 2 bits);
-    quotients above 2 are taken as 2 first (the clamp to 1 makes them equal, and the cast cannot
-    overflow)."""
+    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic: a ratio of
+    at least 1 accepts whatever the uniform (``u < 1`` always holds, before any rounding), else
+    ``u.to(cdt) < px / qx``. ``q = 0`` gives ``+inf`` (accept) for ``p > 0`` and NaN (reject) for
+    ``p = 0``, and a NaN ratio rejects. In float32 the quotient of two float32 values is taken in
+    double and rounded once to float32 (one NumPy cast for the list), which is the correctly rounded
+    float32 quotient (double has more than 2 x 24 + 2 bits); quotients above 2 are taken as 2 first
+    (the comparison with 1 makes them equal, and the cast cannot overflow). The ratio is compared
+    with 1 first because a float64 uniform above ``1 - 2**-25`` rounds to 1.0 in float32, and
+    ``1.0 < 1.0`` would reject a draft the target accepts with probability 1 (about 3 uniforms in
+    1e8)."""
     ratios: list[float] = []
     for a, b in zip(px, qx):
         if b == 0.0:
@@ -376,19 +425,21 @@ def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dty
     if cdt != torch.float64:
         ratios = np.array(ratios, dtype=np.float32).tolist()
         u = np.array(u, dtype=np.float32).tolist()
-    return [uu < (1.0 if r >= 1.0 else r) for uu, r in zip(u, ratios)]  # clamp(r, max=1); NaN stays NaN
+    return [r >= 1.0 or uu < r for uu, r in zip(u, ratios)]  # a NaN ratio fails both comparisons
 
 
-def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
+def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
                     u_accept: list[list[float]] | None, u_final: list[float] | None, *, eos_id: int | None,
                     budget: list[int] | None, q_scale: list[list[float]] | None = None
                     ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
     """:func:`rejection_verify`'s decisions, unchecked, from host lists (``drafts[b]`` holds ``K``
     ids, any id past ``n_drafts[b]``; ``u_accept`` None: greedy): ``(emitted ids per row,
     n_accepted per row, bad)``. What ``generate`` calls: its drafts, counts and uniforms are on the
-    host already, so only the laws are read, at the tested drafts (one gather each for ``p`` and
-    ``q``) and at the one row each final token is drawn from. ``q`` may be None where no row has a
-    draft or when greedy (greedy never reads it). ``q_scale[b][j]`` (optional): ``q[b, j]`` is the
+    host already, so only the laws are read, position by position (``p`` a tensor or a
+    :class:`LazyLaw`: a position's laws are read only for the rows still testing there, until each
+    row's first rejection, kept EOS or budget), at the tested drafts (one gather each for ``p`` and
+    ``q`` a position) and at the one row each final token is drawn from. ``q`` may be None where no
+    row has a draft or when greedy (greedy never reads it). ``q_scale[b][j]`` (optional): ``q[b, j]`` is the
     law times that positive factor (a TLI drafter's unnormalized restriction, pushed); the law's
     entries are then ``q[b, j, x] / q_scale[b][j]``, each division rounded in the compute dtype
     (the same value on the host, for the ratio test, and on the device, for a residual).
@@ -398,47 +449,44 @@ def _rejection_host(p: Tensor, q: Tensor | None, drafts: list[list[int]], n_draf
     else None. A NaN or infinite logit makes the whole softmax row NaN, so its draft (if any) fails
     the ratio test (a NaN ratio rejects) and the final token is drawn from that row: every such
     row that a row's output depends on shows here, at no extra reduction."""
-    batch, k1, v = p.shape
+    law = p if isinstance(p, LazyLaw) else LazyLaw(p)
+    batch, k1 = law.batch, law.positions
     k = k1 - 1
-    cdt = compute_dtype(p) if q is None else compute_dtype(p, q)
-    dev = p.device
-    if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
-        am: list[list[int]] = torch.argmax(p[:, :k], dim=-1).tolist() if k and batch else [[] for _ in range(batch)]
-        ok = [[j < n_drafts[b] and am[b][j] == drafts[b][j] for j in range(k)] for b in range(batch)]
-    else:
-        ip: list[int] = []
-        iq: list[int] = []
-        for b in range(batch):
-            row = drafts[b]
-            for j in range(n_drafts[b]):
-                ip.append((b * k1 + j) * v + row[j])
-                iq.append((b * k + j) * v + row[j])
-        flat_ok: list[bool] = []
-        if ip:
+    cdt = torch.float64 if law.dtype == torch.float64 or (q is not None and q.dtype == torch.float64) else torch.float32
+    dev = law.device
+    ok = [[False] * k for _ in range(batch)]
+    running = [b for b in range(batch) if n_drafts[b] > 0]
+    for j in range(k):  # position by position: the rows whose drafts so far all passed
+        rows = [b for b in running if j < n_drafts[b]]
+        if not rows:
+            break
+        at = law.rows([(b, j) for b in rows])
+        if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
+            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(at)[0], rows)]
+        else:
             assert q is not None, "drafts to test need their laws"
-            idx = _host_tensor(ip + iq, torch.int64, dev)
-            n = len(ip)
-            px: list[float] = torch.take(p, idx[:n]).tolist()
-            qx: list[float] = torch.take(q, idx[n:]).tolist()
+            xs = [drafts[b][j] for b in rows]
+            px: list[float] = at.gather(1, _host_tensor([[x] for x in xs], torch.int64, dev)).squeeze(1).tolist()
+            qx: list[float] = torch.take(q, _host_tensor([(b * k + j) * q.shape[-1] + x for b, x in zip(rows, xs)],
+                                                         torch.int64, dev)).tolist()
             if q_scale is not None:  # each quotient rounded once in the compute dtype, as the device divides
-                qx = [a / c for a, c in zip(qx, (q_scale[b][j] for b in range(batch) for j in range(n_drafts[b])))]
+                qx = [a / q_scale[b][j] for a, b in zip(qx, rows)]
                 if cdt != torch.float64:
                     qx = np.array(qx, dtype=np.float32).tolist()
-            flat_ok = _ratio_test([u_accept[b][j] for b in range(batch) for j in range(n_drafts[b])], px, qx, cdt)
-        ok = []
-        at = 0
-        for b in range(batch):
-            nb = n_drafts[b]
-            ok.append(flat_ok[at:at + nb] + [False] * (k - nb))
-            at += nb
+            passed = _ratio_test([u_accept[b][j] for b in rows], px, qx, cdt)
+        running = []
+        for b, good in zip(rows, passed):
+            ok[b][j] = good
+            if good and drafts[b][j] != eos_id and (budget is None or j + 1 < budget[b]):
+                running.append(b)
     n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
     has_final = [not s for s in stopped]
-    final, totals = _final_tokens(p, q, n_acc, n_drafts, has_final, u_final, cdt, q_scale)
+    final, totals = _final_tokens(law, q, n_acc, n_drafts, has_final, u_final, cdt, q_scale)
     bad = next(((b, n_acc[b]) for b in range(batch) if has_final[b] and not 0 < totals[b] < _INF), None)
     return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
 
 
-def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
+def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
                   u_final: list[float] | None, cdt: torch.dtype, q_scale: list[list[float]] | None = None
                   ) -> tuple[list[int], list[float]]:
     """The correction or bonus token of every row (any value where ``has_final`` is False): drawn
@@ -447,13 +495,13 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
     when that residual's mass (summed left to right, as the reference sums) is not positive; and
     the total mass (greedy: the maximum) of the law each was drawn from. ``q_scale``: as in
     :func:`_rejection_host`."""
-    batch = p.shape[0]
+    batch = p.batch
     dev = p.device
     if not any(has_final):
         return [0] * batch, [1.0] * batch
-    if batch == 1:  # the usual case: views of the one row, no index tensors
+    if batch == 1:  # the usual case: the one row, no index tensors
         n = n_acc[0]
-        p_sel = p[:, n]
+        p_sel = p.rows([(0, n)])
         if u_final is None:
             return _argmax_host(p_sel)
         law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
@@ -470,7 +518,8 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
                 return drawn
             # the residual's mass rounded to 0 (0 / 0: no total): the correction is drawn from p
         return _draw_host(law, u_final)
-    p_sel = _rows_at(p, list(range(batch)), n_acc).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
+    at = [(b, n_acc[b]) for b in range(batch)]
+    p_sel = p.rows(at).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
     if u_final is None:
         return _argmax_host(p_sel)
     law = p_sel
@@ -490,7 +539,7 @@ def _final_tokens(p: Tensor, q: Tensor | None, n_acc: list[int], n_drafts: list[
         if every and all(has_mass):
             law = diff.div_(mass)
         else:  # rows whose residual has no mass keep p itself
-            law = _rows_at(p, list(range(batch)), n_acc).to(cdt) if every else p_sel
+            law = p.rows(at).to(cdt) if every else p_sel
             if any(has_mass):
                 keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
                 dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
@@ -558,24 +607,37 @@ def exact_match_verify(
     return _assemble(rows, n_acc, k1, dev)
 
 
-def _exact_match_host(p: Tensor, candidates: list[list[int]], n_candidates: list[int], u: list[list[float]] | None,
-                      *, eos_id: int | None, budget: list[int] | None
+def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candidates: list[int],
+                      u: list[list[float]] | None, *, eos_id: int | None, budget: list[int] | None
                       ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
     """:func:`exact_match_verify`'s decisions, unchecked, from host lists (``candidates[b]`` holds
     ``K`` ids; ``u[b]`` ``K + 1`` uniforms, None: greedy): ``(emitted ids per row, n_accepted per
-    row, bad)``. The target draws at every position of every row (one cumulative sum over ``p``);
-    ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row that is not a
-    law (total mass, or greedy maximum, not finite and positive), else None."""
-    batch, k1, v = p.shape
+    row, bad)``. The target draws position by position (``p`` a tensor or a :class:`LazyLaw`),
+    at each position for the rows whose draws so far all matched (one cumulative sum over those
+    rows' laws), until each row's first mismatch, matched EOS or budget: the draws that are emitted,
+    and no other; ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row
+    that is not a law (total mass, or greedy maximum, not finite and positive), else None."""
+    law = p if isinstance(p, LazyLaw) else LazyLaw(p)
+    batch, k1 = law.batch, law.positions
     k = k1 - 1
-    cdt = compute_dtype(p)
-    pf = p.reshape(batch * k1, v)
-    pf = pf if pf.dtype == cdt else pf.to(cdt)
-    # positions past n_candidates draw with whatever the caller padded with; those draws are never read
-    flat, totals = _argmax_host(pf) if u is None else _draw_host(pf, [x for row in u for x in row])
-    y_l = [flat[b * k1:(b + 1) * k1] for b in range(batch)]
+    cdt = torch.float64 if law.dtype == torch.float64 else torch.float32
+    y_l = [[-1] * k1 for _ in range(batch)]
+    totals: dict[tuple[int, int], float] = {}
+    running = list(range(batch))
+    for j in range(k1):
+        if not running:
+            break
+        at = law.rows([(b, j) for b in running])
+        at = at if at.dtype == cdt else at.to(cdt)
+        ys, ts = _argmax_host(at) if u is None else _draw_host(at, [u[b][j] for b in running])
+        nxt = []
+        for b, y, t in zip(running, ys, ts):
+            y_l[b][j], totals[b, j] = y, t
+            if j < n_candidates[b] and y == candidates[b][j] and y != eos_id and (budget is None or j + 1 < budget[b]):
+                nxt.append(b)
+        running = nxt
     ok = [[j < n_candidates[b] and y_l[b][j] == candidates[b][j] for j in range(k)] for b in range(batch)]
     n_acc, stopped = _stop_rule(ok, y_l, eos_id, budget)
     rows = [y_l[b][:n_acc[b]] + ([y_l[b][n_acc[b]]] if not stopped[b] else []) for b in range(batch)]
-    bad = next(((b, j) for b in range(batch) for j in range(len(rows[b])) if not 0 < totals[b * k1 + j] < _INF), None)
+    bad = next(((b, j) for b in range(batch) for j in range(len(rows[b])) if not 0 < totals[b, j] < _INF), None)
     return rows, n_acc, bad

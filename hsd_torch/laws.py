@@ -24,7 +24,7 @@ from ._cache import IdentityCache
 from .text import TokenText
 
 __all__ = ["TEMPERATURE_RANGE", "TextSpace", "check_processing", "check_temperature", "check_top_k",
-           "check_top_p", "process_logits", "process_with_drop", "space_law"]
+           "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
 
 TEMPERATURE_RANGE = (1e-3, 1e3)
 """The temperatures ``generate`` (``temperature``, ``drafter_temperature``) and ``audit_generate``
@@ -301,6 +301,16 @@ class TextSpace:
             return x.index_select(1, self.cols)
         lead = x.shape[:-1]
         return x.reshape(-1, x.shape[-1]).index_select(1, self.cols).view(*lead, self.n)
+
+
+def restricted_law(logits: Tensor, temperature: float) -> Tensor:
+    """``softmax(logits / temperature)`` over the last axis of ``logits [..., N]`` (float64 for
+    float64 logits, else float32): given the logits of a set of ids only, the processed law of
+    :func:`process_logits` (without top-k or top-p) restricted to those ids and renormalized, the
+    same law as ``space_law`` over all ids followed by that restriction (the other ids' logits
+    cancel from it); what TLI's drafter draws from when its head computes only the shared ids."""
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return _tempered_softmax(logits if logits.dtype == cdt else logits.to(cdt), temperature, None)
 
 
 def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,

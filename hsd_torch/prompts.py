@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prompts", "check_prompts", "from_ids", "render"]
+__all__ = ["Prompts", "check_prompts", "from_ids", "render", "target_context"]
 
 Conversation = list[dict[str, Any]]
 
@@ -48,6 +48,19 @@ class Prompts:
     def of_text(cls, texts: Sequence[str]) -> Prompts:
         """Text prompts: both models read the same text (the drafter as text)."""
         return cls(list(texts), list(texts), [False] * len(texts))
+
+
+def target_context(text: Any, prompt: str) -> list[int]:
+    """The target's context for a text prompt: the one rule :func:`hsd_torch.generate`,
+    :func:`hsd_torch.audit.audit_generate` and :func:`hsd_torch.audit.audit_sequences` share.
+    ``text`` is the target's :class:`hsd_torch.text.TokenText`; the ids are its special prefix (a
+    BOS), unless the prompt's own ids already begin with it (a chat template's text starting with
+    ``<bos>``: no second one, as ``apply_chat_template`` feeds it), then
+    ``tokenizer(prompt, add_special_tokens=False)`` (special tokens parsed); an empty prompt with no
+    prefix gets the BOS (:meth:`~hsd_torch.text.TokenText.start`). Never empty; ``ValueError`` when
+    there is nothing to condition on or an id falls outside the model's logit columns."""
+    ids: list[int] = text.prompt_ids(prompt)
+    return ids
 
 
 def _is_conversation(x: Any) -> bool:

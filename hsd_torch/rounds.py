@@ -45,7 +45,7 @@ from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
 from .processors import Processor, StopStrings
-from .prompts import Prompts
+from .prompts import Prompts, target_context
 from .text import TokenText
 from .vocab import VocabBridge
 
@@ -212,7 +212,7 @@ class Generation:
             self.t_ctx = [list(ids) for ids in rendered.target_ids]
         else:
             self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
-            self.t_ctx = [self.t_first[i] + tt.encode_prompt(rendered.target[i]) for i in range(batch)]
+            self.t_ctx = [target_context(tt, p) for p in rendered.target]  # = t_first + the prompt's own ids
         self.prompt_ids = [list(c) for c in self.t_ctx]
         self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.processors
         self.stops = StopStrings(stop_strings, [tt.decode(c) for c in self.t_ctx])

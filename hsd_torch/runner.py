@@ -5,10 +5,13 @@ drafter's sliding window (:func:`window_view`).
 A row's tokens sit in the columns it was fed; a column a row must forget (a rejected draft, a
 drafter token that the re-sync replaced, padding of a ragged block) is masked out of attention from
 then on (a hole), and position ids count only a row's kept tokens, so every row computes what it
-would compute alone, up to float rounding. A batch of one row needs neither mask nor position ids:
+would compute alone, up to float rounding (on sliding-window layers, :func:`layer_masks` counts a
+row's window in its kept positions). A batch of one row needs neither mask nor position ids:
 a re-sync crops its cache at once, so it never holds a hole. The trailing columns no row keeps are
 cropped off (``DynamicCache.crop(-n)``); finished rows are dropped from the cache
-(``DynamicCache.batch_select_indices``).
+(``DynamicCache.batch_select_indices``). A model's sliding-window attention layers (Gemma's) keep
+their whole history (:func:`new_cache`), the window being applied by the attention mask, so a
+rejected draft can be cropped off at any length.
 
 The drafter's context need not fit its positions: when it outgrows them it sees a sliding window
 (the special prefix and the last ids, the cut moving ``(positions - prefix) // 2`` ids at a time,
@@ -21,15 +24,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from . import kernels
+from ._head import HeadTap
 
-__all__ = ["Runner", "check_model", "common_prefix", "logit_width", "max_positions", "model_device",
-           "refuse_meta", "window_view"]
+__all__ = ["Runner", "check_model", "common_prefix", "layer_masks", "logit_width", "max_positions", "model_device",
+           "new_cache", "refuse_meta", "window_view"]
 
 
 def max_positions(config: Any) -> int | None:
@@ -39,6 +44,84 @@ def max_positions(config: Any) -> int | None:
         if isinstance(v, int):
             return v
     return None
+
+
+def new_cache(model: Any) -> tuple[Any, bool]:
+    """A ``DynamicCache`` for ``model`` whose every layer can be cropped, and whether the model
+    has sliding-window layers.
+
+    The model's own cache (``DynamicCache(config=model.config)``) keeps, on a sliding-window layer
+    (``DynamicSlidingWindowLayer``), only the last ``sliding_window - 1`` columns once it is full,
+    and then cannot be cropped: a rejected draft past the window could not be taken back. Here each
+    such layer is replaced by a full-history ``DynamicLayer``, so crops work at any length; the
+    window is applied by the attention mask alone, which transformers builds from the cache's
+    columns (for one row without holes the columns are the positions, so the model attends to the
+    last ``sliding_window`` positions, as it does with its own cache), or :func:`layer_masks`
+    builds over each row's kept positions (batches). The law is the model's; the cost is memory
+    (the sliding layers keep every column) and attention over masked columns."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=model.config)
+    sliding = False
+    for k, layer in enumerate(cache.layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            sliding = True
+            cache.layers[k] = DynamicLayer()  # type: ignore[no-untyped-call]
+    return cache, sliding
+
+
+def _check_layer_masks(model: Any, name: str) -> None:
+    """``ValueError`` unless :func:`layer_masks` can serve ``model``'s sliding-window layers in a
+    batch: its decoder takes a mapping of masks per layer type (``attention_mask`` as a dict, as
+    Gemma's do), its layer types are full and sliding attention only, with one window
+    (``config.sliding_window``, the one transformers' sliding masks apply), and its attention is
+    ``"sdpa"`` or ``"eager"`` (which read an explicit 4D mask)."""
+    config = model.config.get_text_config(decoder=True)
+    types = set(getattr(config, "layer_types", None) or ())
+    if not isinstance(getattr(config, "sliding_window", None), int):
+        types = set()
+    decoder = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    try:
+        src = inspect.getsource(type(decoder).forward) if decoder is not None else ""
+    except (OSError, TypeError):
+        src = ""
+    impl = getattr(config, "_attn_implementation", None)
+    if not types or not types <= {"full_attention", "sliding_attention"} or "attention_mask, dict" not in src:
+        raise ValueError(f"the {name} has sliding-window attention layers that hsd cannot mask per row in a batch "
+                         "(its forward takes no masks per layer type); generate one prompt at a time")
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(f"the {name} has sliding-window attention layers and attn_implementation={impl!r}, which "
+                         "reads no explicit mask: load it with attn_implementation='sdpa' or 'eager' for batches, "
+                         "or generate one prompt at a time")
+
+
+def layer_masks(keep: Tensor, kv_pos: Tensor, q_pos: Tensor, start: int, window: int, impl: str,
+                dtype: torch.dtype) -> dict[str, Tensor]:
+    """The attention masks of one batched forward over a cache with holes, per layer type:
+    ``{"full_attention": m, "sliding_attention": m}``, each ``[rows, 1, q, columns]``.
+
+    ``keep`` ``[rows, columns]``: 1 where a column holds one of the row's ids (the new block's
+    columns included, from ``start``); ``kv_pos`` ``[rows, columns]``: each column's position in
+    its row; ``q_pos`` ``[rows, q]``: the block's positions. A query at column ``start + j`` sees the
+    kept columns up to its own (full attention) and, on sliding layers, only those whose position
+    is within ``window`` of its own: the row's last ``window`` positions, as the row alone would
+    see them (transformers' own sliding mask counts columns, padding and holes included). Every
+    query also sees its own column, so a padding query never has an empty row (its output is
+    never read). ``impl`` ``"sdpa"``: boolean masks (True: attend); ``"eager"``: additive masks
+    of ``dtype`` (0 or its minimum)."""
+    n_q = q_pos.shape[1]
+    cols = torch.arange(keep.shape[1], device=keep.device)
+    q_cols = start + torch.arange(n_q, device=keep.device)
+    own = (cols[None, :] == q_cols[:, None])[None]  # [1, q, columns]
+    full = (keep.bool()[:, None, :] & (cols[None, :] <= q_cols[:, None])[None]) | own
+    near = kv_pos[:, None, :] > q_pos[:, :, None] - window
+    masks = {"full_attention": full, "sliding_attention": (full & near) | own}
+    if impl == "eager":
+        low = torch.finfo(dtype).min
+        return {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, low).unsqueeze(1)
+                for k, m in masks.items()}
+    return {k: m.unsqueeze(1) for k, m in masks.items()}
 
 
 def takes_logits_to_keep(model: Any) -> bool:
@@ -136,6 +219,27 @@ def window_view(context: Sequence[int], n_prefix: int, max_pos: int) -> list[int
     return list(context[:n_prefix]) + list(context[n_prefix + s:])
 
 
+def read_logits(logits: Tensor, read: list[list[int]], keep: list[int], width_in: int, width: int, one: bool
+                ) -> Tensor:
+    """The logits each row reads (``read``: its block columns) out of a model's ``[rows, C, V]``,
+    computed at every block column (``C = width_in``) or at the columns ``keep``
+    (``logits_to_keep``): ``[rows, width, V]`` (``one``: ``[rows, V]``)."""
+    if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
+        if logits.shape[1] != len(keep):
+            raise AssertionError(f"the model returned logits at {logits.shape[1]} columns, asked for "
+                                 f"{len(keep)} of {width_in}")
+        rank = {c: k for k, c in enumerate(keep)}
+        read = [[rank[c] for c in r] for r in read]
+    c = read[0][0]
+    if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
+        got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
+    else:
+        idx = torch.tensor(read, dtype=torch.long, device=logits.device)
+        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        got = got[:, 0] if one else got
+    return got
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two id lists (a binary search over slice
     comparisons, which run in C: contexts are long and usually differ only near their end)."""
@@ -165,18 +269,26 @@ class Runner:
     the model runs without an attention mask and without position ids (plain causal attention over
     the cache, positions counted from the cache's length: what the mask of ones and the positions
     they replace would give). Batches of several rows pass both (:attr:`mask`), holes and padding
-    included."""
+    included.
+
+    The cache is :func:`new_cache`'s: sliding-window layers keep their full history, so crops work
+    past the window. In a batch of a model with sliding-window layers (:attr:`layer_masks`), each
+    forward gets :func:`layer_masks`' masks per layer type, so that every row's window counts its
+    own kept positions, not the batch's columns (padding and holes)."""
 
     def __init__(self, model: Any, batch: int, pad_id: int, name: str, window: bool = False,
                  n_prefix: Sequence[int] = ()) -> None:
-        from transformers import DynamicCache
-
         self.model = model
         self.name = name
         self.device = model_device(model)
-        self.cache = DynamicCache(config=model.config)
+        self.cache, self.sliding = new_cache(model)
         self.use_mask = batch > 1
         self._mask = torch.zeros(batch, 0, dtype=torch.long, device=self.device)  # the attention mask, 1 = kept
+        # with sliding-window layers in a batch: each column's position in its row, for layer_masks
+        self.layer_masks = self.use_mask and self.sliding
+        if self.layer_masks:
+            _check_layer_masks(model, name)
+        self._pos = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         self.width = 0  # the cache's columns
         self.batch = batch
         self.live: list[int] = list(range(batch))
@@ -194,21 +306,25 @@ class Runner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = takes_logits_to_keep(model)
+        self.head = HeadTap(model)
         self.want_hidden = False
         """Set: :meth:`feed` also keeps the final hidden states at the columns it returns (:attr:`hidden`)."""
         self.hidden: Tensor | None = None
         """With :attr:`want_hidden`, the head's input ``[B, width, H]`` at the columns the last
         :meth:`feed` returned logits for (zeros for dropped rows); else None."""
 
-    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None) -> Tensor:
+    def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None,
+             head_rows: Tensor | None = None) -> Tensor:
         """Run the model on one block of new ids per row (ragged; an empty block feeds nothing;
         rows dropped from the cache must have empty blocks); returns the logits ``[B, width, V]``
         at block columns ``starts[b] + j`` (clamped into the block), zeros for dropped rows;
-        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone.
+        ``width=None``: ``[B, V]``, the column ``starts[b]`` alone. ``head_rows [N]`` (int64 ids on
+        the model's device): the logits of those ids only, ``[..., N]`` in that order.
 
-        The model's head runs only at the block columns some row reads (``logits_to_keep``, where the
-        model takes it): a prompt's prefill computes logits at its last position, not at every one
-        (on Gemma's 262,144 ids, 1 MB per position in float32)."""
+        The head runs only where a row reads: at the block columns every row reads
+        (``logits_to_keep``: a prefill's last position; 1 MB per position on Gemma's 262,144 ids),
+        else (ragged reads, or ``head_rows``) at each row's own columns and on those ids
+        (:class:`hsd_torch._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
         live = self.live
@@ -219,10 +335,36 @@ class Runner:
         read = [[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live]
         keep = sorted({c for r in read for c in r})
         kw: dict[str, Any] = {self._cache_kw: self.cache}
-        if self._keep_kw and len(keep) < width_in:
+        steer = self.head.usable and (head_rows is not None or any(r != read[0] for r in read))
+        if self._keep_kw and len(keep) < width_in and not steer:
             kw["logits_to_keep"] = kernels._host_tensor(keep, torch.long, dev)
         if self.want_hidden:
             kw["output_hidden_states"] = True
+        with self.head.steer(kernels._host_tensor(read, torch.long, dev), head_rows) if steer else nullcontext(
+                [True]) as fired:
+            out = self._forward(blocks, start, width_in, kw)
+        if not fired[0]:
+            raise AssertionError(f"the {self.name} computed its logits without calling its output head module "
+                                 "(get_output_embeddings()): hsd cannot read them at each row's positions")
+        self.width = start + width_in
+        logits: Tensor = out.logits
+        self.hidden = self._hidden(out.hidden_states[-1], read, one, width) if self.want_hidden else None
+        if steer:  # exactly the logits read: [rows, width, N]
+            got = logits[:, 0] if one else logits
+        else:
+            got = read_logits(logits, read, keep, width_in, width, one)
+            if head_rows is not None:  # a head the tap cannot steer: its full logits, those ids taken
+                got = got.index_select(-1, head_rows)
+        if len(live) == self.batch:
+            return got
+        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
+        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
+        return full
+
+    def _forward(self, blocks: Sequence[Sequence[int]], start: int, width_in: int, kw: dict[str, Any]) -> Any:
+        """The model's forward over the rows' blocks (padded to ``width_in`` columns), recorded."""
+        live = self.live
+        dev = self.device
         if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
             row = self._record(0, blocks[0], start)
             out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True, **kw)
@@ -246,29 +388,13 @@ class Runner:
             ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, dev).view(
                 3, len(live), width_in).unbind(0)
             mask = torch.cat([self.mask, new_mask], dim=1)
-            out = self.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in, use_cache=True, **kw)
+            am: Any = mask
+            if self.layer_masks:
+                self._pos = torch.cat([self._pos, pos_in], dim=1)
+                am = self.masks_for(mask, self._pos, pos_in, start)
+            out = self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
             self._mask = mask
-        self.width = start + width_in
-        logits: Tensor = out.logits
-        self.hidden = self._hidden(out.hidden_states[-1], read, one, width) if self.want_hidden else None
-        if logits.shape[1] != width_in:  # the kept columns only: read them by their rank
-            if logits.shape[1] != len(keep):
-                raise AssertionError(f"the {self.name} returned logits at {logits.shape[1]} columns, asked for "
-                                     f"{len(keep)} of {width_in}")
-            rank = {c: k for k, c in enumerate(keep)}
-            read = [[rank[c] for c in r] for r in read]
-        c = read[0][0]
-        if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
-            got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
-        else:
-            idx = torch.tensor(read, dtype=torch.long, device=dev)
-            got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            got = got[:, 0] if one else got
-        if len(live) == self.batch:
-            return got
-        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
-        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
-        return full
+        return out
 
     def _hidden(self, h: Tensor, read: list[list[int]], one: bool, width: int) -> Tensor:
         """The final hidden states ``h [rows in the cache, width_in, H]`` at the block columns
@@ -308,6 +434,21 @@ class Runner:
         if self.use_mask:
             return self._mask
         return torch.ones(len(self.live), self.width, dtype=torch.long, device=self.device)
+
+    @property
+    def kv_pos(self) -> Tensor:
+        """Each cache column's position in its row ``[rows in the cache, width]`` (kept only for
+        :attr:`layer_masks`; a batch of one holds its ids in order: ``0 .. width-1``)."""
+        if self.use_mask:
+            assert self.layer_masks, "column positions are kept only with layer_masks"
+            return self._pos
+        return torch.arange(self.width, device=self.device).expand(len(self.live), -1)
+
+    def masks_for(self, keep: Tensor, kv_pos: Tensor, q_pos: Tensor, start: int) -> dict[str, Tensor]:
+        """:func:`layer_masks` for this model (its window, attention implementation and dtype)."""
+        config = self.model.config.get_text_config(decoder=True)
+        return layer_masks(keep, kv_pos, q_pos, start, config.sliding_window, config._attn_implementation,
+                           self.model.dtype)
 
     def slot(self, i: int) -> int:
         """Row ``i``'s index in the cache's batch, -1 once dropped."""
@@ -361,6 +502,8 @@ class Runner:
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
         self._mask = self._mask.index_select(0, idx)
+        if self.layer_masks:
+            self._pos = self._pos.index_select(0, idx)
         self.live = [self.live[s] for s in keep]
         self._slot = {i: s for s, i in enumerate(self.live)}
 
@@ -371,6 +514,7 @@ class Runner:
         if n > 0 and last > 0:
             self.cache.crop(-n)
             self._mask = self._mask[:, :last]
+            self._pos = self._pos[:, :last] if self.layer_masks else self._pos
             self.width = last
 
 

@@ -20,13 +20,31 @@ which the audit would see at large n: audit a bfloat16 sampler against a float32
 of the target (``target`` here may be another copy of the model than the sampler's), and read the
 result as "lossless up to the dtype's rounding" (``docs/auditing.md``).
 
-A draw the target gives probability 0, an id outside its vocabulary, or a malformed sequence (more
-than ``max_new_tokens`` ids, ids after an end id, fewer ids without an end id; the report says
-when a draw starts with the prompt's ids: return only the new ones) makes the verdict "lossy".
+A draw the target gives probability 0 or an id outside its vocabulary makes the verdict "lossy". A
+length mismatch (more than ``max_new_tokens`` ids, ids after an end id, fewer ids without an end
+id) is a ``ValueError`` naming it by default, or with ``length_mismatch="prefix"`` each sequence is
+audited up to its first end id and the budget and the report says how many were cut
+(:class:`hsd_core.seqaudit.LengthCheck`); either way a sequence that starts with the prompt's ids
+gets the hint "return only the new ids".
+
+The target's context for a prompt is what :func:`hsd_torch.generate` feeds
+(:func:`hsd_torch.prompts.target_context`), or ``prompt_ids`` as given. The drafter the
+directional test reads must be the drafter the sampler drafts with, unchanged: the audit takes
+its fingerprint (its modules' classes, its parameters' shapes, storage and in-place version
+counters) before sampling and checks it after every chunk, and refuses (``ValueError``) a sampler
+that changed it (transformers' sampled assisted generation prunes and re-indexes its assistant in
+place): give the sampler its own copy (``copy.deepcopy(drafter)``).
+
+A lossy report also says which of a few processings (the claimed one, temperature 1 and the
+claimed temperature without top-k / top-p, the claimed processing at 0.8, 0.9, 1.1 and 1.25 times
+the temperature) the tokens fit best, by log-likelihood on a seeded subsample of at most
+:data:`FIT_POSITIONS` positions, when that is not the claimed one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,19 +54,25 @@ import torch
 
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS, ContextBug, context_bugs as _context_bugs
 from hsd_core.seqaudit import (
-    DEFAULT_BINS, DEFAULT_POSITIONS, DEFAULT_POWER_STEPS, SequenceAuditReport, SequenceEvidence, check_sequence,
-    pit_uniforms, sequence_seeds, truncate_at_end,
+    DEFAULT_BINS, DEFAULT_POSITIONS, DEFAULT_POWER_STEPS, LengthCheck, SequenceAuditReport, SequenceEvidence,
+    pit_uniforms, sequence_seeds,
 )
 
 from ._args import as_int
+from ._head import HeadTap
 from ._ids import _as_ids, _eos_ids, _width
 from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
+from .prompts import target_context
+from .reference import LawProvider, ProvidedLaw
 from .runner import check_model, refuse_meta, takes_logits_to_keep
 from .text import TokenText
 from .vocab import VocabBridge
 
-__all__ = ["audit_sequences"]
+__all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
+
+FIT_POSITIONS = 256
+"""Positions (at most; a seeded subsample) on which a lossy report's processing fit is computed."""
 
 SampleBatchFn = Callable[[list[str], list[int]], Sequence[Sequence[int]]]
 
@@ -63,20 +87,69 @@ def _prompts(prompts: Any) -> list[str]:
     return plist
 
 
-@torch.inference_mode()
-def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
-    """The logits (the model's dtype, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
-    for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
-    rows, the head run only from the first position any row reads (``logits_to_keep``, where the
-    model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
-    ones)."""
-    dev = next(model.parameters()).device
+def _prompt_ids(prompt_ids: Any, width: int) -> list[list[int]]:
+    """``prompt_ids`` (one list of ints, or a list of them: one per prompt) as lists of ids."""
+    rows = list(prompt_ids)
+    if rows and all(not isinstance(r, (int, np.integer)) for r in rows):
+        out = [_as_ids(r, f"prompt_ids[{k}] has", width) for k, r in enumerate(rows)]
+    else:
+        out = [_as_ids(rows, "prompt_ids has", width)]
+    for k, r in enumerate(out):
+        if not r:
+            raise ValueError(f"prompt_ids {'' if len(out) == 1 else f'[{k}] '}is empty: the target needs at least one "
+                             "id to condition on")
+    return out
+
+
+def model_fingerprint(model: Any) -> tuple[Any, ...]:
+    """What identifies a model's computation cheaply: each module's name and class, each
+    parameter's and buffer's name, shape, dtype, storage and in-place version counter. A sampler
+    that replaces a head (transformers' sampled assisted generation wraps the assistant's input
+    embedding and prunes its head in place) or writes into a weight changes it."""
+    mods = tuple((n, type(m).__name__) for n, m in model.named_modules())
+    tensors = tuple((n, tuple(t.shape), str(t.dtype), t.data_ptr(), getattr(t, "_version", 0))
+                    for n, t in (*model.named_parameters(), *model.named_buffers()))
+    return mods, tensors
+
+
+def _changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """The first difference between two :func:`model_fingerprint` results, in words."""
+    for (n, c), (n2, c2) in zip(before[0], after[0]):
+        if (n, c) != (n2, c2):
+            return f"module {n or '(root)'} was a {c}, is now {n2 or '(root)'}: {c2}"
+    if len(before[0]) != len(after[0]):
+        return f"{len(before[0])} modules before, {len(after[0])} after"
+    for b, a in zip(before[1], after[1]):
+        if b != a:
+            what = ("written in place" if b[:4] == a[:4] else f"shape {b[1]} -> {a[1]}" if b[1] != a[1]
+                    else "replaced")
+            return f"tensor {b[0]} {what}"
+    return "its parameters changed"
+
+
+def _right_padded(rows: Sequence[Sequence[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one right-padded batch: input ids and attention mask, ``[len(rows), longest]``."""
     width = max(len(r) for r in rows)
     x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
     am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
     for i, r in enumerate(rows):
         x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
         am[i, :len(r)] = 1
+    return x, am
+
+
+@torch.inference_mode()
+def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The logits (the model's dtype, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
+    for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
+    rows, the head run only from the first position any row reads (``logits_to_keep``, where the
+    model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
+    ones). ``model`` may be a :class:`~hsd_torch.reference.ProvidedLaw`: its provider's rows instead."""
+    if isinstance(model, ProvidedLaw):
+        return model.forced(rows, at)
+    dev = next(model.parameters()).device
+    x, am = _right_padded(rows, dev)
+    width = x.shape[1]
     lo = min(min(a) for a in at) - 1  # the first position any row reads: the head runs from there on
     kw = {"logits_to_keep": width - lo} if takes_logits_to_keep(model) else {}
     logits = model(input_ids=x, attention_mask=am, **kw).logits
@@ -84,6 +157,28 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
     ci = torch.tensor([j - 1 - off for a in at for j in a], dtype=torch.long, device=dev)
     out: torch.Tensor = logits[ri, ci]
+    return out
+
+
+@torch.inference_mode()
+def _shared_logits(model: Any, tap: HeadTap, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
+                   ids: torch.Tensor) -> torch.Tensor | None:
+    """:func:`_forced_logits` restricted to the columns ``ids``: one right-padded forward pass whose
+    head runs at the read positions only and on the rows ``ids`` only (:class:`hsd_torch._head.HeadTap`,
+    so whatever the model does after its head, Gemma's soft-capping, still applies). None when the
+    model's head is not a linear layer the tap can steer."""
+    if not tap.usable:
+        return None
+    dev = ids.device
+    x, am = _right_padded(rows, dev)
+    w = max(len(a) for a in at)
+    read = torch.tensor([[j - 1 for j in a] + [a[-1] - 1] * (w - len(a)) for a in at], dtype=torch.long, device=dev)
+    with tap.steer(read, ids) as fired:
+        logits = model(input_ids=x, attention_mask=am).logits
+    if not fired[0]:
+        return None
+    keep = torch.tensor([k < len(a) for a in at for k in range(w)], dtype=torch.bool, device=dev)
+    out: torch.Tensor = logits.reshape(len(at) * w, -1)[keep]
     return out
 
 
@@ -127,23 +222,41 @@ def audit_sequences(
     progress: Callable[[str], None] | None = None,
     name: str | None = None,
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    length_mismatch: str = "error",
+    reference: LawProvider | ProvidedLaw | None = None,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
     statement and the verdicts are :mod:`hsd_core.seqaudit`'s).
 
     ``prompts``: a str or a list (sequence ``i`` uses ``prompts[i % len(prompts)]``); the target's
-    context is ``target_tokenizer(prompt)["input_ids"]``. Sequence ``i`` gets the seed
+    context is the prompt's ids as :func:`hsd_torch.generate` feeds them
+    (:func:`hsd_torch.prompts.target_context`). ``prompt_ids`` (as :func:`audit_generate`'s: one
+    list of ids, or one per prompt) overrides them as the target's context; ``prompts`` may then be
+    None, and the sampler gets each context's decoded text. ``length_mismatch``: ``"error"`` (a
+    sequence of the wrong length raises ``ValueError`` naming it, before any statistics),
+    ``"prefix"`` (each sequence audited up to its first end id and ``max_new_tokens``, and the
+    report says so) or ``"lossy"`` (a malformed sequence: the verdict is "lossy"; the engine
+    audits' rule for recorded draws). Sequence ``i`` gets the seed
     :func:`hsd_core.seqaudit.sequence_seeds` ``(seed, n)[i]``. Instead of ``sample_fn``, a batched
     sampler ``sample_batch_fn(prompts, seeds) -> list of id lists`` (called with ``batch_size``
     sequences at a time; its rows must be independent draws). ``temperature``, ``top_k``,
     ``top_p``: the processing the sampler claims (ignored when greedy); ``drafter`` and
-    ``drafter_tokenizer``: add the directional test and the mixture family. ``progress(line)``
-    gets a line per chunk with the time so far and an estimate of the time left. ``context_bugs``:
+    ``drafter_tokenizer``: add the directional test and the mixture family (the sampler must not
+    change this drafter: ``ValueError`` after the chunk that did; module docstring).
+    ``progress(line)`` gets, after the first chunk, the estimated cost of the whole audit and the
+    departure it should then catch, and after every chunk the time so far and the time left. ``context_bugs``:
     names of :data:`hsd_core.context_bugs.CONTEXT_BUGS` to aim a test at (sampling only; each costs
     one more teacher-forced pass of the target; None or empty: none). Returns a
     :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
     and teacher forcing.
+
+    A recorded engine's own context goes in ``prompt_ids`` (one id list per entry of ``prompts``).
+    ``reference``: a law provider
+    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.reference`), teacher
+    forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
+    ids).
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -151,7 +264,14 @@ def audit_sequences(
     fn: Any = sample_fn if sample_fn is not None else sample_batch_fn
     if not callable(fn):
         raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
+    width = _width(target)
+    if prompt_ids is not None:
+        given = _prompt_ids(prompt_ids, width)
+        if prompts is None:
+            prompts = [target_tokenizer.decode(r) for r in given]
     plist = _prompts(prompts)
+    if prompt_ids is not None and len(given) != len(plist):
+        raise ValueError(f"prompt_ids has {len(given)} rows for {len(plist)} prompts: give one per prompt")
     n = as_int("n", n, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
     batch_size = as_int("batch_size", batch_size, 1)
@@ -161,8 +281,8 @@ def audit_sequences(
     refuse_meta(check_model(target, "target"), "target")
     if (drafter is None) != (drafter_tokenizer is None):
         raise TypeError("give both drafter and drafter_tokenizer, or neither")
-    width = _width(target)
     eos = _eos_ids(target, target_tokenizer)
+    lengths = LengthCheck(length_mismatch, max_new_tokens, eos)
     if mask_textless:
         space = TextSpace.law(TokenText.get(target_tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
         mask = ~space.drop_mask()
@@ -171,12 +291,11 @@ def audit_sequences(
     processing = ("argmax" if not do_sample else f"temperature {process['temperature']}, top_k {top_k}, top_p {top_p}")
     if mask_textless:
         processing += ", ids without text removed (mask_textless)"
-    contexts = []
-    for p in plist:
-        ids = [int(i) for i in target_tokenizer(p)["input_ids"]]
-        if not ids:
-            raise ValueError(f"prompt {p!r} encodes to no target ids: the target has nothing to condition on")
-        contexts.append(ids)
+    if prompt_ids is not None:
+        contexts = given
+    else:
+        t_text = TokenText.get(target_tokenizer, width)
+        contexts = [target_context(t_text, p) for p in plist]
     bridge = d_mask = None
     d_contexts: list[list[int]] = []
     tt = dt = None
@@ -199,8 +318,12 @@ def audit_sequences(
                           expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
     seeds = sequence_seeds(int(seed), n)
     t_sample = t_force = 0.0
-    forcer = _Forcer(target, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
+    forced: Any = target if reference is None else \
+        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
                      d_mask, d_contexts, int(seed))
+    forcer.fit = _Fit(process, do_sample, int(seed), n * max_new_tokens)
+    drafter_print = model_fingerprint(drafter) if drafter is not None else None
     for c0 in range(0, n, batch_size):
         idx = list(range(c0, min(n, c0 + batch_size)))
         t0 = time.perf_counter()
@@ -212,6 +335,12 @@ def audit_sequences(
             assert sample_fn is not None
             outs = [sample_fn(plist[i % len(plist)], seeds[i]) for i in idx]
         t_sample += time.perf_counter() - t0
+        if drafter_print is not None and (print_ := model_fingerprint(drafter)) != drafter_print:
+            raise ValueError(
+                f"the sampler changed the drafter the audit reads ({_changed(drafter_print, print_)}) while sampling "
+                f"sequences {idx[0]}-{idx[-1]}: transformers' sampled assisted generation prunes and re-indexes its "
+                "assistant in place. Give the sampler its own copy (copy.deepcopy(drafter) before the audit) and the "
+                "audit the untouched drafter")
         t0 = time.perf_counter()
         rows, seqs = [], []
         for i, out in zip(idx, outs):
@@ -222,12 +351,7 @@ def audit_sequences(
                 ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {width} ids")
                 continue
             ctx = contexts[i % len(plist)]
-            wrong = check_sequence(ids, max_new_tokens, eos)
-            if wrong is not None:
-                hint = ("; it starts with the prompt's ids: return only the new ids"
-                        if len(ids) >= len(ctx) and ids[:len(ctx)] == ctx else "")
-                ev.add_malformed(f"sequence {i}: {wrong}{hint}")
-                ids = truncate_at_end(ids, max_new_tokens, eos)
+            ids = lengths.take(ev, i, ids, ctx, f"the sampler (prompt {plist[i % len(plist)]!r}, seed {seeds[i]})")
             if ids:
                 rows.append(ctx + ids)
                 seqs.append((i, ids))
@@ -237,15 +361,31 @@ def audit_sequences(
         if progress is not None:
             done = idx[-1] + 1
             spent = t_sample + t_force
+            if c0 == 0 and done < n:
+                progress(_estimate(ev, done, n, t_sample, t_force, max_new_tokens))
             progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {t_sample:.1f} s, teacher forcing "
                      f"{t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
     label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
     t0 = time.perf_counter()
     rep = ev.report(n=n, max_new_tokens=max_new_tokens, max_detectable_tv=max_detectable_tv, name=label,
                     processing=processing, cost={})
+    reason = rep.reason
+    if rep.verdict == "lossy" and (fit := forcer.fit.best()) is not None:
+        reason += f"; of a few processings, the tokens fit best {fit}"
     cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
-    object.__setattr__(rep, "cost", cost)
-    return rep
+    return dataclasses.replace(rep, reason=reason, cost=cost)
+
+
+def _estimate(ev: SequenceEvidence, done: int, n: int, t_sample: float, t_force: float, max_new_tokens: int) -> str:
+    """The line printed after the first chunk: the whole audit's estimated cost, and the headline
+    departure it should catch (the first chunk's, shrunk as 1 / sqrt(sequences))."""
+    scale = n / done
+    first = ev.report(n=done, max_new_tokens=max_new_tokens, max_detectable_tv=None)
+    catch = ("" if first.detectable_tv is None else
+             f"; it should catch a {first.detectable_by} at mean per-token TV about "
+             f"{first.detectable_tv / math.sqrt(scale):.2g} (this chunk alone: {first.detectable_tv:.2g})")
+    return (f"estimate from the first {done} of {n} sequences: about {(t_sample + t_force) * scale:.0f} s in all "
+            f"(sampling {t_sample * scale:.0f} s, teacher forcing {t_force * scale:.0f} s){catch}")
 
 
 class _Forcer:
@@ -263,6 +403,35 @@ class _Forcer:
                                                                                     d_contexts)
         self.seed = seed
         self.memo: dict[int, list[int]] = {}
+        self.fit = _Fit(process, do_sample, seed, 1)
+        # untruncated sampling: the drafter's law restricted to the shared ids is the softmax of their logits
+        # alone, so its head need only run on their rows (checked against the full head on first use)
+        top_p = process.get("top_p")
+        self.shared_head: bool | None = (None if do_sample and bridge is not None and process.get("top_k") is None
+                                         and (top_p is None or top_p >= 1.0) else False)
+        self.tap = HeadTap(drafter) if self.shared_head is None else None
+
+    def _drafter_logits(self, rows: list[list[int]], at: list[list[int]]) -> torch.Tensor:
+        """The drafter's logits before each new target id (:func:`_forced_logits`' layout). Where
+        only the shared ids' law is read (untruncated sampling), the head runs on the shared ids'
+        rows only (:func:`_shared_logits`; Gemma's 262,144-id head is most of a drafter pass) and the
+        other columns are -inf, which gives the same restricted, renormalized law; the first call
+        checks that against the full head and keeps the full head if they differ."""
+        assert self.bridge is not None
+        if self.shared_head is False:
+            return _forced_logits(self.drafter, rows, at)
+        ids = self.bridge.drafter_ids.to(next(self.drafter.parameters()).device)
+        assert self.tap is not None
+        sub = _shared_logits(self.drafter, self.tap, rows, at, ids)
+        if sub is not None and self.shared_head is None:
+            full = _forced_logits(self.drafter, rows[:1], at[:1])
+            self.shared_head = bool(torch.allclose(sub[:full.shape[0]], full[:, ids], rtol=1e-4, atol=1e-4))
+        if sub is None or not self.shared_head:
+            self.shared_head = False
+            return _forced_logits(self.drafter, rows, at)
+        out = torch.full((sub.shape[0], _width(self.drafter)), float("-inf"), dtype=sub.dtype, device=sub.device)
+        out[:, ids] = sub
+        return out
 
     def run(self, ev: SequenceEvidence, rows: list[list[int]], seqs: list[tuple[int, list[int]]]) -> None:
         """Add the evidence of ``seqs`` (sequence index, new ids; ``rows``: prompt ids + new ids) to
@@ -283,7 +452,7 @@ class _Forcer:
                     d.extend(resync_ids(t, self.bridge.to_drafter_list, self.tt, self.dt, self.memo))
                 drows.append(d)
                 dstarts.append(ends)
-            d_logits = _forced_logits(self.drafter, drows, dstarts)
+            d_logits = self._drafter_logits(drows, dstarts)
         aimed = [_aimed_logits(self.target, b, [self.contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs])
                  for b in self.bugs]
         cat = np.concatenate
@@ -312,6 +481,55 @@ class _Forcer:
                     r[at] = _law_block(lg[src[sl][at]], self.mask, process, False).cpu().numpy()
                 rs.append(r)
             ev.add_steps(law, x[sl], pos[sl], v[sl], sq[sl], q=q, extra=e, prompt=pr[sl], aimed=rs)
+            self.fit.add(t_logits[sl], self.mask, x[sl], law)
+
+
+class _Fit:
+    """Which of a few processings the audited tokens fit best (module docstring): the
+    log-likelihood of each on a seeded subsample of at most :data:`FIT_POSITIONS` positions."""
+
+    def __init__(self, claimed: dict[str, Any], do_sample: bool, seed: int, expected_steps: int) -> None:
+        t = claimed["temperature"]
+        free = {"top_k": None, "top_p": None}
+        cands = {"the claimed processing": dict(claimed),
+                 "temperature 1 without top-k / top-p": {"temperature": 1.0, **free},
+                 f"temperature {t} without top-k / top-p": {"temperature": t, **free}}
+        for f in (0.8, 0.9, 1.1, 1.25):
+            cands[f"the claimed processing at temperature {t * f:.4g}"] = dict(claimed, temperature=t * f)
+        self.cands = {k: v for i, (k, v) in enumerate(cands.items()) if i == 0 or v != dict(claimed)}
+        self.on = do_sample
+        self.rate = min(1.0, FIT_POSITIONS / max(1, expected_steps))
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        self.ll = dict.fromkeys(self.cands, 0.0)
+        self.m = 0
+
+    def add(self, logits: torch.Tensor, mask: torch.Tensor, x: np.ndarray, law: np.ndarray) -> None:
+        """Add the positions of a block picked for the subsample: ``logits [b, V]`` and the
+        claimed ``law [b, V]`` of the sampled ids ``x [b]``."""
+        if not self.on:
+            return
+        pick = np.flatnonzero(self.rng.random(len(x)) < self.rate)
+        if not pick.size:
+            return
+        self.m += pick.size
+        xs = torch.as_tensor(x[pick])
+        with np.errstate(divide="ignore"):
+            for name, proc in self.cands.items():
+                pr = (law[pick, x[pick]] if name == "the claimed processing" else
+                      _law_block(logits[torch.as_tensor(pick)], mask, proc, False)
+                      .gather(1, xs[:, None].to(logits.device))[:, 0].cpu().numpy())
+                self.ll[name] += float(np.log(pr).sum())
+
+    def best(self) -> str | None:
+        """The best-fitting processing, in words, when it is not the claimed one (None otherwise,
+        or when none gives every picked token mass)."""
+        if not self.m or len(self.cands) < 2:
+            return None
+        top = max(self.ll, key=lambda k: self.ll[k])
+        if top == "the claimed processing" or self.ll[top] == -math.inf:
+            return None
+        return (f"{top} (log-likelihood {self.ll[top]:.1f} against the claimed {self.ll['the claimed processing']:.1f}, "
+                f"on {self.m} positions)")
 
 
 _BLOCK = 1 << 21  # entries of a [positions, V] float64 block (16 MB: glibc's heap reuses it; a larger one is mmap'ed afresh)

@@ -77,11 +77,12 @@ def check_tokenizer(tokenizer: Any, role: str) -> None:
 
 
 class TokenText:
-    """The text of a tokenizer's ids, at ``vocab_size`` ids (a model's logit width)."""
+    """The text of a tokenizer's ids, at ``vocab_size`` ids (a model's logit width); ``state``: the
+    tokenizer's :func:`hsd_torch.vocab.tokenizer_state` when the caller has just read it."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_id: int | None = None) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_id: int | None = None, *, state: Any = None) -> None:
         self.tokenizer = tokenizer
-        tb = token_bytes(tokenizer, vocab_size)
+        tb = token_bytes(tokenizer, vocab_size, state=state)
         eos = eos_id if eos_id is not None else getattr(tokenizer, "eos_token_id", None)
         if eos is None:
             raise ValueError("the tokenizer has no eos_token_id")
@@ -118,13 +119,15 @@ class TokenText:
     def get(cls, tokenizer: Any, vocab_size: int) -> TokenText:
         """``TokenText(tokenizer, vocab_size)``, built once per tokenizer object **and state**
         (:func:`hsd_torch.vocab.tokenizer_state`: its added tokens, normalizer, pre-tokenizer,
-        post-processor, decoder, special ids, ...), so a tokenizer changed in place (a BOS template
-        set on its post-processor, tokens added) is read again, as a fresh object with that state
-        would be: building reads the whole vocabulary (milliseconds at 4k ids, more at 150k), which a
-        call of ``generate`` must not pay again; the state costs 0.1-1 ms for real tokenizers.
+        post-processor, decoder, special ids, ..., and a digest of its model's content), so a
+        tokenizer changed in place (a BOS template set on its post-processor, tokens added, its
+        model swapped for another of the same kind and size) is read again, as a fresh object with
+        that state would be: building reads the whole vocabulary (milliseconds at 4k ids, more at
+        150k), which a call of ``generate`` must not pay again; the state costs 0.1-1 ms for real
+        tokenizers plus the digest (:func:`hsd_torch.vocab.model_digest`, which serializes the model).
         Everything cached per :class:`TokenText` (text spaces, column maps, bridges, tries) follows."""
-        key = (vocab_size, tokenizer_state(tokenizer))
-        return cls._cache.get((tokenizer,), key, lambda: cls(tokenizer, vocab_size))
+        state = tokenizer_state(tokenizer)
+        return cls._cache.get((tokenizer,), (vocab_size, state), lambda: cls(tokenizer, vocab_size, state=state))
 
     def has_text(self, i: int) -> bool:
         """Whether id ``i`` is one of the model's ids and has text (``bytes_of[i]`` is not None)."""

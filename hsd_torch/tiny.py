@@ -309,9 +309,27 @@ def tiny_qwen2(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, 
                          num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings)
 
 
+def tiny_gemma3(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None, num_hidden_layers: int = 4,
+                sliding_window: int = 8, hidden_size: int = 64, intermediate_size: int = 128,
+                num_attention_heads: int = 4, num_key_value_heads: int = 2, head_dim: int = 16,
+                max_position_embeddings: int = 512, head_std: float = 3.0, dtype: Any = None) -> Any:
+    """A random-init ``Gemma3ForCausalLM`` (text only) with sliding-window attention layers: every
+    fourth layer (the third of each four) attends to all positions, the others to the last
+    ``sliding_window`` ones, so contexts of a few dozen ids go well past the window (Gemma-3-270M's
+    is 512). Same conventions as :func:`tiny_gpt2`."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    types = ["full_attention" if k % 4 == 2 else "sliding_attention" for k in range(num_hidden_layers)]
+    return _tiny_rope_lm(Gemma3TextConfig, Gemma3ForCausalLM, tokenizer, seed, vocab_size, head_std, dtype,
+                         num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_key_value_heads, head_dim=head_dim, sliding_window=sliding_window,
+                         max_position_embeddings=max_position_embeddings, layer_types=types)
+
+
 def _tiny_rope_lm(config_cls: Any, model_cls: Any, tokenizer: Any, seed: int, vocab_size: int | None,
-                  head_std: float, dtype: Any, **shape: int) -> Any:
-    """The Llama-family model of ``model_cls`` with the given shape (shared by tiny_llama/qwen2)."""
+                  head_std: float, dtype: Any, **shape: Any) -> Any:
+    """The RoPE model of ``model_cls`` with the given shape (shared by tiny_llama/qwen2/gemma3)."""
     import torch
 
     v = len(tokenizer) if vocab_size is None else int(vocab_size)

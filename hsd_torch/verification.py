@@ -33,10 +33,12 @@ __all__ = ["TargetPass", "exact_match", "rejection", "target_pass"]
 @dataclass
 class TargetPass:
     """The target's processed laws ``p [B, kmax + 1, Nt]`` (over its text space; float32, or
-    float64 for a float64 model) at each row's proposals and one column past them, the proposals
-    as target columns padded to ``kmax`` (``cand``), and each row's budget (at least 1)."""
+    float64 for a float64 model) at each row's proposals and one column past them, processed from
+    its logits where the kernels read them (:class:`hsd_torch.kernels.LazyLaw`: a round processes
+    the positions up to each row's first rejection or mismatch, not all ``kmax + 1``), the
+    proposals as target columns padded to ``kmax`` (``cand``), and each row's budget (at least 1)."""
 
-    p: Tensor
+    p: kernels.LazyLaw
     cand: list[list[int]]
     kmax: int
     budget: list[int]
@@ -60,9 +62,12 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
         full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
         logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
                                        gen.processors, gen.min_new_tokens, sorted(gen.ends))
-    p = space_law(logits, t_space, gen.t_drop, **gen.process)
+    process = gen.process
+
+    def law(block: Tensor) -> Tensor:
+        return space_law(block, t_space, gen.t_drop, **process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
-    return TargetPass(p, cand, kmax, [max(b, 1) for b in budget])
+    return TargetPass(kernels.LazyLaw(logits, law), cand, kmax, [max(b, 1) for b in budget])
 
 
 def _check(bad: tuple[int, int] | None, gen: Generation) -> None:

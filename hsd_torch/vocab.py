@@ -42,6 +42,7 @@ CPU cores after the tokenizers are loaded (``docs/vocab.md``); a cached pair tak
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -62,6 +63,7 @@ __all__ = [
     "VocabBridge",
     "byte_level_alphabet",
     "clear_cache",
+    "model_digest",
     "token_bytes",
     "tokenizer_state",
 ]
@@ -373,15 +375,14 @@ def tokenizer_state(tokenizer: Any) -> tuple[Any, ...]:
     (id, content, flags), the JSON of the normalizer, pre-tokenizer, post-processor (the special
     prefix: a BOS template set in place) and decoder, the model's kind and options (byte fallback,
     unknown token, BPE dropout, ...), the backend's truncation and padding, and the wrapper's special
-    ids, BOS and EOS.
-
-    Not covered: the model's vocabulary and merges themselves (their JSON is the whole vocabulary:
-    ``to_str()`` takes 0.9-1.9 s for cl100k / o200k), beyond their kind, size and options, so a model
-    swapped in place for another of the same kind and size is not seen (use a new tokenizer object).
+    ids, BOS and EOS; and a digest of the model's content (:func:`model_digest`: its vocabulary,
+    merges or scores), so that a model swapped in place for another of the same kind and size is
+    seen too.
 
     Cost, measured on the real tokenizers of ``.cache/real-tokenizers`` (2 busy cores): 0.1 ms
     (GPT-2, cl100k, LLaMA), 0.5 ms (o200k: its pre-tokenizer's regex), 0.9 ms (Qwen, 208 added
-    tokens); the added tokens are read in full, about 5 us each (30 ms with 6,000 added tokens).
+    tokens) without the digest; the added tokens are read in full, about 5 us each (30 ms with
+    6,000 added tokens). The digest dominates on large vocabularies (:func:`model_digest`).
     ``generate`` reads it once per tokenizer per call (:meth:`hsd_torch.text.TokenText.get`; the
     bridge is then cached per pair of texts, so :class:`VocabBridge` does not read it again)."""
     b = _backend(tokenizer)
@@ -396,10 +397,20 @@ def tokenizer_state(tokenizer: Any) -> tuple[Any, ...]:
         repr(b.truncation), repr(b.padding),
         tuple(getattr(tokenizer, "all_special_ids", None) or ()),
         getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None),
+        model_digest(model),
     )
 
 
-def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> TokenBytes:
+def model_digest(model: Any) -> bytes:
+    """A 16-byte BLAKE2b digest of a ``tokenizers`` model's serialized content (``__getstate__``:
+    the JSON of its vocabulary, merges or scores and options): equal for models of equal
+    content, different (up to a hash collision) otherwise. It serializes the whole model (one call
+    into ``tokenizers``: megabytes of JSON for vocabularies of 100k ids and more), which dominates
+    :func:`tokenizer_state` on large vocabularies."""
+    return hashlib.blake2b(model.__getstate__(), digest_size=16).digest()
+
+
+def token_bytes(tokenizer: Any, vocab_size: int | None = None, *, state: Any = None) -> TokenBytes:
     """The exact byte string of every id of a Hugging Face tokenizer (module docstring: rules).
 
     ``tokenizer`` is a ``PreTrainedTokenizerFast`` / ``TokenizersBackend`` or a
@@ -407,10 +418,12 @@ def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> TokenBytes:
     largest id + 1; a larger value pads with ``None`` for a model whose embedding is wider).
     Raises :class:`UnsupportedTokenizer` when the byte strings cannot be determined exactly,
     ``ValueError`` when ``vocab_size`` is smaller than the tokenizer, ``TypeError`` for a slow
-    tokenizer. Cached per tokenizer object (kept alive by the cache; see :func:`clear_cache`).
+    tokenizer. Cached per tokenizer object and :func:`tokenizer_state` (kept alive by the cache; see
+    :func:`clear_cache`); ``state``: that state when the caller has just read it (it reads the
+    whole model), None to read it here.
     """
     key = (id(tokenizer), vocab_size)
-    fp = tokenizer_state(tokenizer)
+    fp = tokenizer_state(tokenizer) if state is None else state
     hit = _BYTES_CACHE.get(key)
     if hit is not None and hit[0] is tokenizer and hit[1] == fp:
         _BYTES_CACHE.move_to_end(key)
@@ -528,10 +541,10 @@ class _Core:
 
 
 def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | None,
-                t_eos: int | None, d_eos: int | None) -> _Core:
+                t_eos: int | None, d_eos: int | None, states: tuple[Any, Any] | None = None) -> _Core:
     t0 = time.perf_counter()
-    tb = token_bytes(target, t_size)
-    db = token_bytes(drafter, d_size)
+    tb = token_bytes(target, t_size, state=None if states is None else states[0])
+    db = token_bytes(drafter, d_size, state=None if states is None else states[1])
     vt, vd = len(tb), len(db)
     te = _resolve_eos(target, t_eos, vt, "target")
     de = _resolve_eos(drafter, d_eos, vd, "drafter")
@@ -623,7 +636,7 @@ class VocabBridge:
             core = hit[2]
         else:
             core = _build_core(target_tokenizer, drafter_tokenizer, target_vocab_size,
-                               drafter_vocab_size, target_eos_id, drafter_eos_id)
+                               drafter_vocab_size, target_eos_id, drafter_eos_id, fps)
             _CORE_CACHE[key] = ((target_tokenizer, drafter_tokenizer), fps, core)
             while len(_CORE_CACHE) > _CACHE_SIZE:
                 _CORE_CACHE.popitem(last=False)

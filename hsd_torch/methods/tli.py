@@ -17,7 +17,10 @@ Steps of one round
     2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.drafting.draft_tokens`
        over the intersection's columns, the first ``n_draw`` of the drafter's space: a slice, not
        renormalized; a draw reads the mass it normalizes by); stop after EOS, or where q_cap has no
-       mass (a round with no draft is plain target decoding).
+       mass (a round with no draft is plain target decoding). Without top-k / top-p for the
+       drafter, its head computes only the intersection's logits and q_cap is their softmax (the
+       same law: the restriction of ``softmax(logits / T)`` renormalized; the head's other rows
+       are never computed).
     3. Map the drafts to target ids; each draft's q is the pushforward onto target columns of
        exactly the law it was drawn from, divided by the mass its draw read (inside the kernel).
     4. Rejection verification (:func:`hsd_torch.verification.rejection`) with exactly those laws.
@@ -81,7 +84,11 @@ class TLI(Method):
         assert gen.bridge is not None and gen.dt is not None and gen.d_space is not None
         space, n_draw, dst, self.push, self.resync_memo = tli_columns(gen.bridge, gen.tt, gen.dt, gen.t_space,
                                                                       gen.d_space, gen.dev)
-        self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True)
+        # without top-k / top-p the drafter's head computes the shared ids' logits alone (q_cap needs no other)
+        top_p = gen.d_process.get("top_p")
+        whole = gen.d_process.get("top_k") is not None or (top_p is not None and top_p < 1.0)
+        head = None if whole or n_draw == 0 else space.cols[:n_draw]
+        self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True, head=head)
 
     def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
         """Up to ``min(lookahead, budget)`` drafts per active row from q_cap."""

@@ -315,3 +315,60 @@ def test_options_of_the_other_audit_are_refused(ckpt: Path, extra: list[str], sa
     assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
                  "--prompt", PROMPT, *extra]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_sequences_transformers_sampled(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--impl transformers --sequences`` sampling: transformers' sampled UAG prunes its assistant's
+    head in place, and hsd's teacher forcing of that altered drafter used to crash ("logits have 159
+    columns but the text mask 520"). The sampler now gets its own copy: the run ends with a verdict
+    (the installed transformers is lossy where drafts can be accepted, docs/auditing-transformers.md,
+    so either exit status is a verdict), the drafter the audit reads is the one loaded, untouched,
+    and the cost estimate is printed after the first draws. 12 sequences of 4 tokens."""
+    from hsd_torch import audit as audit_mod
+    from hsd_torch.seqaudit import model_fingerprint
+
+    seen: dict[str, Any] = {}
+    real = audit_mod.audit_sequences
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        d = kw["drafter"]
+        seen["before"] = model_fingerprint(d)
+        rep = real(*a, **kw)
+        seen["after"] = model_fingerprint(d)
+        return rep
+
+    monkeypatch.setattr(sys.modules["hsd_torch.cli_audit"], "audit_sequences", spy)
+    rc = main(seq_args(ckpt, "transformers", "--samples", "12", "--max-new-tokens", "4", "--max-detectable-tv", "1"))
+    out = capsys.readouterr()
+    assert rc in (0, 1) and "transformers UAG: " in out.out and "hsd audit: error" not in out.err, out
+    assert seen["before"] == seen["after"]
+    assert "_PruneReindexingLMHead" not in str(seen["after"][0])
+    assert "sampling 12 sequences should take about" in out.err
+
+
+def test_a_run_over_the_time_budget_is_refused_with_the_samples_that_fit(ckpt: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """After the first draws (10 here) the estimated sampling time of all --samples is printed, and
+    a run above --max-minutes is refused (exit status 2) naming the --samples that fits."""
+    assert main(args(ckpt, "transformers", "--samples", "20000", "--max-minutes", "0.001")) == 2
+    err = capsys.readouterr().err
+    assert "sampling 20000 draws should take about" in err
+    assert "more than --max-minutes 0.001: choose --samples" in err
+
+
+def test_sd_with_another_tokenizer_is_refused_before_the_models_load(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``--method sd`` drafts target ids: a drafter with another tokenizer is refused from the
+    tokenizers alone, before either model loads, by both commands."""
+    import transformers
+
+    def boom(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("a model was loaded before --method sd was refused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    assert main(args(ckpt, "hsd_torch", "--method", "sd")) == 2
+    assert "--method sd needs a drafter that uses the target's tokenizer" in capsys.readouterr().err
+    assert main(["generate", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--method", "sd",
+                 "--prompt", "x"]) == 2
+    assert "--method sd needs a drafter that uses the target's tokenizer" in capsys.readouterr().err

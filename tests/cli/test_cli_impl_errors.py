@@ -131,7 +131,9 @@ def test_audit_refuses_hsd_torch_method_options_before_loading(ckpt: Path, no_lo
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """SLRS beyond lookahead 1 needs the bounded procedure: refused by generate's own check, run
     before the models are loaded."""
-    assert_refused(*hsd(audit(ckpt, "hsd_torch", "--method", "slrs", "--lookahead", "3"), capsys), "lookahead")
+    line = assert_refused(*hsd(audit(ckpt, "hsd_torch", "--method", "slrs", "--lookahead", "3"), capsys),
+                          "--lookahead 3", "--proposal-map longest_prefix --min-path-prob TAU", "--lookahead 1")
+    assert "issue" not in line and "proposal_map" not in line, line  # the flags, not the library's names
 
 
 def test_audit_transformers_needs_a_drafter(ckpt: Path, no_loading: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,7 +221,9 @@ def test_generate_prompts_file_not_utf8(gen: list[str], tmp_path: Path, no_loadi
 
 def test_generate_method_options_before_loading(gen: list[str], no_loading: None,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert_refused(*hsd([*gen, "--method", "slrs", "--lookahead", "3"], capsys), "lookahead")
+    line = assert_refused(*hsd([*gen, "--method", "slrs", "--lookahead", "3"], capsys), "--lookahead 3",
+                          "--proposal-map longest_prefix --min-path-prob TAU")
+    assert "issue" not in line and "proposal_map" not in line, line
 
 
 def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch,
@@ -268,3 +272,27 @@ def test_a_local_folder_wins_over_a_real_models_name(ckpt: Path, gen: list[str],
     (ckpt.parent / "here" / "gemma-3-270m").mkdir(exist_ok=True)  # an empty folder of that name
     monkeypatch.chdir(ckpt.parent / "here")
     assert_refused(*hsd(with_option(gen, "--target", "gemma-3-270m"), capsys), "--target", "holds no model")
+
+
+@pytest.mark.parametrize("extra", [["--method", "tli"], ["--lookahead", "3"], ["--min-path-prob", "0.1"],
+                                   ["--proposal-map", "longest_prefix"]])
+def test_audit_transformers_refuses_hsd_torch_options(ckpt: Path, extra: list[str], no_loading: None,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' assisted generation has no method or lookahead to set: the options would be
+    ignored, so they are refused (before loading), naming the flag."""
+    assert_refused(*hsd(audit(ckpt, "transformers", *extra), capsys), extra[0], "--impl hsd_torch")
+
+
+def test_threads_option(ckpt: Path, gen: list[str], no_loading: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--threads``: 1 on CPU by default; a value below 1 refused while parsing, by both commands."""
+    from hsd_torch import cli_args as ca
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert ca.set_threads(None, "cpu") == 1 and torch.get_num_threads() == 1
+        assert ca.set_threads(2, "cpu") == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+    assert_refused(*hsd([*gen, "--threads", "0"], capsys), "--threads")
+    assert_refused(*hsd(audit(ckpt, "hsd_torch", "--threads", "0"), capsys), "--threads")

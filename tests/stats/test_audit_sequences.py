@@ -290,11 +290,8 @@ def test_a_sampler_with_a_wrong_drafter_context_is_not_flagged(monkeypatch: pyte
     assert rep.verdict == "lossless-consistent", rep.to_markdown()
 
 
-@pytest.mark.parametrize("bug, what", [
-    ("prompt", "tokens"), ("long", "more than max_new_tokens"), ("after_eos", "end id"),
-    ("short", "without an end id"), ("range", "outside the target's"),
-])
-def test_malformed_sequences_are_lossy(bug: str, what: str) -> None:
+def _malformed(bug: str) -> Callable[[str, int], list[int]]:
+    """An AR sampler of the built-in world (budget 8) whose output is malformed as ``bug`` says."""
     w = builtin_world()
     eos = w.target.vocab.eos_id
     base = list(w.target.tokenizer.encode(w.prompt))
@@ -307,12 +304,68 @@ def test_malformed_sequences_are_lossy(bug: str, what: str) -> None:
             return out + [0] * 9
         if bug == "after_eos":
             return [eos, 0]
+        if bug == "padded":  # padded with EOS after an early EOS, as a batched generate pads its rows
+            return out + [eos] * (8 - len(out))
         if bug == "short":
             return [t for t in out if t != eos][:3]
         return [len(w.target.vocab) + 5]
-    rep = audit_sequences(fn, w.target, w.prompt, n=50, max_new_tokens=8)
-    assert rep.verdict == "lossy" and (rep.malformed or rep.impossible), rep.reason
-    assert what in rep.reason or any(what in m for m in rep.malformed), rep.reason
+    return fn
+
+
+LENGTH_BUGS = [("prompt", "starts with the prompt's ids"), ("long", "more than max_new_tokens"),
+               ("after_eos", "end id"), ("short", "without an end id")]
+
+
+@pytest.mark.parametrize("bug, what", LENGTH_BUGS)
+def test_a_length_mismatch_is_an_error_naming_it_before_any_statistics(bug: str, what: str) -> None:
+    """A length mismatch says nothing about the law (a lossless sampler that returns a token more,
+    or pads after EOS, writes one): by default it is a ValueError naming it and the option that
+    audits the prefix, raised at the first such draw (no statistics were run).
+    Contract change: these used to give a "lossy" verdict."""
+    w = builtin_world()
+    with pytest.raises(ValueError, match="length mismatch") as e:
+        audit_sequences(_malformed(bug), w.target, w.prompt, n=50, max_new_tokens=8)
+    assert what in str(e.value) and "length_mismatch='prefix'" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("bug", ["long", "padded", "short"])
+def test_length_mismatch_prefix_audits_the_prefix_and_says_so(bug: str) -> None:
+    """``length_mismatch="prefix"``: a lossless AR sampler whose sequences are too long, go on after
+    EOS or stop short is audited on each sequence's prefix up to its first end id and the budget,
+    and is not called lossy (no test rejects at family-wise alpha 1e-3: a false fail has probability
+    <= 1e-3, and the seed is fixed); the report names the cut sequences."""
+    w = builtin_world()
+    rep = audit_sequences(_malformed(bug), w.target, w.prompt, n=50, max_new_tokens=8, length_mismatch="prefix",
+                          max_detectable_tv=None)
+    assert rep.verdict == "lossless-consistent", rep.to_markdown()
+    assert rep.prefix_cut and "prefix only" in rep.reason and "prefix only" in rep.to_markdown()
+
+
+def test_ids_outside_the_vocabulary_are_lossy_and_a_bad_length_policy_is_refused() -> None:
+    w = builtin_world()
+    rep = audit_sequences(_malformed("range"), w.target, w.prompt, n=50, max_new_tokens=8)
+    assert rep.verdict == "lossy" and "outside the target's" in rep.reason, rep.reason
+    with pytest.raises(ValueError, match="length_mismatch must be"):
+        audit_sequences(_malformed("range"), w.target, w.prompt, n=5, max_new_tokens=8, length_mismatch="cut")
+
+
+@pytest.mark.parametrize("bug, what", LENGTH_BUGS)
+def test_length_mismatch_lossy_keeps_the_malformed_verdict(bug: str, what: str) -> None:
+    """``length_mismatch="lossy"`` (the engine audits' rule for recorded draws): a malformed sequence
+    makes the verdict "lossy", naming it."""
+    w = builtin_world()
+    rep = audit_sequences(_malformed(bug), w.target, w.prompt, n=50, max_new_tokens=8, length_mismatch="lossy")
+    assert rep.verdict == "lossy" and rep.malformed and any(what in m for m in rep.malformed), rep.reason
+
+
+def test_the_report_keeps_its_title_with_20_or_more_sequences_per_prompt() -> None:
+    """The first-token test (run for prompts with >= 20 sequences) once overwrote the report's name
+    with its own ("first token after prompt 0 (chi-square)")."""
+    w = builtin_world()
+    rep = audit_sequences(lambda p, s: TLI().generate(w.target, w.drafter, p, 6, rng=s), w.target, w.prompt, n=40,
+                          max_new_tokens=6, name="my sampler", max_detectable_tv=None)
+    assert any(t.name.startswith("first token after prompt") for t in rep.tests)
+    assert rep.name == "my sampler" and rep.to_markdown().startswith("## Sequence audit of my sampler\n")
 
 
 def test_check_sequence() -> None:

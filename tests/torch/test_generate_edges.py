@@ -231,18 +231,28 @@ def test_max_new_tokens_one_greedy(toks: dict[str, Any], base: dict[str, Any]) -
 # a drafter with no mass on the intersection
 
 
-def test_tli_drafter_without_mass_on_the_intersection(toks: dict[str, Any]) -> None:
+@pytest.mark.parametrize("shift", [float("-inf"), -1e4])
+def test_tli_drafter_without_mass_on_the_intersection(shift: float, toks: dict[str, Any]) -> None:
+    """Every shared id's logit at -inf: q_cap has no mass, TLI falls back to target decoding (the
+    reference, fed the same uniforms, does too). At -1e4 below the others the full law's restriction
+    underflows to 0 in float64, but q_cap, the softmax of the shared ids' logits alone (what TLI's
+    drafter head computes), is a law: TLI drafts from it and stays exact (greedy equals AR)."""
     tt, dt = toks["byte_bpe"], toks["unigram"]
     target = tiny.tiny_llama(tt, seed=0, dtype=F64)
     vd = len(dt) + 32
     bridge = VocabBridge(tt, dt, target_vocab_size=len(tt), drafter_vocab_size=vd)
     inside = bridge.to_target >= 0
     assert 0 < int(inside.sum()) < int(TokenText(dt, vd).text_mask.sum())
-    bias = torch.where(inside, torch.tensor(-1e4, dtype=F64), torch.tensor(0.0, dtype=F64))
+    bias = torch.where(inside, torch.tensor(shift, dtype=F64), torch.tensor(0.0, dtype=F64))
     drafter = with_bias(tiny.tiny_gpt2(dt, seed=1, vocab_size=vd, dtype=F64), bias)
-    out = mirror("tli", target, tt, drafter, dt, PROMPTS, max_new=6)
-    assert all(st.proposed == 0 and st.accepted == 0 for st in out.stats)
-    assert all(st.target_calls == len(s) for st, s in zip(out.stats, out.sequences))
+    if shift == float("-inf"):
+        out = mirror("tli", target, tt, drafter, dt, PROMPTS, max_new=6)
+        assert all(st.proposed == 0 and st.accepted == 0 for st in out.stats)
+        assert all(st.target_calls == len(s) for st, s in zip(out.stats, out.sequences))
+    else:
+        out = generate(target, drafter, PROMPTS, target_tokenizer=tt, drafter_tokenizer=dt, method="tli",
+                       lookahead=3, max_new_tokens=6, seed=3)
+        assert sum(st.proposed for st in out.stats) > 0
     greedy_all(("tli", "slem"), target, tt, drafter, dt, PROMPTS[:3], 6)
 
 
@@ -438,8 +448,10 @@ def test_drafting_is_capped_at_the_budget(kw: dict[str, Any], do_sample: bool, t
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_head_runs_only_where_a_round_reads(batch: int, toks: dict[str, Any], base: dict[str, Any]) -> None:
     """Logits only at the positions a round reads (``logits_to_keep``; issue 19, "Memory on a large
-    vocabulary"): a long prompt's prefill runs the head at one position per distinct prompt end,
-    not at every prompt position; and the tokens are the target's own greedy ones all the same."""
+    vocabulary"): a long prompt's prefill runs the head at one position per row, its own prompt's
+    end (prompts of distinct lengths included: ``hsd_torch._head``), not at every prompt position
+    nor at every row's end for every row; and the tokens are the target's own greedy ones all the
+    same."""
     target, tok = base["target"], toks["byte_bpe"]
     prompts = ["def foo(x):\n    return x + 1\n\nclass A:\n    pass\n", "import os\nimport sys\n", "x = 1"][:batch]
     widths: list[int] = []
@@ -450,7 +462,7 @@ def test_the_head_runs_only_where_a_round_reads(batch: int, toks: dict[str, Any]
         hook.remove()
     longest = max(len(TokenText.get(tok, len(tok)).prompt_ids(p)) for p in prompts)
     assert longest >= 10
-    assert widths[0] == batch < longest  # the prefill: one column per row's prompt end (distinct lengths)
+    assert widths[0] == 1 < longest  # the prefill: one column per row, its prompt's end (distinct lengths)
     assert all(w == 1 for w in widths[1:])  # AR: one position per row and round, the same column
     for p, seq in zip(prompts, out.sequences):
         assert seq == target_greedy(target, tok, p, 4)

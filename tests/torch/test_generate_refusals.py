@@ -169,6 +169,50 @@ def test_a_normalizer_set_in_place_renews_slrs_first_target_map(pair: dict[str, 
     assert (changed.sequences, changed.uniforms) == (fresh.sequences, fresh.uniforms)
 
 
+def _trade_ids(tok: Any, a: str, b: str) -> Any:
+    """``tok`` with its BPE model replaced in place by one of the same kind, size and options in
+    which the strings ``a`` and ``b`` (in the model's alphabet) trade ids."""
+    import json
+
+    from tokenizers import models
+
+    state = json.loads(tok.backend_tokenizer.model.__getstate__())
+    vocab = dict(state["vocab"])
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
+    options = {k: state[k] for k in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                                     "fuse_unk", "byte_fallback", "ignore_merges") if state.get(k) is not None}
+    tok.backend_tokenizer.model = models.BPE(vocab=vocab, merges=merges, **options)
+    return tok
+
+
+def test_a_tokenizer_model_swapped_in_place_is_read_again(pair: dict[str, Any]) -> None:
+    """The target tokenizer's model replaced in place by one of the same kind and size (two ids
+    trade their strings): the texts hsd caches per tokenizer are read again (they are keyed on a
+    digest of the model's content, not only on its kind and size) and TLI's output (sampled, its
+    uniforms) equals that of a fresh object with the same model."""
+    from hsd_torch.runner import logit_width
+    from hsd_torch.text import TokenText
+    from hsd_torch.vocab import tokenizer_state
+
+    tok = copy.deepcopy(pair["target_tokenizer"])
+    width = logit_width(pair["target"])
+    kw: dict[str, Any] = dict(method="tli", lookahead=3, max_new_tokens=8, seed=3, record_uniforms=True)
+    prompts = PROMPTS + ["return self.x", "e = t + 1"]
+    old = list(TokenText.get(tok, width).bytes_of)
+    before = run(pair, prompts, target_tokenizer=tok, **kw)
+    state = tokenizer_state(tok)
+    _trade_ids(tok, "e", "t")
+    assert tokenizer_state(tok)[:-1] == state[:-1]  # the same kind, size and options: only the digest differs
+    fresh_tok = _trade_ids(copy.deepcopy(pair["target_tokenizer"]), "e", "t")
+    texts = TokenText.get(tok, width).bytes_of
+    assert texts == TokenText.get(fresh_tok, width).bytes_of != old
+    changed = run(pair, prompts, target_tokenizer=tok, **kw)
+    fresh = run(pair, prompts, target_tokenizer=fresh_tok, **kw)
+    assert (changed.sequences, changed.uniforms) == (fresh.sequences, fresh.uniforms)
+    assert (changed.sequences, changed.uniforms) != (before.sequences, before.uniforms)
+
+
 BAD_TEMPERATURES = [math.inf, -math.inf, math.nan, 0.0, -1.0, 5e-324, 1e-300, 1e-45, 1e-4, 1e4, 1e300]
 
 
@@ -383,10 +427,18 @@ def test_audit_takes_prompt_ids_without_a_prompt(pair: dict[str, Any]) -> None:
         audit_generate(sampler, pair["target"], tt, n=20)
 
 
-def test_audit_refuses_an_empty_prompt(pair: dict[str, Any]) -> None:
-    """The byte-level tokenizer adds no BOS: an empty prompt gives no ids to condition on."""
-    with no_forward_pass(pair["target"]), pytest.raises(ValueError, match=r"prompt '' encodes to no target ids"):
-        _audit(pair, lambda p, s: [0], prompt="")
+def test_audit_takes_an_empty_prompt_as_generate_does(pair: dict[str, Any]) -> None:
+    """The byte-level tokenizer adds no BOS: an empty prompt conditions on its BOS, as generate's
+    context does (one prompt-to-ids rule; it used to be refused), and the audit's reference is the
+    law after exactly that context; empty prompt_ids are refused."""
+    from hsd_torch import generate
+
+    target, tt = pair["target"], pair["target_tokenizer"]
+    ctx = generate(target, None, "", target_tokenizer=tt, method="ar", max_new_tokens=1, seed=0).prompt_ids[0]
+    assert ctx == [tt.bos_token_id]
+    empty = _audit(pair, lambda p, s: [0], prompt="")
+    by_ids = _audit(pair, lambda p, s: [0], prompt_ids=ctx)
+    assert empty.core.expected == by_ids.core.expected
     with no_forward_pass(pair["target"]), pytest.raises(ValueError, match=r"prompt_ids is empty"):
         _audit(pair, lambda p, s: [0], prompt_ids=[])
 

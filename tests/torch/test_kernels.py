@@ -28,7 +28,8 @@ from hsd_core.methods.slem import SLEM  # noqa: E402
 from hsd_core.models import FunctionModel, Model  # noqa: E402
 from hsd_core.rand import Rand, UniformRand, inverse_cdf  # noqa: E402
 from hsd_core.stats import assert_law_matches, min_num_samples_for_tv, min_tv_detectable  # noqa: E402
-from hsd_torch.kernels import (Verified, _draw_host, _ratio_test, _rejection_host, exact_match_verify,  # noqa: E402
+from hsd_torch.kernels import (Verified, _draw_host, _ratio_test, _rejection_host, compute_dtype,  # noqa: E402
+                               exact_match_verify,
                                rejection_verify, sample)
 
 NO_BUDGET = 10**9
@@ -274,7 +275,7 @@ def test_host_list_draw_equals_sample(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_host_ratio_test_equals_the_tensor_expression(dtype: torch.dtype) -> None:
     """The verifiers' accept test runs on the host (kernels._ratio_test): it must decide exactly as
-    ``u.to(dtype) < clamp(p / q, max=1)`` over tensors, including q = 0 (p > 0: accept; p = 0:
+    ``(p / q >= 1) | (u.to(dtype) < p / q)`` over tensors, including q = 0 (p > 0: accept; p = 0:
     NaN, reject), NaN entries, ratios at and next to 1, and uniforms equal to the ratio."""
     g = np.random.default_rng(11)
     n = 20_000
@@ -287,9 +288,26 @@ def test_host_ratio_test_equals_the_tensor_expression(dtype: torch.dtype) -> Non
     pt, qt = torch.tensor(px).to(dtype), torch.tensor(qx).to(dtype)
     ratio = torch.clamp(pt / qt, max=1.0)
     u[::5] = ratio[::5].double().clamp(max=0.999).numpy()  # uniforms on (or at the rounding of) the ratio
-    expected = (torch.tensor(u).to(dtype) < ratio).tolist()
+    expected = ((ratio >= 1) | (torch.tensor(u).to(dtype) < ratio)).tolist()
     assert _ratio_test(u.tolist(), pt.tolist(), qt.tolist(), dtype) == expected
     assert any(expected) and not all(expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_ratio_at_least_one_accepts_a_uniform_that_rounds_to_one(dtype: torch.dtype) -> None:
+    """A draft with ``p(x) >= q(x)`` is accepted with probability 1, as the reference's
+    ``u < min(1, p/q)`` accepts every uniform in [0, 1): also a float64 uniform just below 1 that
+    rounds to 1.0 in float32 (about 3 uniforms in 1e8), whose rounded comparison ``1.0 < 1.0``
+    would reject it. Ratios equal to 1 and above it, through the public kernel."""
+    u = 1.0 - 1e-9
+    assert float(torch.tensor(u, dtype=torch.float32)) == 1.0
+    p = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], [[0.6, 0.4, 0.0], [0.2, 0.3, 0.5]]], dtype=dtype)
+    q = torch.tensor([[[0.5, 0.5, 0.0]], [[0.1, 0.9, 0.0]]], dtype=dtype)  # ratio 1, and 6
+    drafts = torch.tensor([[0], [0]])
+    v = rejection_verify(p, q, drafts, torch.tensor([1, 1]), torch.tensor([[u], [u]], dtype=torch.float64),
+                         torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert v.accepted() == [1, 1]
+    assert _ratio_test([u, u], [0.5, 0.6], [0.5, 0.1], compute_dtype(p)) == [True, True]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,7 +387,9 @@ def test_zero_residual_rows_mixed_with_others_in_one_batch() -> None:
     (falls back to p), a positive residual and a fully accepted row gives each row the reference's
     tokens, in float64 and float32 (rows alone and together agree)."""
     p = np.array([[[0.5, 0.5, 0], [0.5, 0.5, 0]], [[0.9, 0.1, 0], [0.3, 0.7, 0]], [[0.4, 0.6, 0], [0.2, 0.8, 0]]])
-    q = np.array([[[0.5 + 2**-40, 0.5 + 2**-40, 0]], [[0.1, 0.9, 0]], [[0.4, 0.6, 0]]])  # id 2: the reference's EOS
+    # row 0: q above p at both ids by 2**-20 (a ratio below 1 in float32 too: 2**-40 rounded away and made it 1,
+    # which accepts), so its residual is 0 everywhere; id 2: the reference's EOS
+    q = np.array([[[0.5 + 2**-20, 0.5 + 2**-20, 0]], [[0.1, 0.9, 0]], [[0.4, 0.6, 0]]])
     drafts, n = np.array([[0], [1], [1]]), np.array([1, 1, 1])
     ua = np.array([[float(np.nextafter(1.0, 0.0))], [0.5], [0.1]])
     uf = np.array([0.75, 0.3, 0.9])

@@ -80,6 +80,7 @@ def test_wrong_temperature_is_lossy(pair: Any) -> None:
     temp = {f.family: f for f in rep.families}["temperature off by a factor"]
     assert temp.detectable is not None and temp.detectable < 1.1
     assert rep.verdict == "lossy", rep.to_markdown()
+    assert "the tokens fit best the claimed processing at temperature 1.1 " in rep.reason, rep.reason
 
 
 def test_a_bug_after_the_first_tokens_is_caught_only_by_sequences(pair: Any) -> None:
@@ -123,8 +124,8 @@ def test_prompt_plus_new_ids_is_named(pair: Any) -> None:
 
     def with_prompt(prompts: list[str], seeds: list[int]) -> list[list[int]]:
         return [tt(p)["input_ids"] + s for p, s in zip(prompts, inner(prompts, seeds))]
-    rep = audit_sequences(None, target, tt, PROMPTS, n=20, max_new_tokens=8, sample_batch_fn=with_prompt)
-    assert rep.verdict == "lossy" and "starts with the prompt's ids" in rep.reason
+    with pytest.raises(ValueError, match="length mismatch.*starts with the prompt's ids"):
+        audit_sequences(None, target, tt, PROMPTS, n=20, max_new_tokens=8, sample_batch_fn=with_prompt)
 
 
 def test_ids_outside_the_vocabulary_are_lossy(pair: Any) -> None:
@@ -153,7 +154,8 @@ def test_progress_and_single_sampler(pair: Any) -> None:
     fn = batched(pair, "ar", budget=4)
     rep = audit_sequences(lambda p, s: fn([p], [s])[0], target, tt, PROMPTS, n=20, max_new_tokens=4, batch_size=8,
                           progress=lines.append)
-    assert rep.verdict in ("lossless-consistent", "inconclusive") and len(lines) == 3 and "left" in lines[-1]
+    assert rep.verdict in ("lossless-consistent", "inconclusive") and len(lines) == 4 and "left" in lines[-1]
+    assert lines[0].startswith("estimate from the first 8 of 20 sequences: about") and "should catch" in lines[0]
 
 
 def test_pytest_plugin_sequences_with_a_model(pair: Any) -> None:

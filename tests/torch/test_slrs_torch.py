@@ -578,3 +578,39 @@ def test_sampled_unconditioned_variant_is_rejected(toks: dict[str, Any], models:
     law = exact_two_token_law(target, tt, MULTI_PROMPT)
     with pytest.raises(AssertionError, match="rejected"):
         assert_law_matches(law, sampled_multi(toks, models, seed=6), alpha=ALPHA, eps=EPS, power=POWER)
+
+
+@pytest.mark.parametrize("pair", FAST_PAIRS)
+def test_multi_round_parses_only_the_children_that_matter(pair: str, toks: dict[str, Any], models: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the root level, ``MultiTokenRound`` parses only the children whose proposal can share
+    the row's first id or that may grow (``needs_parse``): the same proposals, conditionals (bit
+    for bit) and evaluations as parsing every child, with fewer pairs parsed."""
+    from hsd_torch.methods.slrs import psi_multi
+
+    target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
+    prompts = PROMPTS[:6]
+    us = [list(np.random.default_rng(i).random(K + 1)) for i in range(len(prompts))]
+    parsed: list[int] = []
+    real_parse = psi_multi.parse_pairs
+
+    def counting(*a: Any) -> Any:
+        parsed.append(int(a[3].shape[0]))
+        return real_parse(*a)
+
+    monkeypatch.setattr(psi_multi, "parse_pairs", counting)
+
+    def run() -> tuple[Any, int]:
+        parsed.clear()
+        res = tslrs.first_round_multi(tt, width(target), drafter, dt, prompts, lookahead=K + 1,
+                                      min_path_prob=MULTI_FAST_TAU, max_tokens=None, budget=6, uniforms=us,
+                                      temperature=dtemp)
+        return res, sum(parsed)
+
+    pruned, n_pruned = run()
+    monkeypatch.setattr(psi_multi.MultiTokenRound, "needs_parse", lambda self, *a: None)
+    full, n_full = run()
+    assert pruned.proposals == full.proposals and pruned.evaluations == full.evaluations
+    assert torch.equal(pruned.conditionals, full.conditionals)
+    assert max(len(x) for x in full.proposals) >= 2
+    assert n_pruned < n_full / 2, (n_pruned, n_full)

@@ -5,8 +5,9 @@ settled stop on the first ``m[r]`` ids.
 A tree node's text splits into its settled ids ``u`` (final whatever is drafted next) and a rest
 that is empty or a proper prefix of a target token; a child's proposal is ``u`` followed by the
 parse of (rest + the child's bytes) (:func:`.trie.parse_pairs`, every child of every node walked;
-the root level's parses are cached per pair of vocabularies). Every stopping child's proposal
-tuple and path mass are kept; once the rows' own proposals are drawn, their conditional laws are
+the root level's parses are cached per pair of vocabularies; past it, only the children whose
+proposal can share the row's first id, or that may grow, are parsed: :meth:`MultiTokenRound.needs_parse`).
+Every stopping child's proposal tuple and path mass are kept; once the rows' own proposals are drawn, their conditional laws are
 summed from those (:class:`MultiRoundResult`: ``hsd_core``'s ``PsiLaw.conditional``).
 
 A proposal may be empty: the text is dead at once (it starts with a byte no target token starts,
@@ -153,8 +154,8 @@ class MultiTokenRound:
         for pn, pc in chunks:
             if pn.numel() == 0:
                 continue
-            ids, n_ids, f, fpos = self.parse(depth, pn, pc)
             w = self.path.index_select(0, pn) * self.laws[pn, p.db.ids.index_select(0, pc)]
+            ids, n_ids, f, fpos = self.parse(depth, pn, pc, None if p.greedy else self.needs_parse(depth, pn, w, known))
             settled = f >= self.mrem.index_select(0, pn)
             # a child stops when settled, below tau, or at its row's depth cap (min(lookahead, budget))
             stop = settled | (w < p.tau) | (self.cap.index_select(0, self.node_row.index_select(0, pn)) <= depth)
@@ -174,12 +175,47 @@ class MultiTokenRound:
                 offset += int(grow.sum())
         return decided, grown
 
-    def parse(self, depth: int, pn: Tensor, pc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def needs_parse(self, depth: int, pn: Tensor, w: Tensor, known: Tensor) -> Tensor | None:
+        """Which children (nodes ``pn``, path masses ``w``) must be parsed (bool), None: all. A
+        child of a node whose first id is settled (``u[0]``) proposes ``u[0]`` first whatever its
+        bytes; where that is not the row's first id (``known``, once known) its proposal cannot
+        share the row's drawn prefix, so it is never kept for a later position, and where it stops
+        whatever the parse (path mass below ``tau``, or the row's depth cap) its parse changes
+        nothing: it adds ``w`` to position 0 at ``u[0]``, as ``join`` of ``u`` and no parsed id
+        gives. Those are most children (at most ``1 / tau`` of a node's may grow). The root level's
+        parses are cached; the lossy variants of the tests (a psi that counts by ``settled``, or
+        sums every kept proposal whatever its prefix) need every parse."""
+        from .psi import BoundedSLRS
+
+        cls = type(self.p)
+        if depth == 1 or cls._psi_counts is not BoundedSLRS._psi_counts or \
+                cls._given_prefix is not BoundedSLRS._given_prefix:
+            return None
+        row = self.node_row.index_select(0, pn)
+        first = self.u_t[:, 0].index_select(0, pn)  # -1: no settled id
+        kn = known.index_select(0, row)
+        may_grow = (w >= self.p.tau) & (self.cap.index_select(0, row) > depth)
+        return (first < 0) | (kn < 0) | (first == kn) | may_grow
+
+    def parse(self, depth: int, pn: Tensor, pc: Tensor, need: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """:func:`.trie.parse_pairs` of (node's rest + column's bytes) for the pairs, at most the
-        node's remaining ``m`` ids (the root level: the cached parse of each token alone, cut)."""
+        node's remaining ``m`` ids (the root level: the cached parse of each token alone, cut). With
+        ``need`` (bool, :meth:`needs_parse`), only those pairs are parsed; the others read no id
+        (ids -1, none read, ``f = -1``: not settled, ``fpos = 0``)."""
         lim = self.mrem.index_select(0, pn)
         if depth != 1:
-            return parse_pairs(self.p.trie, self.heads, self.head_len, pn, pc, self.p.db, lim)
+            if need is None or bool(need.all()):
+                return parse_pairs(self.p.trie, self.heads, self.head_len, pn, pc, self.p.db, lim)
+            at = torch.nonzero(need).flatten()
+            ids_s, n_s, f_s, fpos_s = parse_pairs(self.p.trie, self.heads, self.head_len, pn.index_select(0, at),
+                                                  pc.index_select(0, at), self.p.db, lim.index_select(0, at))
+            n_p = pn.shape[0]
+            ids = torch.full((n_p, max(1, ids_s.shape[1])), -1, dtype=torch.long, device=self.dev)
+            ids[at, :ids_s.shape[1]] = ids_s
+            n_ids, f, fpos = (torch.zeros(n_p, dtype=torch.long, device=self.dev) for _ in range(3))
+            f.fill_(-1)
+            return ids, n_ids.index_put_((at,), n_s), f.index_put_((at,), f_s), fpos.index_put_((at,), fpos_s)
         r_ids, r_n_ids, f, fpos = (x.index_select(0, pc) for x in self.p._root_parse())
         ids = torch.where(torch.arange(r_ids.shape[1], device=self.dev).unsqueeze(0) < lim.unsqueeze(1), r_ids,
                           torch.full_like(r_ids, -1))

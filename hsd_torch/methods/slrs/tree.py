@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...runner import window_view
+from ...runner import new_cache, window_view
 
 __all__ = ["TreeCache"]
 
@@ -37,6 +37,7 @@ class TreeCache:
         self.cache: Any = None
         self.mask: Tensor | None = None
         self.pos: Tensor | None = None
+        self.kv_pos: Tensor | None = None  # each column's position, with a runner's layer_masks
         self.paths: list[list[int]] = []  # per node of the last level: its drafted ids
         self.node_row: list[int] = []
 
@@ -44,8 +45,6 @@ class TreeCache:
         """The next level: node ``i`` is node ``parent[i]`` of the last level (a row index into
         ``rows`` at the first call) followed by drafter id ``tokens[i]``; ``node_row[i]`` its row
         index. Returns the logits ``[N, V]`` after each new node's context."""
-        from transformers import DynamicCache
-
         runner = self.runner
         par = parent.tolist()
         tok = tokens.tolist()
@@ -66,9 +65,10 @@ class TreeCache:
                 sel = self.slots.index_select(0, pc)
                 mask = runner.mask.index_select(0, sel)
                 pos = self.base.index_select(0, pc)
-                cache = DynamicCache(config=runner.model.config)
+                kv_pos = runner.kv_pos.index_select(0, sel) if runner.layer_masks else None
+                cache = new_cache(runner.model)[0]
                 for li, layer in enumerate(src.layers):
-                    cache.layers[li].update(  # type: ignore[union-attr]
+                    cache.layers[li].update(
                         layer.keys.index_select(0, sel), layer.values.index_select(0, sel))
             else:
                 assert self.mask is not None and self.pos is not None
@@ -78,13 +78,18 @@ class TreeCache:
                 cache.batch_select_indices(where)
                 mask = self.mask.index_select(0, where)
                 pos = self.pos.index_select(0, where)
+                kv_pos = self.kv_pos.index_select(0, where) if self.kv_pos is not None else None
             mask = torch.cat([mask, torch.ones(len(cached), 1, dtype=mask.dtype, device=self.device)], dim=1)
-            res = runner.model(input_ids=tokens.index_select(0, cidx).unsqueeze(1), attention_mask=mask,
+            am: Any = mask
+            if kv_pos is not None:  # sliding-window layers in a batch: windows over each row's positions
+                kv_pos = torch.cat([kv_pos, pos.unsqueeze(1)], dim=1)
+                am = runner.masks_for(mask, kv_pos, pos.unsqueeze(1), mask.shape[1] - 1)
+            res = runner.model(input_ids=tokens.index_select(0, cidx).unsqueeze(1), attention_mask=am,
                                position_ids=pos.unsqueeze(1), use_cache=True, **{runner._cache_kw: cache})
             logits: Tensor = res.logits[:, -1]
             out = logits.new_zeros((n, logits.shape[-1]))
             out[cidx] = logits
-            self.cache, self.mask, self.pos = cache, mask, pos + 1
+            self.cache, self.mask, self.pos, self.kv_pos = cache, mask, pos + 1, kv_pos
         ci = torch.full((n,), -1, dtype=torch.long, device=self.device)
         if cached:
             ci[torch.tensor(cached, dtype=torch.long, device=self.device)] = torch.arange(len(cached), device=self.device)

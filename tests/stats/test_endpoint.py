@@ -1,0 +1,157 @@
+"""The OpenAI-compatible endpoint client (:mod:`hsd_core.endpoint`) against a stdlib HTTP server of
+our own (127.0.0.1, port 0, a thread) serving toy engines over the hsd_core toy world: lossless
+speculation (SD), lossy speculation (SD that accepts every draft), a server that returns text only,
+and a slow one; the draws come back in the samples format and the same audits run on them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hsd_core as hc
+from hsd_core.endpoint import EndpointError, check_endpoint, sample_endpoint
+from hsd_core.samples import Sampling
+from hsd_core.seqaudit import audit_sequences, sequence_seeds
+from hsd_core.variants import AcceptEveryDraft
+
+V = hc.Vocabulary(["a", "b", "c", "d", "ab", "ba", "cd"])
+TOK = hc.LongestMatchTokenizer(V)
+TARGET = hc.toy.random_model(V, TOK, seed=1, exact=False)
+DRAFTER = hc.toy.random_model(V, TOK, seed=2, exact=False)
+PROMPTS = ["ab", "ba"]
+L = 8
+ENGINES = {"lossless": hc.methods.SD(lookahead=3), "lossy": AcceptEveryDraft(lookahead=3), "plain": hc.methods.AR()}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    mode = "lossless"
+    requests: list[dict[str, Any]] = []
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, obj: Any, code: int = 200) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send({"data": [{"id": "toy"}]})
+        else:
+            self._send({"error": "no"}, 404)
+
+    def do_POST(self) -> None:
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(req)
+        mode = type(self).mode
+        if mode == "slow":
+            time.sleep(0.5)
+        if self.path != "/v1/completions":
+            return self._send({"error": "no"}, 404)
+        prompt = TOK.decode(req["prompt"])
+        engine = ENGINES["lossless" if mode in ("slow", "text", "token_ids") else mode]
+        ids = engine.generate(TARGET, None if mode == "plain" else DRAFTER, prompt, req["max_tokens"], rng=req["seed"])
+        choice: dict[str, Any] = {"text": TOK.decode(ids), "finish_reason": "length" if len(ids) == req["max_tokens"]
+                                  else "stop"}
+        if mode == "token_ids":
+            choice["token_ids"] = ids
+        elif mode != "text":
+            choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in ids]}
+        self._send({"choices": [choice]})
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:  # a client that timed out: nothing to say
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+SAMPLING = Sampling(True, 1.0, None, None, L)
+
+
+def _sample(url: str, mode: str, n: int, seed: int = 0, **kw: Any) -> Any:
+    _Handler.mode = mode
+    return sample_endpoint(url, PROMPTS, [TOK.encode(p) for p in PROMPTS], sequence_seeds(seed, n), SAMPLING, **kw)
+
+
+def _replay_audit(f: Any, n: int, seed: int) -> Any:
+    draws = iter(f.draws)
+
+    def replay(prompt: str, seed: int) -> list[int]:
+        d = next(draws)
+        assert d.prompt == prompt and d.seed == seed  # the audit reads the draws in the order they were made
+        return list(d.ids)
+
+    return audit_sequences(replay, TARGET, PROMPTS, n=n, max_new_tokens=L, drafter=DRAFTER, context_bugs=None, seed=seed)
+
+
+def test_requests_carry_seeds_ids_and_settings(server: str) -> None:
+    _Handler.requests = []
+    f = _sample(server, "lossless", 4)
+    assert [d.seed for d in f.draws] == sequence_seeds(0, 4)
+    r = _Handler.requests[0]
+    assert r["prompt"] == TOK.encode("ab") and r["return_tokens_as_token_ids"] is True and r["logprobs"] == 1
+    assert r["seed"] == sequence_seeds(0, 4)[0] and r["max_tokens"] == L and r["model"] == "toy"
+    assert "top_k" not in r and r["temperature"] == 1.0
+    assert f.engine["name"].startswith("openai-compatible endpoint http://127.0.0.1:") and not f.is_speculative
+    # the same draw comes back for the same seed (the server's sampler is seeded), as token ids
+    assert _sample(server, "lossless", 4).draws == f.draws
+    assert _sample(server, "token_ids", 4).draws[0].ids == f.draws[0].ids
+    greedy = sample_endpoint(server, PROMPTS, [TOK.encode(p) for p in PROMPTS], [1], Sampling(False, 1.0, None, None, 3),
+                             model="m", speculative={"method": "sd"})
+    assert _Handler.requests[-1]["temperature"] == 0.0 and _Handler.requests[-1]["model"] == "m"
+    assert greedy.is_speculative
+
+
+def test_lossless_endpoint_passes_and_lossy_is_caught(server: str) -> None:
+    """200 sequences x 8 tokens through the sequence audit (alpha 1e-3): the server that accepts every
+    draft is caught (over seeds 0-3: more than 200 draws of probability 0 under the target, and the
+    tests' smallest p-value 0), lossless speculation is lossless-consistent (smallest p 0.01-0.08)."""
+    good = _replay_audit(_sample(server, "lossless", 200), 200, 0)
+    assert good.verdict == "lossless-consistent", good.reason
+    bad = _replay_audit(_sample(server, "lossy", 200, seed=1), 200, 1)
+    assert bad.verdict == "lossy", bad.reason
+
+
+def test_refusals(server: str) -> None:
+    for url in ("http://10.0.0.1:8000/v1", "http://example.com/v1", "http://192.168.1.2/v1"):
+        with pytest.raises(EndpointError, match="is not loopback .* --allow-remote"):
+            _sample(url, "lossless", 1)
+    assert check_endpoint("http://example.com/v1/", allow_remote=True) == "http://example.com/v1"
+    assert check_endpoint("http://[::1]:9/v1") == "http://[::1]:9/v1" and check_endpoint("http://localhost:1")
+    with pytest.raises(EndpointError, match="not an http"):
+        check_endpoint("ftp://127.0.0.1/v1")
+    with pytest.raises(EndpointError, match="returned no token ids .* cannot be audited"):
+        _sample(server, "text", 1)
+    with pytest.raises(EndpointError, match=r"did not answer within 0\.1 s \(timeout\)"):
+        _sample(server, "slow", 1, timeout=0.1)
+    with pytest.raises(EndpointError, match="time budget of 0.6 s ran out after 1 of 3 draws"):
+        _sample(server, "slow", 3, time_budget=0.6)
+    with pytest.raises(EndpointError, match="more than max_requests=2"):
+        _sample(server, "lossless", 3, max_requests=2)
+    with pytest.raises(EndpointError, match="answered HTTP 404"):
+        _sample(server.rsplit("/v1", 1)[0] + "/v2", "lossless", 1, model="toy")
+    with pytest.raises(EndpointError, match="cannot be reached"):
+        _sample("http://127.0.0.1:9/v1", "lossless", 1, model="toy", timeout=2)
