@@ -204,13 +204,13 @@ class Bench:
                               drafter_tokenizer=dtok, max_new_tokens=new or self.new, do_sample=mode != "greedy",
                               seed=seed * 1000 + i, **opts, **(CHAT if mode == "chat" else {}))
             seqs += [list(x) for x in out.sequences]
+            near += sum(out.near_ties or [])
+            flips += sum(out.tie_flips or [])
             for s in out.stats:
                 new_tok += s.new_tokens
                 proposed += s.proposed
                 accepted += s.accepted
                 rounds += s.target_calls
-                near += getattr(s, "near_ties", 0)
-                flips += getattr(s, "tie_flips", 0)
         _sync(self.device)
         wall = time.perf_counter() - t0
         self.last_sequences = seqs

@@ -13,7 +13,7 @@ several ids come within ``tau`` of the top logit (``tau = 2**-4 * max(|top|, 1)`
 units in the last place of a bfloat16 logit) it recomputes those ids' logits in float32 from that
 hidden state and the head's weights, and decides among them in float32. What is left to differ is
 the rounding inside the forward before the head (the hidden state), which moves the float32
-logits far less; those positions are counted (``RowStats.near_ties``, and ``tie_flips`` where the
+logits far less; those positions are counted (``GenerateOutput.near_ties``, and ``tie_flips`` where the
 float32 decision differs from the reduced-precision one) and the contract in docs/generate.md
 says what is promised. Sampling is unchanged: its law is the float32 softmax of the logits of the
 verification forward that computed each position (``hsd_torch.laws``).

@@ -130,7 +130,7 @@ def generate(
     (``ValueError`` otherwise: generate never converts them; load them so, e.g.
     ``real_models.load(name, dtype=torch.bfloat16)``). Laws are float32 softmaxes of the logits in
     any dtype. Greedy with a bfloat16 or float16 target re-decides near ties in float32 from the
-    forward's final hidden state (:mod:`hsd_torch._precision`; ``RowStats.near_ties``,
+    forward's final hidden state (:mod:`hsd_torch._precision`; ``GenerateOutput.near_ties``,
     ``tie_flips``): docs/generate.md, "Reduced precision", states what is then promised.
 
     Every argument is checked before any work (``docs/generate.md``, "What generate refuses, and

@@ -56,8 +56,8 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
     if gen.near is not None and trun.hidden is not None:  # greedy, reduced precision: near ties in float32
         logits, checked, flips = gen.near.apply(logits, trun.hidden)
         for i in range(gen.batch):
-            gen.stats[i].near_ties += checked[i]
-            gen.stats[i].tie_flips += flips[i]
+            gen.near_ties[i] += checked[i]
+            gen.tie_flips[i] += flips[i]
     if gen.processors or gen.min_new_tokens:  # the caller's processors, min_new_tokens (hsd_torch.processors)
         full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
         logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
