@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from hsd_torch import real_models
 
-    models = {n: real_models.load(n) for n in real_models.names()}
+    models = {n: real_models.load(n) for n in ("smollm2-135m-instruct", "gemma-3-270m")}
     sets = prompts(args.code, args.prose)
     pairs = [("gemma-3-270m", "smollm2-135m-instruct"), ("smollm2-135m-instruct", "gemma-3-270m")]
     if args.reverse_only:

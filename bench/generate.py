@@ -11,12 +11,18 @@
         --batches 1,4,16 --modes greedy,sample --no-transformers --json bench/generate_real_batch.json \
         --plots bench/generate_plots_real_batch
 
+    # Qwen2.5-Coder-1.5B-Instruct <- SmolLM2-135M-Instruct (SD: <- Qwen2.5-Coder-0.5B-Instruct), HumanEval prompts
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair qwen --dtype bfloat16 --prompts 4 --new 48 --repeats 2 \
+        --batches 1 --modes greedy,sample --sweep 2,6 --json bench/generate_qwen_bf16.json --plots bench/generate_plots_qwen
+
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
 in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M
 target, SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no
 SD, as no drafter shares Gemma's vocabulary; ``--pair real-reverse``: the roles swapped), prompts
 from HumanEval and English prose (``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7,
-top-p 0.9) beside greedy and sampling. ``--pair distilled``: the same target and prompts with the tiny drafter that
+top-p 0.9) beside greedy and sampling. ``--pair qwen``: Qwen2.5-Coder-1.5B-Instruct target (the
+``real-qwen`` extra), SmolLM2-135M-Instruct drafter for the cross-tokenizer methods and
+Qwen2.5-Coder-0.5B-Instruct (the target's tokenizer) for SD, HumanEval prompts only. ``--pair distilled``: the same target and prompts with the tiny drafter that
 ``bench/distill_drafter.py`` distils from Gemma's own samples (built first if missing: about an hour).
 
 The pair is ``bench/pair.py``'s (its module doc says what it is: a narrow codec-table domain, a
@@ -189,7 +195,7 @@ class Bench:
         tm.reset()
         if dm:
             dm.reset()
-        new_tok = proposed = accepted = rounds = 0
+        new_tok = proposed = accepted = rounds = near = flips = 0
         seqs: list[list[int]] = []
         _sync(self.device)
         t0 = time.perf_counter()
@@ -198,6 +204,8 @@ class Bench:
                               drafter_tokenizer=dtok, max_new_tokens=new or self.new, do_sample=mode != "greedy",
                               seed=seed * 1000 + i, **opts, **(CHAT if mode == "chat" else {}))
             seqs += [list(x) for x in out.sequences]
+            near += sum(out.near_ties or [])
+            flips += sum(out.tie_flips or [])
             for s in out.stats:
                 new_tok += s.new_tokens
                 proposed += s.proposed
@@ -206,7 +214,8 @@ class Bench:
         _sync(self.device)
         wall = time.perf_counter() - t0
         self.last_sequences = seqs
-        return self._figures(wall, new_tok, tm, dm, rounds=rounds, proposed=proposed, accepted=accepted)
+        return dict(self._figures(wall, new_tok, tm, dm, rounds=rounds, proposed=proposed, accepted=accepted),
+                    near_ties=near, tie_flips=flips)
 
     def run_hf(self, kind: str, mode: str, seed: int, n: int | None = None, new: int | None = None,
                k: int | None = None) -> dict[str, Any]:
@@ -297,14 +306,19 @@ def sweep_configs(lookaheads: list[int], hf: bool, modes: tuple[str, ...],
 
 
 REAL_PAIRS = {"real": ("gemma-3-270m", "smollm2-135m-instruct"), "real-reverse": ("smollm2-135m-instruct", "gemma-3-270m"),
-              "distilled": ("gemma-3-270m", "distilled")}
+              "distilled": ("gemma-3-270m", "distilled"), "qwen": ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct")}
+SD_DRAFTERS = {"qwen": "qwen2.5-coder-0.5b-instruct"}
+"""``--pair`` -> the SD drafter (the target's tokenizer), where the pair has one."""
+CODE_ONLY = ("qwen",)
+"""Pairs benchmarked on HumanEval prompts alone (a code model)."""
 """``--pair`` -> (target, drafter): ``hsd_torch.real_models`` names, or bench/distill_drafter.py's build."""
 
 
 def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real"
               ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """The real target with a drafter as ``Bench`` takes them (no SD drafter), their description,
-    and ``n_prompts`` prompts, half HumanEval code and half prose (``bench/acceptance_real.py``'s).
+    """The real target with a drafter as ``Bench`` takes them (an SD drafter where :data:`SD_DRAFTERS`
+    has one), their description, and ``n_prompts`` prompts, half HumanEval code and half prose
+    (``bench/acceptance_real.py``'s; HumanEval alone for :data:`CODE_ONLY`).
     ``drafter_kind``: ``"real"`` (SmolLM2-135M-Instruct), ``"distilled"`` (the build of
     ``bench/distill_drafter.py``, made first if missing: about an hour) or ``"real-reverse"`` (the
     real pair the other way round: SmolLM2-135M-Instruct target, Gemma-3-270M drafter)."""
@@ -327,16 +341,21 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
     else:
         drafter, dt = real_models.load(drafter_name, dtype=dtype)
     target, drafter = target.to(device), drafter.to(device)
-    if n_prompts > 2 * len(acceptance_real.PROSE_MODULES):
+    sd_name = SD_DRAFTERS.get(drafter_kind)
+    sd_drafter = real_models.load(sd_name, dtype=dtype)[0].to(device) if sd_name else None
+    if drafter_kind in CODE_ONLY:
+        prompts = acceptance_real.prompts(n_prompts, 0)["code"]
+    elif n_prompts > 2 * len(acceptance_real.PROSE_MODULES):
         raise SystemExit(f"--prompts {n_prompts}: the real pairs have {2 * len(acceptance_real.PROSE_MODULES)} prompts "
                          "(half HumanEval, half prose paragraphs)")
-    got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
-    prompts = [got["code" if i % 2 == 0 else "prose"][i // 2] for i in range(n_prompts)]  # code, prose, code, ...
-    desc = {"target": target_name, "drafter": drafter_name,
+    else:
+        got = acceptance_real.prompts((n_prompts + 1) // 2, n_prompts // 2)
+        prompts = [got["code" if i % 2 == 0 else "prose"][i // 2] for i in range(n_prompts)]  # code, prose, ...
+    desc = {"target": target_name, "drafter": drafter_name, "sd_drafter": sd_name,
             "target_params": sum(p.numel() for p in target.parameters()),
             "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "target_vocab": len(tt), "drafter_vocab": len(dt)}
-    return ({"target": target, "drafter": drafter, "sd_drafter": None, "target_tokenizer": tt, "drafter_tokenizer": dt,
+    return ({"target": target, "drafter": drafter, "sd_drafter": sd_drafter, "target_tokenizer": tt, "drafter_tokenizer": dt,
              "build": build}, desc, prompts)
 
 
@@ -577,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 prompts, 24 new tokens, batches 1 and 3, 2 repeats")
     ap.add_argument("--pair", default=str(pairmod.DEFAULT_OUT),
                     help="a bench/pair.py build (built if missing), 'real' (Gemma-3-270M <- SmolLM2-135M-Instruct), "
+                         "'qwen' (Qwen2.5-Coder-1.5B-Instruct <- SmolLM2-135M-Instruct; SD <- Qwen2.5-Coder-0.5B), "
                          "'real-reverse' (SmolLM2-135M-Instruct <- Gemma-3-270M) "
                          "or 'distilled' (Gemma-3-270M <- bench/distill_drafter.py's drafter)")
     ap.add_argument("--modes", default=None, help="greedy,sample[,chat] (default greedy,sample; real pair: all three)")
@@ -668,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
     ref = greedy.get("hsd:ar-greedy@b1", [])
     summary["greedy_mismatches"] = {k: sum(a != b for a, b in zip(ref, v)) for k, v in greedy.items()}
+    # where they differ: (prompt, first position that differs), to set beside the near ties counted
+    summary["greedy_divergences"] = {
+        k: [(i, next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+            for i, (a, b) in enumerate(zip(ref, v)) if a != b]
+        for k, v in greedy.items() if any(a != b for a, b in zip(ref, v))}
     summary["setup"] = {"pair": desc, "pair_kind": args.pair if real else "synthetic", "modes": list(modes),
                         "build": p["build"] if args.pair == "distilled" else
                         {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
@@ -679,6 +704,10 @@ def main(argv: list[str] | None = None) -> int:
                         "wall_s": round(time.perf_counter() - t_start, 1)}
     print(table(summary))
     print("greedy outputs differing from hsd AR (prompts):", json.dumps(summary["greedy_mismatches"]))
+    print("  first differing positions (prompt, position):", json.dumps(summary["greedy_divergences"]))
+    print("  near ties re-decided in float32 / flipped (hsd greedy, median over repeats):",
+          json.dumps({k: (r.get("near_ties"), r.get("tie_flips")) for k, r in summary["methods"].items()
+                      if k.startswith("hsd:") and "-greedy@" in k}))
     print("vs_transformers (median / min over repeats):", json.dumps(summary["vs_transformers"]),
           json.dumps(summary["vs_transformers_min"]))
     print("vs transformers' UAG sampling with the issue-12 patch (lossless):", json.dumps(summary["vs_transformers_patched"]))

@@ -6,8 +6,8 @@
 # 1. correctness, in parallel (they time nothing): bench/gpu_check_generate.py in float32 (greedy
 #    identity of every method in float64, agreement with the CPU run, the sampled first-two-token
 #    audits at N=20,000 and the lossy control) and in bfloat16 (sampled part), and
-#    bench/kernels.py --agreement (float32 / bfloat16 decisions against float64);
-# 2. the kernels' speed, alone on the device (bench/kernels.py --device cuda);
+#    bench/kernel_speed.py --agreement (float32 / bfloat16 decisions against float64);
+# 2. the kernels' speed, alone on the device (bench/kernel_speed.py --device cuda);
 # 3. the end-to-end benchmark (bench/gpu.sh: batches 1, 16, 64, bfloat16) in the time left.
 #
 # HSD_GPU_PARTS picks parts (default "check kernels bench"; a lease can be split across two calls).
@@ -43,11 +43,11 @@ echo "device $DEV, budget $BUDGET s, parts${PARTS}, $(date -u)" > "$OUT/summary.
 if [[ $PARTS == *" check "* ]]; then
   run check_float32 180 "$PY" bench/gpu_check_generate.py &
   run check_bfloat16 180 "$PY" bench/gpu_check_generate.py --dtype bfloat16 --skip-greedy &
-  run kernels_agreement 180 "$PY" bench/kernels.py --device "$DEV" --agreement --json "$W/kernels_agreement.json" &
+  run kernels_agreement 180 "$PY" bench/kernel_speed.py --device "$DEV" --agreement --json "$W/kernels_agreement.json" &
   wait
 fi
 if [[ $PARTS == *" kernels "* ]]; then
-  run kernels "$(( $(left) < 150 ? $(left) / 2 : 120 ))" "$PY" bench/kernels.py --device "$DEV" --threads 8 --ref-rows 1 \
+  run kernels "$(( $(left) < 150 ? $(left) / 2 : 120 ))" "$PY" bench/kernel_speed.py --device "$DEV" --threads 8 --ref-rows 1 \
     --repeat 5 --json "$W/kernels.json"
 fi
 T=$(( $(left) - 15 ))

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Lossless speculative generation over local Hugging Face checkpoints.")
     a = p.add_argument
     a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained), or a real model: "
-      "smollm2-135m-instruct, gemma-3-270m (hsd_torch.real_models)")
+      "smollm2-135m-instruct, gemma-3-270m, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct "
+      "(hsd_torch.real_models)")
     a("--drafter", metavar="DIR", help="drafter checkpoint folder or real model (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
@@ -66,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--mask-textless", action="store_true",
       help="remove ids without text (specials but EOS and the end ids) from the target's law; default: its own law")
     a("--device", default="cpu", help="torch device for both models (default cpu)")
-    a("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
+    a("--dtype", default="float32", choices=("float32", "fp32", "bfloat16", "bf16", "float64", "fp64", "float16", "fp16"),
+      help="the models' dtype, cast on load (default float32; bf16 is much cheaper on CPUs with AMX: greedy near ties "
+           "are then decided in float32, docs/generate.md 'Reduced precision')")
     ca.add_threads(p)
     a("--stats", action="store_true", help="print the per-prompt stats table at the end")
     return p
@@ -152,21 +155,22 @@ def _problem_before_loading(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from transformers.utils import logging as hf_logging
 
     from . import real_models
+    from ._precision import as_dtype
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers' own bar per checkpoint; this process only
-    dtype = getattr(torch, args.dtype)
+    dtype = as_dtype(args.dtype) or torch.float32
 
     def model(path: str, role: str) -> Any:
         try:
             if (name := real_models.named(path)) is not None:
                 m = real_models.load(name, dtype=dtype)[0]
             else:
-                m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                m = real_models.load_checkpoint(path, dtype)  # damaged or mismatched weights: one line
         except (OSError, ValueError) as e:
             raise ca.Refusal(f"cannot load the {role} from --{role} {path!r}: {ca.one_line(e)}") from None
         return m.to(args.device).eval()

@@ -96,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from . import real_models
@@ -105,7 +105,7 @@ def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
     if (name := real_models.named(path)) is not None:
         model, tok = real_models.load(name)
     else:
-        model, tok = AutoModelForCausalLM.from_pretrained(path), None
+        model, tok = real_models.load_checkpoint(path), None  # damaged or mismatched weights: one line
     model.eval()
     tok_path = tokenizer_path or path
     if tok is not None and tokenizer_path is None:

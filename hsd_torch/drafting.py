@@ -21,6 +21,7 @@ from torch import Tensor
 from hsd_core.methods.resync import Resync, drafter_context_ids
 
 from . import kernels
+from ._precision import nan_hint
 from .laws import TextSpace, restricted_law, space_law
 from .rounds import Drafts
 
@@ -135,8 +136,9 @@ def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols
         for r, c, m in zip(rows, picked, mass):
             if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
                 if not cols.stop_on_empty:
+                    hint = nan_hint(gen.drun.model) if gen.drun is not None else ""
                     raise ValueError(f"the drafter's law at row {r}, position {j} has NaN, infinite or no "
-                                     "mass (NaN or infinite logits?): generation cannot go on")
+                                     f"mass (NaN or infinite logits?): generation cannot go on{hint}")
                 still[r] = False  # no mass on the columns drafted from: the target decodes
                 continue
             d = space.ids[c]

@@ -54,6 +54,7 @@ import torch
 from hsd_core.methods.resync import Resync
 
 from ._args import as_int
+from ._precision import REDUCED, NearTies, as_dtype, check_model_dtype, model_dtype
 from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
 from .methods import METHODS, make
@@ -99,6 +100,7 @@ def generate(
     logits_processor: Any = None,
     min_new_tokens: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
+    dtype: Any = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -123,6 +125,14 @@ def generate(
     transformers feeds it. ``record_uniforms=True`` fills ``GenerateOutput.uniforms``; ``progress(n)``
     is called after every round with the rows that finished in it. Numpy integers are ints.
 
+    ``dtype`` (None: whatever the models are in): ``torch.float32``, ``torch.bfloat16`` (also
+    "fp32", "bf16", "float16", "float64", ...): the dtype both models must already be in
+    (``ValueError`` otherwise: generate never converts them; load them so, e.g.
+    ``real_models.load(name, dtype=torch.bfloat16)``). Laws are float32 softmaxes of the logits in
+    any dtype. Greedy with a bfloat16 or float16 target re-decides near ties in float32 from the
+    forward's final hidden state (:mod:`hsd_torch._precision`; ``GenerateOutput.near_ties``,
+    ``tie_flips``): docs/generate.md, "Reduced precision", states what is then promised.
+
     Every argument is checked before any work (``docs/generate.md``, "What generate refuses, and
     why"). Returns :class:`GenerateOutput` (lists; ``.tensors()``: transformers' padded tensors).
     The models are never modified; everything runs under ``torch.inference_mode``.
@@ -138,6 +148,10 @@ def generate(
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
+    want = as_dtype(dtype)
+    check_model_dtype(target, "target", want)
+    if m.needs_drafter:
+        check_model_dtype(drafter, "drafter", want)
     config = _check_config(target, generation_config)
     extras = _check_extras(config, logits_processor, min_new_tokens, stop_strings)
     rendered = (render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None) if input_ids is None
@@ -146,6 +160,9 @@ def generate(
                      lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
                      d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
                      generation_config=config, **extras)
+    if not do_sample and model_dtype(target) in REDUCED:
+        run.near = NearTies(target)
+        run.trun.want_hidden = run.near.usable
     run.run(progress, streamer)
     return run.output(time.perf_counter() - t_start)
 

@@ -40,6 +40,7 @@ from torch import Tensor
 from hsd_core.methods.resync import ResyncMemo
 
 from ._cache import IdentityCache
+from ._precision import NearTies
 from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
@@ -95,6 +96,11 @@ class GenerateOutput:
     """Each row's target context before its new ids (its prompt's ids, special prefix included)."""
     pad_token_id: int | None = None
     """The id :meth:`tensors` pads with by default (the target tokenizer's pad id, else its EOS)."""
+    near_ties: list[int] | None = None
+    """Greedy with a bfloat16 or float16 target, per row: the verified positions whose near-equal top
+    logits were decided again in float32 (:mod:`hsd_torch._precision`); None otherwise."""
+    tie_flips: list[int] | None = None
+    """Of those, per row, the positions where the float32 decision differs from the reduced-precision argmax."""
 
     def tensors(self, pad_token_id: int | None = None, device: Any = None) -> dict[str, Tensor]:
         """The output as transformers' ``generate`` returns a left-padded batch: ``"sequences"``
@@ -225,6 +231,9 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
+        self.near: NearTies | None = None  # greedy under reduced precision: set by generate (hsd_torch._precision)
+        self.near_ties = [0] * batch
+        self.tie_flips = [0] * batch
         t_space = self.t_space = TextSpace.law(tt, dev, keep_all=not mask_textless, ends=self.ends)
         self.t_drop = t_space.drop_mask()
         self.t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
@@ -349,4 +358,5 @@ class Generation:
         texts = [self.tt.decode(e).decode("utf-8", errors="replace") for e in self.emitted]
         pad = getattr(self.tt.tokenizer, "pad_token_id", None)
         return GenerateOutput(self.emitted, texts, self.stats, self.used, self.prompt_ids,
-                              self.tt.eos_id if pad is None else int(pad))
+                              self.tt.eos_id if pad is None else int(pad),
+                              *((self.near_ties, self.tie_flips) if self.near is not None else (None, None)))

@@ -307,6 +307,11 @@ class Runner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = takes_logits_to_keep(model)
         self.head = HeadTap(model)
+        self.want_hidden = False
+        """Set: :meth:`feed` also keeps the final hidden states at the columns it returns (:attr:`hidden`)."""
+        self.hidden: Tensor | None = None
+        """With :attr:`want_hidden`, the head's input ``[B, width, H]`` at the columns the last
+        :meth:`feed` returned logits for (zeros for dropped rows); else None."""
 
     def feed(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int | None,
              head_rows: Tensor | None = None) -> Tensor:
@@ -333,6 +338,8 @@ class Runner:
         steer = self.head.usable and (head_rows is not None or any(r != read[0] for r in read))
         if self._keep_kw and len(keep) < width_in and not steer:
             kw["logits_to_keep"] = kernels._host_tensor(keep, torch.long, dev)
+        if self.want_hidden:
+            kw["output_hidden_states"] = True
         with self.head.steer(kernels._host_tensor(read, torch.long, dev), head_rows) if steer else nullcontext(
                 [True]) as fired:
             out = self._forward(blocks, start, width_in, kw)
@@ -341,6 +348,7 @@ class Runner:
                                  "(get_output_embeddings()): hsd cannot read them at each row's positions")
         self.width = start + width_in
         logits: Tensor = out.logits
+        self.hidden = self._hidden(out.hidden_states[-1], read, one, width) if self.want_hidden else None
         if steer:  # exactly the logits read: [rows, width, N]
             got = logits[:, 0] if one else logits
         else:
@@ -387,6 +395,19 @@ class Runner:
             out = self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
             self._mask = mask
         return out
+
+    def _hidden(self, h: Tensor, read: list[list[int]], one: bool, width: int) -> Tensor:
+        """The final hidden states ``h [rows in the cache, width_in, H]`` at the block columns
+        ``read`` (per live row), as :meth:`feed` returns logits: ``[B, width, H]`` (``[B, H]`` when
+        ``one``), zeros for dropped rows."""
+        idx = torch.tensor(read, dtype=torch.long, device=h.device)
+        got = h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        got = got[:, 0] if one else got
+        if len(self.live) == self.batch:
+            return got
+        full = got.new_zeros((self.batch, *got.shape[1:]))
+        full[torch.tensor(self.live, dtype=torch.long, device=h.device)] = got
+        return full
 
     def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
         """Row ``i`` is fed ``block`` (non-empty) at cache columns from ``start``: check that it fits

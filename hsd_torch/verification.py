@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from . import kernels
+from ._precision import nan_hint
 from .laws import space_law
 from .processors import process_target_logits
 from .rounds import Drafts, Verdicts
@@ -52,6 +53,11 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
     kmax = max(n_d)
     logits = trun.feed([pend[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else []
                         for i in range(gen.batch)], [len(pend[i]) - 1 for i in range(gen.batch)], kmax + 1)
+    if gen.near is not None and trun.hidden is not None:  # greedy, reduced precision: near ties in float32
+        logits, checked, flips = gen.near.apply(logits, trun.hidden)
+        for i in range(gen.batch):
+            gen.near_ties[i] += checked[i]
+            gen.tie_flips[i] += flips[i]
     if gen.processors or gen.min_new_tokens:  # the caller's processors, min_new_tokens (hsd_torch.processors)
         full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
         logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
@@ -64,10 +70,10 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
     return TargetPass(kernels.LazyLaw(logits, law), cand, kmax, [max(b, 1) for b in budget])
 
 
-def _check(bad: tuple[int, int] | None) -> None:
+def _check(bad: tuple[int, int] | None, gen: Generation) -> None:
     if bad is not None:  # rows not fed this round read zero logits: a uniform law, never bad
         raise ValueError(f"the target's law at row {bad[0]}, position {bad[1]} has NaN, infinite or no mass "
-                         "(NaN or infinite logits?): generation cannot go on")
+                         f"(NaN or infinite logits?): generation cannot go on{nan_hint(gen.trun.model)}")
 
 
 def exact_match(gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
@@ -81,7 +87,7 @@ def exact_match(gen: Generation, active: list[bool], budget: list[int], drafts: 
     rows_pos, n_acc, bad = kernels._exact_match_host(
         tp.p, tp.cand, n_d, None if uv_rows is None else [r + [0.0] * (tp.kmax + 1 - len(r)) for r in uv_rows],
         eos_id=gen.t_eos_col, budget=tp.budget)
-    _check(bad)
+    _check(bad, gen)
     read = [] if uv_rows is None else [uv_rows[i][:len(r)] for i, r in enumerate(rows_pos)]
     return Verdicts(rows_pos, n_acc, read)
 
@@ -105,7 +111,7 @@ def rejection(gen: Generation, active: list[bool], budget: list[int], drafts: Dr
     rows_pos, n_acc, bad = kernels._rejection_host(
         tp.p, q, tp.cand, n_d, None if ua_rows is None else [r + [0.0] * (kmax - len(r)) for r in ua_rows],
         uf_rows, eos_id=gen.t_eos_col, budget=tp.budget, q_scale=q_scale)
-    _check(bad)
+    _check(bad, gen)
     read: list[list[float]] = []
     if ua_rows is not None and uf_rows is not None:
         for i, (na, row) in enumerate(zip(n_acc, rows_pos)):

@@ -4,7 +4,7 @@
   and the same uniforms (the ones the row read, in the documented order); outputs are identical
   row by row in float64, and the reference consumes exactly the uniforms the kernel says it read.
 * float32: agreement except at rounding boundaries; the measured rate is bounded here and
-  recorded in docs/kernels.md (``python bench/kernels.py --agreement``).
+  recorded in docs/kernels.md (``python bench/kernel_speed.py --agreement``).
 * Numerics: underflowed q, empty residuals, bfloat16, padded vocabularies, invalid inputs.
 * A sampled check with teeth (hsd_core.stats): the first emitted token's law is p, and the same
   test rejects a kernel fed the wrong q.

@@ -30,7 +30,8 @@ REQUIRE = os.environ.get("HSD_REQUIRE_REAL_MODELS") == "1"
 
 
 def test_names_and_unknown_names() -> None:
-    assert rm.names() == ["smollm2-135m-instruct", "gemma-3-270m"]
+    assert rm.names() == ["smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-1.5b-instruct",
+                          "qwen2.5-coder-0.5b-instruct"]
     for bad in ["gemma-3-1b", "", None, "SmolLM2-135M-Instruct"]:
         with pytest.raises(ValueError, match=r"unknown real model .*'smollm2-135m-instruct', 'gemma-3-270m'"):
             rm.load(bad)  # type: ignore[arg-type]
@@ -108,7 +109,12 @@ EXPECT = {  # name: (vocabulary size, EOS, BOS, model class, layers)
 }
 
 
-@pytest.fixture(scope="module", params=rm.names())
+PAIR = ["smollm2-135m-instruct", "gemma-3-270m"]
+"""The pair CI installs (``.[real]``); the Qwen2.5-Coder models (``.[real-qwen]``) load in the slow tier
+(tests/torch/test_real_models_qwen.py)."""
+
+
+@pytest.fixture(scope="module", params=PAIR)
 def loaded(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
     need(request.param)
     model, tok = rm.load(request.param)
@@ -180,9 +186,9 @@ PAIR_METHODS = [
 
 @pytest.fixture(scope="module")
 def pair() -> dict[str, tuple[Any, Any]]:
-    for name in rm.names():
+    for name in PAIR:
         need(name)
-    return {name: rm.load(name) for name in rm.names()}
+    return {name: rm.load(name) for name in PAIR}
 
 
 @pytest.mark.parametrize("target_name", ["gemma-3-270m", "smollm2-135m-instruct"])
@@ -193,7 +199,7 @@ def test_greedy_is_the_targets_own_generate(target_name: str, pair: dict[str, tu
     from hsd_torch import generate
 
     torch.set_num_threads(1)
-    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in rm.names() if n != target_name)]
+    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in PAIR if n != target_name)]
     prompt, n = "def fib(n):", 10
     enc = tt(prompt, return_tensors="pt")
     want = target.generate(**enc, max_new_tokens=n, do_sample=False)[0, enc.input_ids.shape[1]:].tolist()
@@ -313,7 +319,7 @@ def test_greedy_on_many_kinds_of_prompts(target_name: str, pair: dict[str, tuple
     from hsd_torch import generate
 
     torch.set_num_threads(2)
-    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in rm.names() if n != target_name)]
+    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in PAIR if n != target_name)]
     prompts = list(DIVERSE)
     if target_name == "smollm2-135m-instruct":
         prompts.append(tt.apply_chat_template([{"role": "user", "content": "Name three colours."}],
@@ -345,9 +351,9 @@ def pair64() -> dict[str, tuple[Any, Any]]:
     """Both real models in float64 (1.1 and 2.2 GB): the mirror's reference runs uncached passes of
     the full context, which in float64 agree with the backend's cached, batched ones far below any
     uniform's distance to a decision boundary met here."""
-    for name in rm.names():
+    for name in PAIR:
         need(name)
-    return {name: rm.load(name, dtype=torch.float64) for name in rm.names()}
+    return {name: rm.load(name, dtype=torch.float64) for name in PAIR}
 
 
 MIRROR_TOP_K = 16
@@ -391,7 +397,7 @@ def test_mirror_on_the_real_pair(target_name: str, method: str, pair64: dict[str
     from hsd_torch.mirror import core_text
 
     torch.set_num_threads(2)
-    (target, tt), (drafter, dt) = pair64[target_name], pair64[next(n for n in rm.names() if n != target_name)]
+    (target, tt), (drafter, dt) = pair64[target_name], pair64[next(n for n in PAIR if n != target_name)]
     options, ref_of = MIRROR_METHODS[method]
     max_new = 6
     use_d = method != "ar"
@@ -428,7 +434,7 @@ def test_sampled_first_tokens_on_the_real_pair(target_name: str, method: str, kw
     from hsd_torch.audit import audit_generate
 
     torch.set_num_threads(2)
-    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in rm.names() if n != target_name)]
+    (target, tt), (drafter, dt) = pair[target_name], pair[next(n for n in PAIR if n != target_name)]
     prompt = "def foo(x):\n"
     rows: list[list[int]] = []
     for c in range(AUDIT_N // 1000):

@@ -14,10 +14,10 @@ dtype) it times, in one run and on one thread:
 
 Each figure is the min and median of ``--repeat`` runs. Ratios come from one run of this script.
 
-    python bench/kernels.py                       # full table (about 10 minutes on 2 CPU cores)
-    python bench/kernels.py --quick               # B in {1, 8}, V in {4k, 50k}
-    python bench/kernels.py --device cuda --json out.json
-    python bench/kernels.py --agreement           # float32 vs float64 decision agreement rate
+    python bench/kernel_speed.py                       # full table (about 10 minutes on 2 CPU cores)
+    python bench/kernel_speed.py --quick               # B in {1, 8}, V in {4k, 50k}
+    python bench/kernel_speed.py --device cuda --json out.json
+    python bench/kernel_speed.py --agreement           # float32 vs float64 decision agreement rate
 """
 
 from __future__ import annotations
