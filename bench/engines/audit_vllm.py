@@ -74,8 +74,15 @@ def audit_seed(method: str, base: int) -> int:
     return base + 1 if method == "none" else base
 
 
+def tag(label: str, args: argparse.Namespace) -> str:
+    """The row's ``config`` and the samples files' stem: the label, ``-patched`` under
+    ``--patch-vllm-cpu-expand`` (so a patched run never replaces the unpatched record)."""
+    return label + ("-patched" if args.patch_vllm_cpu_expand else "")
+
+
 def run_config(label: str, python: str, args: argparse.Namespace, models: dict[str, Any]) -> list[dict[str, Any]]:
     target, method, drafter, extra, samplings = CONFIGS[label]
+    name = tag(label, args)
     samplings = tuple(x for x in samplings if args.samplings is None or x in args.samplings.split(","))
     tt = models[target][1]
     prompt_ids = [[int(t) for t in tt(p)["input_ids"]] for p in PROMPTS]
@@ -87,12 +94,14 @@ def run_config(label: str, python: str, args: argparse.Namespace, models: dict[s
     files = []
     for s in samplings:
         n = args.greedy_n if s == "greedy" else args.n
-        out = os.path.join(args.samples_dir, f"{label}-{s}.jsonl")
+        out = os.path.join(args.samples_dir, f"{name}-{s}.jsonl")
         files.append(va.file_entry(prompt_ids, PROMPTS, sequence_seeds(seed, n), out, max_new_tokens=args.max_new_tokens,
                                    **SAMPLINGS[s]))  # type: ignore[arg-type]
     job = va.build_job(va.model_folder(target), files, spec, target_name=target)
+    if args.patch_vllm_cpu_expand:
+        job["patch_vllm_cpu_expand"] = True
     t0 = time.perf_counter()
-    summaries = va.sample(python, job, log=os.path.join(args.samples_dir, f"{label}.log"))
+    summaries = va.sample(python, job, log=os.path.join(args.samples_dir, f"{name}.log"))
     wall = time.perf_counter() - t0
     rows = []
     for s, f, summ in zip(samplings, files, summaries):
@@ -101,9 +110,9 @@ def run_config(label: str, python: str, args: argparse.Namespace, models: dict[s
         t0 = time.perf_counter()
         rep = va.audit_file(f["out"], model, tok, PROMPTS, seed=seed, alpha=args.alpha,
                             drafter=None if d is None else d[0], drafter_tokenizer=None if d is None else d[1],
-                            name=f"vllm {label} {s}", context_bugs=() if args.no_aimed else None)
+                            name=f"vllm {name} {s}", context_bugs=() if args.no_aimed else None)
         t_audit = time.perf_counter() - t0
-        row = {"config": label, "target": target, "method": method, "drafter": drafter, "speculative": spec and
+        row = {"config": name, "patch_vllm_cpu_expand": bool(args.patch_vllm_cpu_expand), "target": target, "method": method, "drafter": drafter, "speculative": spec and
                {k: v for k, v in spec.items() if k != "model"}, "sampling": s, "file": f["out"], "draws": summ["draws"],
                "tokens": summ["tokens"], "verdict": rep.verdict, "reason": rep.reason, "alpha": rep.alpha,
                "detectable_mean_tv": rep.detectable_tv, "detectable_by": rep.detectable_by,
@@ -115,7 +124,7 @@ def run_config(label: str, python: str, args: argparse.Namespace, models: dict[s
         rows.append(row)
         acc = (summ["spec_stats"] or {}).get("acceptance_rate")
         det = "n/a" if rep.detectable_tv is None else f"{rep.detectable_tv:.3g}"
-        print(f"{label:22s} {s:7s} {rep.verdict:20s} n={summ['draws']:4d} tokens={summ['tokens']:5d} "
+        print(f"{name:22s} {s:7s} {rep.verdict:20s} n={summ['draws']:4d} tokens={summ['tokens']:5d} "
               f"detectable={det:6s} acceptance={'-' if acc is None else f'{acc:.3f}'} "
               f"generate {summ['generate_s']:.1f}s audit {t_audit:.1f}s", flush=True)
     return rows
@@ -176,6 +185,9 @@ def main() -> int:
     ap.add_argument("--no-drafter-test", action="store_true", help="no directional test along the drafter's law "
                                                                      "(no drafter pass)")
     ap.add_argument("--samplings", default=None, help="comma-separated subset of greedy,t1,t07p09 (default all)")
+    ap.add_argument("--patch-vllm-cpu-expand", action="store_true",
+                    help="run vLLM with hsd's fix of its CPU expand kernel (vllm_worker.patch_cpu_expand): "
+                         "rows and files are labelled LABEL-patched")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     args = ap.parse_args()
     if args.table:
@@ -199,7 +211,8 @@ def main() -> int:
     if os.path.exists(args.out):  # runs of other labels are kept
         with open(args.out, encoding="utf-8") as f:
             old = json.load(f)
-        record["rows"] = [r for r in old.get("rows", []) if r["config"] not in labels or
+        tags = [tag(x, args) for x in labels]
+        record["rows"] = [r for r in old.get("rows", []) if r["config"] not in tags or
                           (args.samplings is not None and r["sampling"] not in args.samplings.split(","))]
         record["law_check"] = old.get("law_check", [])
     for x in labels:

