@@ -77,7 +77,7 @@ def part2(model: str) -> None:
         print(f"STEP drafts {ids} temperature {t}", flush=True)
         print("STEP p_target(draft)  " + " ".join(f"{float(right[i, d]):.4g}" for i, d in enumerate(ids)), flush=True)
         print("STEP p_handed(draft)  " + " ".join(f"{float(handed[i, d]):.4g}" for i, d in enumerate(ids)), flush=True)
-        print("STEP max |p_target - p_handed| per row " +
+        print("STEP TV(p_target, p_handed) per row " +
               " ".join(f"{float((right[i] - handed[i]).abs().sum() / 2):.3g}" for i in range(len(ids))), flush=True)
         emitted = [int(v) for v in out[0].tolist() if v >= 0]
         print(f"STEP emitted {emitted} p_target(emitted) " +
