@@ -97,9 +97,8 @@ def run_config(label: str, python: str, args: argparse.Namespace, models: dict[s
         out = os.path.join(args.samples_dir, f"{name}-{s}.jsonl")
         files.append(va.file_entry(prompt_ids, PROMPTS, sequence_seeds(seed, n), out, max_new_tokens=args.max_new_tokens,
                                    **SAMPLINGS[s]))  # type: ignore[arg-type]
-    job = va.build_job(va.model_folder(target), files, spec, target_name=target)
-    if args.patch_vllm_cpu_expand:
-        job["patch_vllm_cpu_expand"] = True
+    job = va.build_job(va.model_folder(target), files, spec, target_name=target,
+                       patch_vllm_cpu_expand=args.patch_vllm_cpu_expand)
     t0 = time.perf_counter()
     summaries = va.sample(python, job, log=os.path.join(args.samples_dir, f"{name}.log"))
     wall = time.perf_counter() - t0

@@ -121,13 +121,19 @@ def file_entry(prompt_ids: Sequence[Sequence[int]], prompts: Sequence[str | None
 
 
 def build_job(target: str, files: Sequence[dict[str, Any]], speculative: dict[str, Any] | None, *,
-              target_name: str | None = None, dtype: str = "float32", max_model_len: int = 1024) -> dict[str, Any]:
+              target_name: str | None = None, dtype: str = "float32", max_model_len: int = 1024,
+              patch_vllm_cpu_expand: bool = False) -> dict[str, Any]:
     """The worker's ``sample`` job: one engine serving the folder ``target`` with ``speculative``
-    (:func:`spec_entry`), sampling each of ``files`` (:func:`file_entry`) in turn."""
+    (:func:`spec_entry`), sampling each of ``files`` (:func:`file_entry`) in turn;
+    ``patch_vllm_cpu_expand``: run vLLM with hsd's fix of its CPU expand kernel
+    (``vllm_worker.patch_cpu_expand``; docs/auditing-engines.md)."""
     if not files:
         raise ValueError("a job needs at least one file")
-    return {"model": target, "target": target_name or target, "dtype": dtype, "max_model_len": max_model_len,
-            "speculative": speculative, "files": list(files)}
+    job = {"model": target, "target": target_name or target, "dtype": dtype, "max_model_len": max_model_len,
+           "speculative": speculative, "files": list(files)}
+    if patch_vllm_cpu_expand:
+        job["patch_vllm_cpu_expand"] = True
+    return job
 
 
 def _tail(path: str, lines: int = 3) -> str:
@@ -369,6 +375,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                     "reference's; vLLM's CPU default is bfloat16)")
     _add(p, "--samples-dir", metavar="DIR", default=None,
          help="with --impl vllm: where the samples files and vLLM's logs go (default: a new temporary folder)")
+    _add(p, "--patch-vllm-cpu-expand", action="store_true",
+         help="with --impl vllm: fix vLLM-cpu's expand kernel, which leaves the rejection sampler's per-token "
+              "temperature, top-k and top-p uninitialized (docs/auditing-engines.md)")
     _add(p, "--no-null-control", action="store_true",
          help="with --impl vllm: skip the same engine without speculation")
     _add(p, "--reference", metavar="transformers|vllm", default="transformers",
@@ -447,7 +456,8 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
         entry = file_entry([prompt_ids], [args.prompt], sd, out, do_sample=not args.greedy, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
         try:
-            summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype))[0]
+            summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype,
+                                                 patch_vllm_cpu_expand=args.patch_vllm_cpu_expand))[0]
         except VllmUnavailable as e:
             return error(str(e))
         acc = (summary.get("spec_stats") or {}).get("acceptance_rate")

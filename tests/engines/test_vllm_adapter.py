@@ -335,6 +335,10 @@ def test_patch_cpu_expand_overrides_before_and_after_registration(monkeypatch: p
     disp._registry[vw.EXPAND_KERNEL] = object()  # registered already: registered again, fixed
     vw.patch_cpu_expand()
     assert registered == [{vw.EXPAND_KERNEL: vw.expand_kernel_impl}]
-    settings = vw.record_settings({"patch_vllm_cpu_expand": True}, {"max_new_tokens": 4}, "0.32.0")
+    job = va.build_job("/t", [va.file_entry([[1]], ["a"], [3], "f.jsonl", do_sample=True)], None,
+                       patch_vllm_cpu_expand=True)
+    assert job["patch_vllm_cpu_expand"] is True
+    assert "patch_vllm_cpu_expand" not in va.build_job("/t", job["files"], None)
+    settings = vw.record_settings(job, {"max_new_tokens": 4}, "0.32.0")
     assert settings["engine"]["patch"] == "cpu-expand"
     assert "patch" not in vw.record_settings({}, {"max_new_tokens": 4}, "0.32.0")["engine"]
