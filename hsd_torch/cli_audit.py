@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.samples_file is not None or args.endpoint is not None:
-        return cli_engine.run(args)
+        return cli_engine.run(args, load)
     try:
         problem = problem_before_loading(args)
     except ca.Refusal as e:  # a tokenizer that does not load (the sd check reads both)
@@ -377,7 +377,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
     from .engines import vllm_audit as engines_vllm
 
-    return engines_vllm.run(args, load, cli_engine.run)
+    return engines_vllm.run(args, load, lambda ns: cli_engine.run(ns, load))
 
 
 VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm)

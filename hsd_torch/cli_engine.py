@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
@@ -149,15 +150,16 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     return files[0], files[1]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the engine audit; print the verdict, the reference and each part's verdict; write the
+def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:
+    """Run the engine audit (``load(path, tokenizer_path) -> (model, tokenizer)`` loads the target
+    and the drafter: :func:`hsd_torch.cli_audit.load`, given by the caller so that this module does
+    not import the one that imports it); print the verdict, the reference and each part's verdict; write the
     report; 1 on "lossy", 0 otherwise, 2 with one ``hsd audit: error:`` line for a refused input
     (a samples file that breaks the format, an endpoint that cannot be audited, a bad option)."""
     from hsd_core.endpoint import EndpointError
     from hsd_core.samples import SamplesFormatError
 
     from ._ids import _width
-    from .cli_audit import load
     from .engine_audit import audit_samples
 
     def error(message: str) -> int:
