@@ -185,12 +185,9 @@ class MultiTokenRound:
         nothing: it adds ``w`` to position 0 at ``u[0]``, as ``join`` of ``u`` and no parsed id
         gives. Those are most children (at most ``1 / tau`` of a node's may grow). The root level's
         parses are cached; the lossy variants of the tests (a psi that counts by ``settled``, or
-        sums every kept proposal whatever its prefix) need every parse."""
-        from .psi import BoundedSLRS
-
-        cls = type(self.p)
-        if depth == 1 or cls._psi_counts is not BoundedSLRS._psi_counts or \
-                cls._given_prefix is not BoundedSLRS._given_prefix:
+        sums every kept proposal whatever its prefix: :meth:`.psi.BoundedSLRS._counts_its_own_psi`)
+        need every parse."""
+        if depth == 1 or not self.p._counts_its_own_psi():
             return None
         row = self.node_row.index_select(0, pn)
         first = self.u_t[:, 0].index_select(0, pn)  # -1: no settled id
