@@ -45,7 +45,8 @@ COMMANDS = "hsd.commands"
 AUDIT_IMPLS = "hsd.audit_impls"
 MODEL_AUDITS = "hsd.model_audits"
 SEQUENCE_AUDITS = "hsd.sequence_audits"
-INSTALL_HINT = 'install the torch extra: pip install torch==2.13.0 && pip install -e ".[torch]"'
+INSTALL_HINT = ('install the torch extra: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu '
+                '&& pip install -e ".[torch]" (a CPU torch; on a GPU machine your own CUDA torch first)')
 
 
 @dataclass(frozen=True)

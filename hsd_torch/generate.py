@@ -54,13 +54,13 @@ import torch
 from hsd_core.methods.resync import Resync
 
 from ._args import as_int
-from ._precision import REDUCED, NearTies, as_dtype, check_model_dtype, model_dtype
+from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
-from .methods import METHODS, make
+from .methods import METHODS, Method, make
 from .methods.slem import retokenize
 from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
-from .prompts import _as_rows, check_prompts, from_ids, render
+from .prompts import Prompts, _as_rows, check_prompts, from_ids, render
 from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, logit_width, refuse_meta
 from .text import TokenText, check_tokenizer
@@ -139,38 +139,56 @@ def generate(
     """
     t_start = time.perf_counter()
     items, ids = _check_rows(prompts, input_ids, attention_mask)
+    m, options = _check_options(method, len(items) if ids is None else len(ids), lookahead, max_new_tokens, do_sample,
+                                mask_textless, progress, streamer, temperature, top_k, top_p, drafter_temperature,
+                                lookbehind, min_path_prob, proposal_map, max_tokens, resync)
+    _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m, dtype)
+    options.update(_check_extras(target, generation_config, logits_processor, min_new_tokens, stop_strings))
+    rendered = _render(items, ids, attention_mask, m, target, target_tokenizer, drafter_tokenizer)
+    run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
+                     seed=seed, record_uniforms=record_uniforms, **options)
+    run.run(progress, streamer)
+    return run.output(time.perf_counter() - t_start)
+
+
+def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: Any, do_sample: Any,
+                   mask_textless: Any, progress: Any, streamer: Any, temperature: Any, top_k: Any, top_p: Any,
+                   drafter_temperature: Any, lookbehind: Any, min_path_prob: Any, proposal_map: Any, max_tokens: Any,
+                   resync: Any) -> tuple[Method, dict[str, Any]]:
+    """The method object (:func:`hsd_torch.methods.make`, its options checked there) and
+    ``Generation``'s keyword options that need no model: ``lookahead`` and ``max_new_tokens``
+    (ints, at least 1), ``greedy``, ``mask_textless``, both models' processing (``process``,
+    ``d_process``: ``drafter_temperature`` replaces the drafter's temperature); the flags are checked
+    by :func:`_check_flags`. In this order, so the first bad argument is the one reported."""
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(do_sample, mask_textless, progress, streamer, len(items) if ids is None else len(ids))
+    _check_flags(do_sample, mask_textless, progress, streamer, n_prompts)
     process = check_processing(temperature, top_k, top_p)
     d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
                      else check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
-    _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m.name, needs_drafter=m.needs_drafter)
-    want = as_dtype(dtype)
-    check_model_dtype(target, "target", want)
-    if m.needs_drafter:
-        check_model_dtype(drafter, "drafter", want)
+    return m, {"lookahead": lookahead, "max_new_tokens": max_new_tokens, "greedy": not do_sample,
+               "mask_textless": mask_textless, "process": process, "d_process": d_process}
+
+
+def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, method: Method, target: Any,
+            target_tokenizer: Any, drafter_tokenizer: Any) -> Prompts:
+    """The rows' contexts: the checked prompts rendered for the target's tokenizer and, for a
+    method that drafts, the drafter's (:func:`hsd_torch.prompts.render`), or the target's ``ids``
+    exactly (:func:`hsd_torch.prompts.from_ids`)."""
+    if ids is None:
+        return render(items, target_tokenizer, drafter_tokenizer if method.needs_drafter else None)
+    return from_ids(ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target)))
+
+
+def _check_extras(target: Any, generation_config: Any, logits_processor: Any, min_new_tokens: Any,
+                  stop_strings: Any) -> dict[str, Any]:
+    """``Generation``'s ``generation_config`` (:func:`_check_config`), ``processors``,
+    ``min_new_tokens`` and ``stop_strings``, checked (:mod:`hsd_torch.processors`); a None minimum
+    or stop strings are the generation config's."""
     config = _check_config(target, generation_config)
-    extras = _check_extras(config, logits_processor, min_new_tokens, stop_strings)
-    rendered = (render(items, target_tokenizer, drafter_tokenizer if m.needs_drafter else None) if input_ids is None
-                else from_ids(ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target))))
-    run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
-                     lookahead=lookahead, max_new_tokens=max_new_tokens, greedy=not do_sample, process=process,
-                     d_process=d_process, seed=seed, record_uniforms=record_uniforms, mask_textless=mask_textless,
-                     generation_config=config, **extras)
-    if not do_sample and model_dtype(target) in REDUCED:
-        run.near = NearTies(target)
-        run.trun.want_hidden = run.near.usable
-    run.run(progress, streamer)
-    return run.output(time.perf_counter() - t_start)
-
-
-def _check_extras(config: Any, logits_processor: Any, min_new_tokens: Any, stop_strings: Any) -> dict[str, Any]:
-    """``Generation``'s ``processors``, ``min_new_tokens`` and ``stop_strings``, checked
-    (:mod:`hsd_torch.processors`); a None minimum or stop strings are the generation config's."""
-    return {"processors": check_logits_processor(logits_processor),
+    return {"generation_config": config, "processors": check_logits_processor(logits_processor),
             "min_new_tokens": check_min_new_tokens(getattr(config, "min_new_tokens", None) if min_new_tokens is None
                                                    else min_new_tokens),
             "stop_strings": check_stop_strings(getattr(config, "stop_strings", None) if stop_strings is None
@@ -223,18 +241,25 @@ def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: An
                              "call generate once per prompt to stream, or leave the streamer out")
 
 
-def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_tokenizer: Any, method: str, *,
-                  needs_drafter: bool) -> None:
+def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_tokenizer: Any, method: Method,
+                  dtype: Any) -> None:
     """The models and tokenizers (:func:`hsd_torch.runner.check_model`,
     :func:`hsd_torch.text.check_tokenizer`; a drafter is checked only for a method that drafts),
-    then their devices: one for both, not the meta device."""
+    then their devices: one for both, not the meta device; then ``dtype``
+    (:func:`hsd_torch._precision.as_dtype`), which every model checked must already be in
+    (:func:`hsd_torch._precision.check_model_dtype`)."""
+    needs_drafter = method.needs_drafter
     dev = check_model(target, "target")
     check_tokenizer(target_tokenizer, "target_tokenizer")
     if needs_drafter:
         if drafter is None or drafter_tokenizer is None:
-            raise ValueError(f"method {method!r} needs a drafter and a drafter_tokenizer")
+            raise ValueError(f"method {method.name!r} needs a drafter and a drafter_tokenizer")
         d_dev = check_model(drafter, "drafter")
         check_tokenizer(drafter_tokenizer, "drafter_tokenizer")
         if d_dev != dev:
             raise ValueError(f"the target is on {dev} and the drafter on {d_dev}: put both models on one device")
     refuse_meta(dev, "target")
+    want = as_dtype(dtype)
+    check_model_dtype(target, "target", want)
+    if needs_drafter:
+        check_model_dtype(drafter, "drafter", want)

@@ -40,7 +40,7 @@ from torch import Tensor
 from hsd_core.methods.resync import ResyncMemo
 
 from ._cache import IdentityCache
-from ._precision import NearTies
+from ._precision import REDUCED, NearTies, model_dtype
 from .genconfig import end_ids_of
 from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
@@ -231,7 +231,9 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
-        self.near: NearTies | None = None  # greedy under reduced precision: set by generate (hsd_torch._precision)
+        # greedy under reduced precision: near ties decided again in float32 (hsd_torch._precision)
+        self.near = NearTies(target) if greedy and model_dtype(target) in REDUCED else None
+        self.trun.want_hidden = self.near is not None and self.near.usable
         self.near_ties = [0] * batch
         self.tie_flips = [0] * batch
         t_space = self.t_space = TextSpace.law(tt, dev, keep_all=not mask_textless, ends=self.ends)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from ._columns import Columns, layer_masks, new_cache
 from ._head import HeadTap
 
 __all__ = ["Runner", "check_model", "common_prefix", "layer_masks", "logit_width", "max_positions", "model_device",
@@ -44,84 +45,6 @@ def max_positions(config: Any) -> int | None:
         if isinstance(v, int):
             return v
     return None
-
-
-def new_cache(model: Any) -> tuple[Any, bool]:
-    """A ``DynamicCache`` for ``model`` whose every layer can be cropped, and whether the model
-    has sliding-window layers.
-
-    The model's own cache (``DynamicCache(config=model.config)``) keeps, on a sliding-window layer
-    (``DynamicSlidingWindowLayer``), only the last ``sliding_window - 1`` columns once it is full,
-    and then cannot be cropped: a rejected draft past the window could not be taken back. Here each
-    such layer is replaced by a full-history ``DynamicLayer``, so crops work at any length; the
-    window is applied by the attention mask alone, which transformers builds from the cache's
-    columns (for one row without holes the columns are the positions, so the model attends to the
-    last ``sliding_window`` positions, as it does with its own cache), or :func:`layer_masks`
-    builds over each row's kept positions (batches). The law is the model's; the cost is memory
-    (the sliding layers keep every column) and attention over masked columns."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    cache = DynamicCache(config=model.config)
-    sliding = False
-    for k, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            sliding = True
-            cache.layers[k] = DynamicLayer()  # type: ignore[no-untyped-call]
-    return cache, sliding
-
-
-def _check_layer_masks(model: Any, name: str) -> None:
-    """``ValueError`` unless :func:`layer_masks` can serve ``model``'s sliding-window layers in a
-    batch: its decoder takes a mapping of masks per layer type (``attention_mask`` as a dict, as
-    Gemma's do), its layer types are full and sliding attention only, with one window
-    (``config.sliding_window``, the one transformers' sliding masks apply), and its attention is
-    ``"sdpa"`` or ``"eager"`` (which read an explicit 4D mask)."""
-    config = model.config.get_text_config(decoder=True)
-    types = set(getattr(config, "layer_types", None) or ())
-    if not isinstance(getattr(config, "sliding_window", None), int):
-        types = set()
-    decoder = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
-    try:
-        src = inspect.getsource(type(decoder).forward) if decoder is not None else ""
-    except (OSError, TypeError):
-        src = ""
-    impl = getattr(config, "_attn_implementation", None)
-    if not types or not types <= {"full_attention", "sliding_attention"} or "attention_mask, dict" not in src:
-        raise ValueError(f"the {name} has sliding-window attention layers that hsd cannot mask per row in a batch "
-                         "(its forward takes no masks per layer type); generate one prompt at a time")
-    if impl not in ("sdpa", "eager"):
-        raise ValueError(f"the {name} has sliding-window attention layers and attn_implementation={impl!r}, which "
-                         "reads no explicit mask: load it with attn_implementation='sdpa' or 'eager' for batches, "
-                         "or generate one prompt at a time")
-
-
-def layer_masks(keep: Tensor, kv_pos: Tensor, q_pos: Tensor, start: int, window: int, impl: str,
-                dtype: torch.dtype) -> dict[str, Tensor]:
-    """The attention masks of one batched forward over a cache with holes, per layer type:
-    ``{"full_attention": m, "sliding_attention": m}``, each ``[rows, 1, q, columns]``.
-
-    ``keep`` ``[rows, columns]``: 1 where a column holds one of the row's ids (the new block's
-    columns included, from ``start``); ``kv_pos`` ``[rows, columns]``: each column's position in
-    its row; ``q_pos`` ``[rows, q]``: the block's positions. A query at column ``start + j`` sees the
-    kept columns up to its own (full attention) and, on sliding layers, only those whose position
-    is within ``window`` of its own: the row's last ``window`` positions, as the row alone would
-    see them (transformers' own sliding mask counts columns, padding and holes included). Every
-    query also sees its own column, so a padding query never has an empty row (its output is
-    never read). ``impl`` ``"sdpa"``: boolean masks (True: attend); ``"eager"``: additive masks
-    of ``dtype`` (0 or its minimum)."""
-    n_q = q_pos.shape[1]
-    cols = torch.arange(keep.shape[1], device=keep.device)
-    q_cols = start + torch.arange(n_q, device=keep.device)
-    own = (cols[None, :] == q_cols[:, None])[None]  # [1, q, columns]
-    full = (keep.bool()[:, None, :] & (cols[None, :] <= q_cols[:, None])[None]) | own
-    near = kv_pos[:, None, :] > q_pos[:, :, None] - window
-    masks = {"full_attention": full, "sliding_attention": (full & near) | own}
-    if impl == "eager":
-        low = torch.finfo(dtype).min
-        return {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, low).unsqueeze(1)
-                for k, m in masks.items()}
-    return {k: m.unsqueeze(1) for k, m in masks.items()}
 
 
 def takes_logits_to_keep(model: Any) -> bool:
@@ -234,10 +157,54 @@ def read_logits(logits: Tensor, read: list[list[int]], keep: list[int], width_in
     if all(r == read[0] for r in read) and read[0] == list(range(c, c + width)):
         got = logits[:, c] if one else logits[:, c:c + width]  # every row reads the same columns: a view
     else:
-        idx = torch.tensor(read, dtype=torch.long, device=logits.device)
-        got = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        got = got[:, 0] if one else got
+        got = gather_columns(logits, read, one)
     return got
+
+
+def gather_columns(x: Tensor, read: list[list[int]], one: bool) -> Tensor:
+    """``x [rows, C, D]`` at each row's columns ``read`` (one list of ``width`` columns per row):
+    ``[rows, width, D]`` (``one``: ``[rows, D]``, the first column)."""
+    idx = torch.tensor(read, dtype=torch.long, device=x.device)
+    got = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    return got[:, 0] if one else got
+
+
+def _scatter_live(got: Tensor, live: list[int], batch: int) -> Tensor:
+    """``got``, one row per row in the cache (``live``, in cache order), as ``[batch, ...]``: zeros
+    for the rows dropped from the cache (``got`` itself when none is)."""
+    if len(live) == batch:
+        return got
+    full = got.new_zeros((batch, *got.shape[1:]))
+    full[torch.tensor(live, dtype=torch.long, device=got.device)] = got
+    return full
+
+
+def batch_inputs(runner: Runner, blocks: Sequence[Sequence[int]], start: int, width_in: int
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """A batched forward's inputs for ``runner``'s rows in the cache, each block padded to
+    ``width_in`` columns from cache column ``start``: the ids ``[rows, width_in]`` (``pad_id`` after
+    a row's block), their position ids (from :meth:`Runner._first_position`, capped at the model's
+    last position: padding past it is never read) and the new mask columns (1 where a row is fed,
+    0 for its padding); the blocks are recorded (:meth:`Runner._record`). One host-to-device copy
+    for all three. ``AssertionError`` for a block of a row dropped from the cache."""
+    toks: list[int] = []
+    pos: list[int] = []
+    valid: list[int] = []
+    cap = (runner.max_pos - 1) if runner.max_pos is not None else None
+    for i in runner.live:
+        n0 = runner._first_position(i)
+        lb = len(blocks[i])
+        top = n0 + width_in
+        pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
+        valid.extend([1] * lb + [0] * (width_in - lb))
+        toks.extend(runner._record(i, blocks[i], start) if lb else [])
+        toks.extend([runner.pad_id] * (width_in - lb))
+    for i in range(runner.batch):
+        if blocks[i] and runner.slot(i) < 0:
+            raise AssertionError(f"row {i} was dropped from the {runner.name}'s cache")
+    ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, runner.device).view(
+        3, len(runner.live), width_in).unbind(0)
+    return ids_in, pos_in, new_mask
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -268,11 +235,12 @@ class Runner:
     (the dropped ids are the row's last columns), so its columns are exactly its ids, in order, and
     the model runs without an attention mask and without position ids (plain causal attention over
     the cache, positions counted from the cache's length: what the mask of ones and the positions
-    they replace would give). Batches of several rows pass both (:attr:`mask`), holes and padding
-    included.
+    they replace would give). Batches of several rows pass both (:attr:`columns`:
+    :class:`hsd_torch._columns.Columns`, the cache's width, attention mask and column positions),
+    holes and padding included.
 
     The cache is :func:`new_cache`'s: sliding-window layers keep their full history, so crops work
-    past the window. In a batch of a model with sliding-window layers (:attr:`layer_masks`), each
+    past the window. In a batch of a model with sliding-window layers (``columns.positions``), each
     forward gets :func:`layer_masks`' masks per layer type, so that every row's window counts its
     own kept positions, not the batch's columns (padding and holes)."""
 
@@ -281,15 +249,8 @@ class Runner:
         self.model = model
         self.name = name
         self.device = model_device(model)
-        self.cache, self.sliding = new_cache(model)
-        self.use_mask = batch > 1
-        self._mask = torch.zeros(batch, 0, dtype=torch.long, device=self.device)  # the attention mask, 1 = kept
-        # with sliding-window layers in a batch: each column's position in its row, for layer_masks
-        self.layer_masks = self.use_mask and self.sliding
-        if self.layer_masks:
-            _check_layer_masks(model, name)
-        self._pos = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
-        self.width = 0  # the cache's columns
+        self.cache, sliding = new_cache(model)
+        self.columns = Columns(model, batch, self.device, sliding, name)  # the cache's width, mask and positions
         self.batch = batch
         self.live: list[int] = list(range(batch))
         self._slot: dict[int, int] = {i: i for i in range(batch)}
@@ -328,9 +289,9 @@ class Runner:
         one = width is None
         width = 1 if width is None else width
         live = self.live
-        start = self.width
+        start = self.columns.width
         dev = self.device
-        width_in = max(1, max(len(blocks[r]) for r in live)) if self.use_mask or not blocks[0] else len(blocks[0])
+        width_in = max(1, max(len(blocks[r]) for r in live)) if self.columns.masked or not blocks[0] else len(blocks[0])
         hi = width_in - 1
         read = [[min(max(starts[i] + j, 0), hi) for j in range(width)] for i in live]
         keep = sorted({c for r in read for c in r})
@@ -346,68 +307,26 @@ class Runner:
         if not fired[0]:
             raise AssertionError(f"the {self.name} computed its logits without calling its output head module "
                                  "(get_output_embeddings()): hsd cannot read them at each row's positions")
-        self.width = start + width_in
+        self.columns.width = start + width_in
         logits: Tensor = out.logits
-        self.hidden = self._hidden(out.hidden_states[-1], read, one, width) if self.want_hidden else None
+        hidden = gather_columns(out.hidden_states[-1], read, one) if self.want_hidden else None
+        self.hidden = None if hidden is None else _scatter_live(hidden, live, self.batch)
         if steer:  # exactly the logits read: [rows, width, N]
             got = logits[:, 0] if one else logits
         else:
             got = read_logits(logits, read, keep, width_in, width, one)
             if head_rows is not None:  # a head the tap cannot steer: its full logits, those ids taken
                 got = got.index_select(-1, head_rows)
-        if len(live) == self.batch:
-            return got
-        full = got.new_zeros((self.batch, got.shape[-1]) if one else (self.batch, width, got.shape[-1]))
-        full[torch.tensor(live, dtype=torch.long, device=dev)] = got
-        return full
+        return _scatter_live(got, live, self.batch)
 
     def _forward(self, blocks: Sequence[Sequence[int]], start: int, width_in: int, kw: dict[str, Any]) -> Any:
         """The model's forward over the rows' blocks (padded to ``width_in`` columns), recorded."""
-        live = self.live
-        dev = self.device
-        if not self.use_mask and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
+        if not self.columns.masked and blocks[0]:  # one row: its ids alone (no mask, no positions, no padding)
             row = self._record(0, blocks[0], start)
-            out = self.model(input_ids=kernels._host_tensor([row], torch.long, dev), use_cache=True, **kw)
-        else:
-            # one host-to-device copy for the ids, positions and new mask columns: [3, rows, width_in]
-            toks: list[int] = []
-            pos: list[int] = []
-            valid: list[int] = []
-            cap = (self.max_pos - 1) if self.max_pos is not None else None
-            for i in live:
-                n0 = self._first_position(i)
-                lb = len(blocks[i])
-                top = n0 + width_in
-                pos.extend(range(n0, top) if cap is None or top <= cap + 1 else [min(p, cap) for p in range(n0, top)])
-                valid.extend([1] * lb + [0] * (width_in - lb))
-                toks.extend(self._record(i, blocks[i], start) if lb else [])
-                toks.extend([self.pad_id] * (width_in - lb))
-            for i in range(self.batch):
-                if blocks[i] and self.slot(i) < 0:
-                    raise AssertionError(f"row {i} was dropped from the {self.name}'s cache")
-            ids_in, pos_in, new_mask = kernels._host_tensor(toks + pos + valid, torch.long, dev).view(
-                3, len(live), width_in).unbind(0)
-            mask = torch.cat([self.mask, new_mask], dim=1)
-            am: Any = mask
-            if self.layer_masks:
-                self._pos = torch.cat([self._pos, pos_in], dim=1)
-                am = self.masks_for(mask, self._pos, pos_in, start)
-            out = self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
-            self._mask = mask
-        return out
-
-    def _hidden(self, h: Tensor, read: list[list[int]], one: bool, width: int) -> Tensor:
-        """The final hidden states ``h [rows in the cache, width_in, H]`` at the block columns
-        ``read`` (per live row), as :meth:`feed` returns logits: ``[B, width, H]`` (``[B, H]`` when
-        ``one``), zeros for dropped rows."""
-        idx = torch.tensor(read, dtype=torch.long, device=h.device)
-        got = h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-        got = got[:, 0] if one else got
-        if len(self.live) == self.batch:
-            return got
-        full = got.new_zeros((self.batch, *got.shape[1:]))
-        full[torch.tensor(self.live, dtype=torch.long, device=h.device)] = got
-        return full
+            return self.model(input_ids=kernels._host_tensor([row], torch.long, self.device), use_cache=True, **kw)
+        ids_in, pos_in, new_mask = batch_inputs(self, blocks, start, width_in)
+        am = self.columns.extend(new_mask, pos_in, start)
+        return self.model(input_ids=ids_in, attention_mask=am, position_ids=pos_in, use_cache=True, **kw)
 
     def _record(self, i: int, block: Sequence[int], start: int) -> list[int]:
         """Row ``i`` is fed ``block`` (non-empty) at cache columns from ``start``: check that it fits
@@ -426,29 +345,6 @@ class Runner:
         self.cols[i].extend(range(start, start + lb))
         self.high[i] = max(self.high[i], n0 + lb)
         return row
-
-    @property
-    def mask(self) -> Tensor:
-        """The attention mask over the cache's columns ``[rows in the cache, width]`` (1 = kept): the
-        one kept for several rows, ones for a batch of one."""
-        if self.use_mask:
-            return self._mask
-        return torch.ones(len(self.live), self.width, dtype=torch.long, device=self.device)
-
-    @property
-    def kv_pos(self) -> Tensor:
-        """Each cache column's position in its row ``[rows in the cache, width]`` (kept only for
-        :attr:`layer_masks`; a batch of one holds its ids in order: ``0 .. width-1``)."""
-        if self.use_mask:
-            assert self.layer_masks, "column positions are kept only with layer_masks"
-            return self._pos
-        return torch.arange(self.width, device=self.device).expand(len(self.live), -1)
-
-    def masks_for(self, keep: Tensor, kv_pos: Tensor, q_pos: Tensor, start: int) -> dict[str, Tensor]:
-        """:func:`layer_masks` for this model (its window, attention implementation and dtype)."""
-        config = self.model.config.get_text_config(decoder=True)
-        return layer_masks(keep, kv_pos, q_pos, start, config.sliding_window, config._attn_implementation,
-                           self.model.dtype)
 
     def slot(self, i: int) -> int:
         """Row ``i``'s index in the cache's batch, -1 once dropped."""
@@ -469,15 +365,11 @@ class Runner:
             m -= 1
         if m < nh:
             drop = self._forget(i, m)
-            if drop and not self.use_mask:  # one row: its dropped ids are the cache's last columns
-                self.cache.crop(drop[0] - self.width)
-                self.width = drop[0]
+            if drop and not self.columns.masked:  # one row: its dropped ids are the cache's last columns
+                self.cache.crop(drop[0] - self.columns.width)
+                self.columns.width = drop[0]
             elif drop:
-                s = self.slot(i)
-                if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice
-                    self._mask[s, drop[0]:drop[-1] + 1] = 0
-                else:
-                    self._mask[s, torch.tensor(drop, dtype=torch.long, device=self.device)] = 0
+                self.columns.hide(self.slot(i), drop)
             del have[m:]
             del self.cols[i][m:]
         return list(context[m:])
@@ -501,20 +393,16 @@ class Runner:
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
-        self._mask = self._mask.index_select(0, idx)
-        if self.layer_masks:
-            self._pos = self._pos.index_select(0, idx)
+        self.columns.select(idx)
         self.live = [self.live[s] for s in keep]
         self._slot = {i: s for s, i in enumerate(self.live)}
 
     def trim(self) -> None:
         """Crop the trailing cache columns that no row in the cache keeps."""
         last = max((self.cols[i][-1] + 1 for i in self.live if self.cols[i]), default=0)
-        n = self.width - last
+        n = self.columns.width - last
         if n > 0 and last > 0:
             self.cache.crop(-n)
-            self._mask = self._mask[:, :last]
-            self._pos = self._pos[:, :last] if self.layer_masks else self._pos
-            self.width = last
+            self.columns.crop(last)
 
 

@@ -20,7 +20,7 @@ import pytest
 from hsd_core import cli, extensions
 from hsd_core.pytest_plugin import assert_lossless
 
-HINT = 'pip install torch==2.13.0 && pip install -e ".[torch]"'
+HINT = 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -e ".[torch]"'
 PRELUDE = """if True:
     import sys
     if NO_TORCH:  # import torch fails, as without torch

@@ -289,7 +289,7 @@ def test_a_rows_output_depends_only_on_seed_and_row(method: str, toks: dict[str,
 def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
     target, tt, drafter, dt, _ = unpack("bpe<-unigram", toks, models)
     kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dt)
-    with pytest.raises(NotImplementedError, match="lookahead=1 only.*issue 11"):
+    with pytest.raises(NotImplementedError, match="lookahead=1 only.*bounded procedure \\(docs/slrs.md\\)"):
         generate(target, drafter, "x", method="slrs", lookahead=2, **kw)
     with pytest.raises(ValueError, match="same tokenizer|target's tokenizer"):
         generate(target, drafter, "x", method="sd", **kw)

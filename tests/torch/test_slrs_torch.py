@@ -235,11 +235,11 @@ def test_greedy_equals_the_targets_own_generate(pair: str, toks: dict[str, Any],
 def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
     target, tt, drafter, dt, _ = unpack("bpe<-unigram", toks, models)
     kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dt, method="slrs")
-    with pytest.raises(NotImplementedError, match="lookahead=1 only.*issue 11"):
+    with pytest.raises(NotImplementedError, match="lookahead=1 only.*bounded procedure \\(docs/slrs.md\\)"):
         generate(target, drafter, "x", lookahead=2, **kw)
-    with pytest.raises(NotImplementedError, match="lookahead=1 only.*issue 11"):
+    with pytest.raises(NotImplementedError, match="lookahead=1 only.*bounded procedure \\(docs/slrs.md\\)"):
         generate(target, drafter, "x", lookahead=2, min_path_prob=0.1, proposal_map="retokenize", **kw)
-    with pytest.raises(NotImplementedError, match="no min_path_prob.*issue 11"):
+    with pytest.raises(NotImplementedError, match="no min_path_prob.*docs/slrs.md"):
         generate(target, drafter, "x", lookahead=3, proposal_map="longest_prefix", **kw)
     with pytest.raises(NotImplementedError, match="more than 4096"):
         generate(target, drafter, "x", lookahead=8, min_path_prob=1e-3, proposal_map="longest_prefix", **kw)

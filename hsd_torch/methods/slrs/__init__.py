@@ -70,7 +70,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
     if max_tokens != 1 and proposal_map != "longest_prefix":
         raise NotImplementedError(
             f"method 'slrs' with max_tokens={max_tokens!r} needs the bounded procedure (proposal_map='longest_prefix' "
-            "and min_path_prob=tau, issue 11): multi-token proposals with the re-tokenizing map are not implemented")
+            "and min_path_prob=tau, docs/slrs.md, 'The bounded procedure'): multi-token proposals with the re-tokenizing map are not implemented")
     if proposal_map not in (None, "retokenize", "longest_prefix"):
         raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
     if min_path_prob is not None and (not is_real(min_path_prob) or not 0 < min_path_prob <= 1):
@@ -79,7 +79,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
         if lookahead > 1 and min_path_prob is None and not greedy:
             raise NotImplementedError(
                 f"method 'slrs' with lookahead={lookahead} and no min_path_prob: psi would enumerate every "
-                "drafter path (|D|^lookahead drafter rows, issue 11); pass min_path_prob=tau (e.g. 0.05): psi then "
+                "drafter path (|D|^lookahead drafter rows; docs/slrs.md, 'The bounded procedure'); pass min_path_prob=tau (e.g. 0.05): psi then "
                 "costs at most 1 + (lookahead - 1) / tau rows per round")
         if min_path_prob is not None and psi_bound(lookahead, min_path_prob) > MAX_PSI_ROWS:
             raise NotImplementedError(
@@ -90,7 +90,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
     if lookahead != 1:
         raise NotImplementedError(
             f"method 'slrs' with proposal_map={proposal_map!r} supports lookahead=1 only (the paper's one-token "
-            f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure of issue 11, "
+            f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure (docs/slrs.md), "
             "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
             "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
     if min_path_prob is not None:

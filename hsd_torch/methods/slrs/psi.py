@@ -229,6 +229,14 @@ class BoundedSLRS:
         hook for the deliberately lossy variant of the tests only (the unconditional marginal)."""
         return same >= j
 
+    def _counts_its_own_psi(self) -> bool:
+        """Whether this procedure's psi is :class:`BoundedSLRS`'s own (:meth:`_psi_counts` and
+        :meth:`_given_prefix` not overridden by a lossy variant): only then may the multi-token
+        round leave unparsed the children whose parse changes nothing
+        (:meth:`.psi_multi.MultiTokenRound.needs_parse`)."""
+        cls = type(self)
+        return cls._psi_counts is BoundedSLRS._psi_counts and cls._given_prefix is BoundedSLRS._given_prefix
+
     def _root_parse(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """:func:`parse_pairs` of every drafter token's text alone (no limit): once per pair of
         vocabularies."""

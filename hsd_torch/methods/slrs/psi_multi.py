@@ -12,7 +12,7 @@ summed from those (:class:`MultiRoundResult`: ``hsd_core``'s ``PsiLaw.conditiona
 
 A proposal may be empty: the text is dead at once (it starts with a byte no target token starts,
 the target lacking it; :func:`.trie.parse_pairs`). It adds nothing to position 0's law, which is
-then the law of the first id given that there is one (:meth:`MultiTokenRound.conditionals`
+then the law of the first id given that there is one (:func:`conditional_laws`
 normalizes it), and that row's round is the target's own token.
 """
 
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .trie import join, pad_bytes, pad_ids, parse_pairs
+from .trie import DrafterBytes, TargetTrie, join, pad_bytes, pad_ids, parse_pairs
 
 if TYPE_CHECKING:
     from .psi import BoundedSLRS
 
-__all__ = ["CHUNK_MULTI", "MultiRoundResult", "MultiTokenRound"]
+__all__ = ["CHUNK_MULTI", "MultiRoundResult", "MultiTokenRound", "conditional_laws", "parse_needed"]
 
 CHUNK_MULTI = 1 << 20
 """Children (node x drafter id) handled per vectorized step (each child keeps its proposal tuple
@@ -106,7 +106,8 @@ class MultiTokenRound:
             if not grown or (p.greedy and all(c < 0 for c in self.cur)):
                 break
             self.next_level(grown)
-        return MultiRoundResult(self.proposals, self.conditionals(), self.used, self.evals, self.levels)
+        conditionals = conditional_laws(self.p, self.proposals, self.pos0, self.kept)
+        return MultiRoundResult(self.proposals, conditionals, self.used, self.evals, self.levels)
 
     def keep(self, rows: Tensor, full: Tensor, flen: Tensor, w: Tensor, known: Tensor) -> None:
         """Add position 0 now; keep for later only the proposals of two ids or more that can share
@@ -184,12 +185,9 @@ class MultiTokenRound:
         nothing: it adds ``w`` to position 0 at ``u[0]``, as ``join`` of ``u`` and no parsed id
         gives. Those are most children (at most ``1 / tau`` of a node's may grow). The root level's
         parses are cached; the lossy variants of the tests (a psi that counts by ``settled``, or
-        sums every kept proposal whatever its prefix) need every parse."""
-        from .psi import BoundedSLRS
-
-        cls = type(self.p)
-        if depth == 1 or cls._psi_counts is not BoundedSLRS._psi_counts or \
-                cls._given_prefix is not BoundedSLRS._given_prefix:
+        sums every kept proposal whatever its prefix: :meth:`.psi.BoundedSLRS._counts_its_own_psi`)
+        need every parse."""
+        if depth == 1 or not self.p._counts_its_own_psi():
             return None
         row = self.node_row.index_select(0, pn)
         first = self.u_t[:, 0].index_select(0, pn)  # -1: no settled id
@@ -205,17 +203,7 @@ class MultiTokenRound:
         (ids -1, none read, ``f = -1``: not settled, ``fpos = 0``)."""
         lim = self.mrem.index_select(0, pn)
         if depth != 1:
-            if need is None or bool(need.all()):
-                return parse_pairs(self.p.trie, self.heads, self.head_len, pn, pc, self.p.db, lim)
-            at = torch.nonzero(need).flatten()
-            ids_s, n_s, f_s, fpos_s = parse_pairs(self.p.trie, self.heads, self.head_len, pn.index_select(0, at),
-                                                  pc.index_select(0, at), self.p.db, lim.index_select(0, at))
-            n_p = pn.shape[0]
-            ids = torch.full((n_p, max(1, ids_s.shape[1])), -1, dtype=torch.long, device=self.dev)
-            ids[at, :ids_s.shape[1]] = ids_s
-            n_ids, f, fpos = (torch.zeros(n_p, dtype=torch.long, device=self.dev) for _ in range(3))
-            f.fill_(-1)
-            return ids, n_ids.index_put_((at,), n_s), f.index_put_((at,), f_s), fpos.index_put_((at,), fpos_s)
+            return parse_needed(self.p.trie, self.heads, self.head_len, pn, pc, self.p.db, lim, need)
         r_ids, r_n_ids, f, fpos = (x.index_select(0, pc) for x in self.p._root_parse())
         ids = torch.where(torch.arange(r_ids.shape[1], device=self.dev).unsqueeze(0) < lim.unsqueeze(1), r_ids,
                           torch.full_like(r_ids, -1))
@@ -262,30 +250,51 @@ class MultiTokenRound:
         for r in self.node_row.tolist():
             self.evals[r] += 1
 
-    def conditionals(self) -> Tensor:
-        """``[R, M, Vt]``: position ``j`` of row ``r``, the law of its ``j+1``-th proposed id given
-        its first ``j`` (summed from the kept proposals that share them), normalized; greedy: point
-        masses at the proposal."""
-        p, dev = self.p, self.dev
-        width = max(1, max(len(x) for x in self.proposals))
-        cond = torch.zeros(self.r_n, width, p.vt, dtype=torch.float64, device=dev)
-        if p.greedy:
-            for r, prop in enumerate(self.proposals):
-                for j, t in enumerate(prop):
-                    cond[r, j, t] = 1.0
-            return cond
-        x, nx = pad_ids(self.proposals, dev)
-        flat = cond.view(-1)
-        cond[:, 0] = self.pos0
-        for rows, full, flen, w in self.kept:
-            if rows.numel() == 0:
-                continue
-            cw = min(full.shape[1], width)
-            same = (full[:, :cw] == x.index_select(0, rows)[:, :cw]).long().cumprod(1).sum(1)
-            nxr = nx.index_select(0, rows)
-            for j in range(1, cw):
-                on = p._given_prefix(same, j) & (flen > j) & (nxr > j)
-                if bool(on.any()):
-                    flat.index_add_(0, (rows[on] * width + j) * p.vt + full[on, j], w[on])
-        tot = cond.sum(-1, keepdim=True)
-        return torch.where(tot > 0, cond / torch.where(tot > 0, tot, torch.ones_like(tot)), cond)
+
+def parse_needed(trie: TargetTrie, heads: Tensor, head_len: Tensor, pn: Tensor, pc: Tensor, db: DrafterBytes,
+                 lim: Tensor, need: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`.trie.parse_pairs` of the pairs (nodes ``pn``, columns ``pc``, at most ``lim`` ids
+    each) that ``need`` (bool; None: all) selects; the others read no id (ids -1, none read,
+    ``f = -1``: not settled, ``fpos = 0``)."""
+    if need is None or bool(need.all()):
+        return parse_pairs(trie, heads, head_len, pn, pc, db, lim)
+    at = torch.nonzero(need).flatten()
+    ids_s, n_s, f_s, fpos_s = parse_pairs(trie, heads, head_len, pn.index_select(0, at), pc.index_select(0, at), db,
+                                          lim.index_select(0, at))
+    n_p = pn.shape[0]
+    ids = torch.full((n_p, max(1, ids_s.shape[1])), -1, dtype=torch.long, device=pn.device)
+    ids[at, :ids_s.shape[1]] = ids_s
+    n_ids, f, fpos = (torch.zeros(n_p, dtype=torch.long, device=pn.device) for _ in range(3))
+    f.fill_(-1)
+    return ids, n_ids.index_put_((at,), n_s), f.index_put_((at,), f_s), fpos.index_put_((at,), fpos_s)
+
+
+def conditional_laws(p: BoundedSLRS, proposals: list[list[int]], pos0: Tensor, kept: list[Kept]) -> Tensor:
+    """``[R, M, Vt]``: position ``j`` of row ``r``, the law of its ``j+1``-th proposed id
+    (``proposals[r]``) given its first ``j``: position 0's law ``pos0 [R, Vt]``, later positions
+    summed from the ``kept`` proposals that share them; normalized; greedy: point masses at the
+    proposal."""
+    dev = pos0.device
+    r_n = len(proposals)
+    width = max(1, max(len(x) for x in proposals))
+    cond = torch.zeros(r_n, width, p.vt, dtype=torch.float64, device=dev)
+    if p.greedy:
+        for r, prop in enumerate(proposals):
+            for j, t in enumerate(prop):
+                cond[r, j, t] = 1.0
+        return cond
+    x, nx = pad_ids(proposals, dev)
+    flat = cond.view(-1)
+    cond[:, 0] = pos0
+    for rows, full, flen, w in kept:
+        if rows.numel() == 0:
+            continue
+        cw = min(full.shape[1], width)
+        same = (full[:, :cw] == x.index_select(0, rows)[:, :cw]).long().cumprod(1).sum(1)
+        nxr = nx.index_select(0, rows)
+        for j in range(1, cw):
+            on = p._given_prefix(same, j) & (flen > j) & (nxr > j)
+            if bool(on.any()):
+                flat.index_add_(0, (rows[on] * width + j) * p.vt + full[on, j], w[on])
+    tot = cond.sum(-1, keepdim=True)
+    return torch.where(tot > 0, cond / torch.where(tot > 0, tot, torch.ones_like(tot)), cond)

@@ -37,7 +37,7 @@ class TreeCache:
         self.cache: Any = None
         self.mask: Tensor | None = None
         self.pos: Tensor | None = None
-        self.kv_pos: Tensor | None = None  # each column's position, with a runner's layer_masks
+        self.kv_pos: Tensor | None = None  # each column's position, with a runner's columns.positions
         self.paths: list[list[int]] = []  # per node of the last level: its drafted ids
         self.node_row: list[int] = []
 
@@ -63,9 +63,9 @@ class TreeCache:
             if self.cache is None:
                 src = runner.cache
                 sel = self.slots.index_select(0, pc)
-                mask = runner.mask.index_select(0, sel)
+                mask = runner.columns.mask.index_select(0, sel)
                 pos = self.base.index_select(0, pc)
-                kv_pos = runner.kv_pos.index_select(0, sel) if runner.layer_masks else None
+                kv_pos = runner.columns.kv_pos.index_select(0, sel) if runner.columns.positions else None
                 cache = new_cache(runner.model)[0]
                 for li, layer in enumerate(src.layers):
                     cache.layers[li].update(
@@ -83,7 +83,7 @@ class TreeCache:
             am: Any = mask
             if kv_pos is not None:  # sliding-window layers in a batch: windows over each row's positions
                 kv_pos = torch.cat([kv_pos, pos.unsqueeze(1)], dim=1)
-                am = runner.masks_for(mask, kv_pos, pos.unsqueeze(1), mask.shape[1] - 1)
+                am = runner.columns.masks_for(mask, kv_pos, pos.unsqueeze(1), mask.shape[1] - 1)
             res = runner.model(input_ids=tokens.index_select(0, cidx).unsqueeze(1), attention_mask=am,
                                position_ids=pos.unsqueeze(1), use_cache=True, **{runner._cache_kw: cache})
             logits: Tensor = res.logits[:, -1]
