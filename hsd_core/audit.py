@@ -69,7 +69,7 @@ from .stats import (
 )
 
 __all__ = ["AuditReport", "SequenceAuditReport", "audit_sequences", "DEFAULT_CHUNK_SIZE", "DEFAULT_EPS", "DEFAULT_MAX_N", "DEFAULT_MAX_SIZED_N", "Deviation", "Verdict",
-           "audit_sampler", "draw_chunks", "min_num_samples_for_law"]
+           "AuditPlan", "audit_plan", "audit_sampler", "draw_chunks", "min_num_samples_for_law"]
 
 Output = tuple[int, ...]
 Prob = Union[float, Fraction]
@@ -333,6 +333,44 @@ def min_num_samples_for_law(law: Mapping[Any, Prob], eps: float, alpha: float, p
                      max(2, sum(1 for p in lw.values() if p > 0)))
 
 
+def _num_tests(two_sample: bool, positions: int, text: bool, prefixes: int) -> int:
+    """How many tests :func:`audit_sampler` runs (the Holm family's size ``m``): the joint test and
+    its companions (two in two-sample mode, three against a law), one per position, one for the
+    text, one per prefix."""
+    return (2 if two_sample else 3) + positions + (1 if text else 0) + prefixes
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """What :func:`audit_sampler` will be able to promise before it draws: with ``n`` draws, every
+    law at TV >= ``detectable_tv`` from the reference law is caught with probability >= ``power``
+    (None: no TV below 1), by ``by``; ``tests`` tests share the family-wise ``alpha``."""
+
+    n: int
+    alpha: float
+    power: float
+    tests: int
+    detectable_tv: float | None
+    by: str
+
+
+def audit_plan(law: Mapping[Any, Prob], n: int, alpha: float = 1e-6, power: float = 0.99, *,
+               positions: bool = True, text: bool = False, prefixes: int = 0) -> AuditPlan:
+    """The promise of ``audit_sampler(sample_fn, law, n=n, alpha=alpha, power=power,
+    positions=positions, text=..., prefixes=...)`` computed before any draw (``text``: whether a
+    decode callable is given; ``prefixes``: how many prefixes). Its ``detectable_tv`` is exactly the
+    report's: it depends on the law, ``n`` and the per-test level only, never on the draws."""
+    lw = _normalise_law(law)
+    if not lw:
+        raise ValueError("the law is empty")
+    _validate_law(lw)
+    alpha, power, n = _check_alpha(alpha), _check_power(power), _check_n(n)
+    max_len = max(len(s) for s in lw)
+    m = _num_tests(False, max_len if positions else 0, text, int(prefixes))
+    plan = _joint_plan(lw, n, alpha / m, power)
+    return AuditPlan(n, alpha, power, m, plan.detectable, plan.by)
+
+
 def _is_token(t: object) -> bool:
     return isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
 
@@ -567,7 +605,7 @@ def audit_sampler(
     pre_list = [_as_output(list(x) if isinstance(x, tuple) else x, f"prefixes[{i}]") for i, x in enumerate(prefixes)]
     if pre_list and two_sample:
         raise ValueError("prefixes= needs an exact law (conditional tests are not run in two-sample mode)")
-    m = (2 if two_sample else 3) + n_positions + (1 if text is not None else 0) + len(pre_list)
+    m = _num_tests(two_sample, n_positions, text is not None, len(pre_list))
     seeded = seed is not None or executor is not None
     if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
                              or seed < 0):

@@ -45,7 +45,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from hsd_core.audit import AuditReport, Deviation, Verdict, audit_sampler
+from hsd_core.audit import AuditPlan, AuditReport, Deviation, Verdict, audit_plan, audit_sampler
 
 from ._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
@@ -57,7 +57,7 @@ from .runner import check_model, refuse_meta
 from .seqaudit import audit_sequences
 from .text import TokenText
 
-__all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "reference_law"]
+__all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "plan_line", "reference_law"]
 
 ANY = -1
 """Cell marker: "any continuation" (after a prefix that was not expanded)."""
@@ -491,6 +491,19 @@ def _tv_stats(law: Mapping[tuple[int, ...], float], observed: Mapping[Any, int],
     return est, (lo, hi), float(np.quantile(null, 0.95)), corrected
 
 
+def plan_line(plan: AuditPlan, hidden: float, positions: int) -> str:
+    """One line, before any draw: what an audit of ``plan.n`` draws of the first ``positions`` tokens
+    will catch (``plan``'s detectable TV plus ``hidden``, the mass of the reference's coarse cells,
+    exactly the number the report will give as ``detectable_tv``)."""
+    head = (f"plan: {plan.n} draws of the first {positions} token(s), {plan.tests} tests at family-wise alpha "
+            f"{plan.alpha:.3g}; ")
+    d = None if plan.detectable_tv is None else plan.detectable_tv + hidden
+    if d is None or d >= 1.0:
+        return head + f"no TV below 1 can be promised at this size ({plan.by}): more draws are needed"
+    return (head + f"any law at TV >= {d:.4g} from the target's would be caught with probability >= {plan.power} "
+            f"({plan.by}" + (f" + mass {hidden:.4g} of the rare / unexpanded cells" if hidden > 0 else "") + ")")
+
+
 def audit_generate(
     sample_fn: Callable[[str, int], Sequence[int]] | None,
     target: Any,
@@ -518,6 +531,7 @@ def audit_generate(
     max_detectable_tv: float | None = 0.1,
     text: bool = False,
     reference: LawProvider | ProvidedLaw | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> GenerateAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s own
     law of the first ``positions`` new tokens (module docstring).
@@ -545,7 +559,10 @@ def audit_generate(
     a top-k or top-p that keeps few tokens, or fewer positions); a text no such token sequence
     decodes to is a draw of probability 0. ``reference``: a law provider ``(prompt_ids, ids) -> [len(ids),
     V]`` raw log-probabilities (:mod:`hsd_torch.reference`), whose laws replace ``target``'s forward
-    passes (``target`` still gives the logit width and the end ids). Returns a :class:`GenerateAuditReport`.
+    passes (``target`` still gives the logit width and the end ids). ``progress``: called once with a
+    ``"plan: ..."`` line before the first draw, stating what the ``n`` draws will be able to detect
+    (:func:`plan_line`; the report's ``detectable_tv`` is the same number). Returns a
+    :class:`GenerateAuditReport`.
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -597,6 +614,9 @@ def audit_generate(
         texts = _TextCells(ref, target_tokenizer, prompt)
         law = texts.law
     cells_of = texts if texts is not None else _IdCells(ref, width, ids)
+    if progress is not None:  # what the draws can detect depends on the law and n only: say it before drawing
+        progress(plan_line(audit_plan(law, int(n), alpha, power, prefixes=0 if text else len(ref.frequent)),
+                           ref.coarse_mass, positions))
     if sample_batch_fn is not None:
         draw = _batched_cells(sample_batch_fn, prompt, cells_of, int(n), seed, chunk_size,
                               as_int("batch_size", batch_size, 1))

@@ -19,7 +19,8 @@ With ``--sequences``, transformers' sampler gets its own deep copy of the drafte
 assisted generation prunes and re-indexes its assistant in place, and the audit's directional test
 must read the drafter as given (``audit_sequences`` refuses a sampler that changed it).
 
-Cost: after the first draws (at least 2 s of sampling or 10 draws) the command prints the
+Before the first draw the first-token audit prints on stderr what its ``--samples`` draws will be
+able to detect (a ``plan:`` line: the TV the report will state). Cost: after the first draws (at least 2 s of sampling or 10 draws) the command prints the
 estimated time of the whole sampling on stderr and refuses to go on (exit status 2) when it is
 above ``--max-minutes`` (default 20), naming the ``--samples`` that fits; the sequence audit then
 prints its own estimate after the first chunk, teacher forcing and the departure it should catch
@@ -303,7 +304,8 @@ def run(args: argparse.Namespace) -> int:
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
                 mask_textless=False, max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if args.impl == "hsd_torch" else None,
-                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}")
+                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}",
+                progress=lambda line: print("hsd audit: " + line, file=sys.stderr))
         finally:
             bar.close()
     except (ValueError, NotImplementedError) as e:  # not TypeError & co.: argparse typed every value

@@ -355,6 +355,9 @@ def test_a_run_over_the_time_budget_is_refused_with_the_samples_that_fit(ckpt: P
     err = capsys.readouterr().err
     assert "sampling 20000 draws should take about" in err
     assert "more than --max-minutes 0.001: choose --samples" in err
+    # what the run would detect is said first, before any draw
+    assert "hsd audit: plan: 20000 draws of the first 2 token(s)" in err
+    assert err.index("plan: 20000 draws") < err.index("should take about")
 
 
 def test_sd_with_another_tokenizer_is_refused_before_the_models_load(ckpt: Path, monkeypatch: pytest.MonkeyPatch,

@@ -264,3 +264,43 @@ def test_text_mode(pair: Any) -> None:
         audit_generate(as_text(), target, tt, PROMPT, n=50, text=True)
     with pytest.raises(TypeError, match="not the new text"):
         audit_generate(lambda p, s: [1, 2], target, tt, PROMPT, n=N, top_k=TOP_K, text=True)
+
+
+def test_the_plan_is_stated_before_the_first_draw(pair: Any) -> None:
+    """``progress`` gets one ``plan:`` line before the sampler is first called, and the TV it promises
+    is exactly the report's ``detectable_tv`` (ids mode with its conditional tests, and text mode).
+    N = 800 at top-k 3, alpha 1e-3 (the module's sizes)."""
+    target, tt, *_ = pair
+    calls: list[int] = []
+    lines: list[tuple[str, int]] = []
+
+    def counted(prompt: str, seed: int) -> list[int]:
+        calls.append(seed)
+        return hsd_sampler(pair, prompt, seed)
+
+    rep = audit_generate(counted, target, tt, PROMPT, n=N, top_k=TOP_K, alpha=ALPHA, seed=1, mask_textless=True,
+                         progress=lambda line: lines.append((line, len(calls))))
+    assert len(lines) == 1 and lines[0][1] == 0, lines  # said before any draw
+    assert rep.detectable_tv is not None
+    assert lines[0][0].startswith(f"plan: {N} draws of the first 2 token(s)")
+    assert f"TV >= {rep.detectable_tv:.4g} from the target's" in lines[0][0], (lines, rep.detectable_tv)
+
+    said: list[str] = []
+
+    def as_text(prompt: str, seed: int) -> str:
+        return str(tt.decode(hsd_sampler(pair, prompt, seed), skip_special_tokens=True))
+
+    txt = audit_generate(as_text, target, tt, PROMPT, n=N, top_k=TOP_K, alpha=ALPHA, seed=1, text=True,
+                         progress=said.append)
+    assert txt.detectable_tv is not None and f"TV >= {txt.detectable_tv:.4g} " in said[0], (said, txt.detectable_tv)
+
+
+def test_a_plan_without_power_says_so(pair: Any) -> None:
+    """5 draws over the full vocabulary promise nothing: the plan line says more draws are needed
+    (and the report, as before, is inconclusive)."""
+    target, tt, *_ = pair
+    said: list[str] = []
+    rep = audit_generate(functools.partial(hsd_sampler, pair, top_k=None), target, tt, PROMPT, n=5, seed=0,
+                         progress=said.append)
+    assert said and "no TV below 1 can be promised at this size" in said[0], said
+    assert rep.detectable_tv is None and rep.verdict == "inconclusive"
