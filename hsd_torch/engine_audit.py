@@ -53,7 +53,8 @@ from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 from ._ids import _width
 from .audit import GenerateAuditReport, audit_generate
 from .reference import LawProvider, ProvidedLaw
-from .seqaudit import _forced_logits, audit_sequences
+from .forcing import sequence_scores
+from .seqaudit import audit_sequences
 from .text import TokenText
 
 __all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "draw_contexts"]
@@ -236,41 +237,6 @@ def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
 
 
 @torch.inference_mode()
-def _loglik(model: Any, ctxs: Sequence[Sequence[int]], seqs: Sequence[Sequence[int]], chunk: int = 8) -> np.ndarray:
-    """The raw (temperature 1) log-likelihood of each ``seqs[i]`` after ``ctxs[i]`` under ``model``
-    (an HF model or a :class:`ProvidedLaw`), teacher forced ``chunk`` rows at a time; 0 for an empty
-    sequence."""
-    out = np.zeros(len(seqs))
-    live = [i for i, s in enumerate(seqs) if len(s)]
-    for c0 in range(0, len(live), chunk):
-        idx = live[c0:c0 + chunk]
-        rows = [list(ctxs[i]) + list(seqs[i]) for i in idx]
-        lg = _forced_logits(model, rows, [range(len(ctxs[i]), len(ctxs[i]) + len(seqs[i])) for i in idx])
-        lp = torch.log_softmax(lg.double(), dim=-1)
-        x = torch.tensor([t for i in idx for t in seqs[i]], dtype=torch.long, device=lp.device)
-        got = lp[torch.arange(x.numel(), device=lp.device), x].cpu().numpy()
-        ends = np.cumsum([0] + [len(seqs[i]) for i in idx])
-        for k, i in enumerate(idx):
-            out[i] = float(got[ends[k]:ends[k + 1]].sum())
-    return out
-
-
-def _scores(law: Any, tt: Any, drafter: Any, dt: Any, ctxs: Sequence[Sequence[int]], texts: Sequence[str],
-            seqs: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
-    """Per-sequence scores for the two-sample test: the log-likelihood under the reference and, with a
-    drafter, under the drafter (its own encoding of the prompt's text and of the generated text)
-    and the difference."""
-    out = {"log-likelihood under the reference": _loglik(law, ctxs, seqs)}
-    if drafter is not None:
-        dtt = TokenText.get(dt, _width(drafter))
-        dctx = [dtt.prompt_ids(t) for t in texts]
-        dseq = [dtt.encode_prompt(tt.decode(list(s))) if len(s) else [] for s in seqs]
-        out["log-likelihood under the drafter"] = _loglik(drafter, dctx, dseq)
-        out["drafter minus reference log-likelihood"] = out["log-likelihood under the drafter"] - out[
-            "log-likelihood under the reference"]
-    return out
-
-
 def audit_samples(
     samples: SamplesFile | str | os.PathLike[str],
     target: Any,
@@ -339,8 +305,8 @@ def audit_samples(
     seq_a, seq_b = [list(d.ids) for d in s.draws], [list(d.ids) for d in b.draws]
     scores: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     if s.sampling.do_sample:
-        sa = _scores(law, target_tokenizer, drafter, drafter_tokenizer, ctx_a, txt_a, seq_a)
-        sb = _scores(law, target_tokenizer, drafter, drafter_tokenizer, ctx_b, txt_b, seq_b)
+        sa = sequence_scores(law, target_tokenizer, drafter, drafter_tokenizer, ctx_a, txt_a, seq_a)
+        sb = sequence_scores(law, target_tokenizer, drafter, drafter_tokenizer, ctx_b, txt_b, seq_b)
         scores = {k: (sa[k], sb[k]) for k in sa}
     ts = two_sample_sequences(seq_a, [tuple(c) for c in ctx_a], seq_b, [tuple(c) for c in ctx_b], scores=scores,
                               alpha=alpha / 2, power=power, do_sample=s.sampling.do_sample,

@@ -65,7 +65,7 @@ class ProvidedLaw:
         return t
 
     def forced(self, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Teacher forcing as :func:`hsd_torch.seqaudit._forced_logits` does it: ``[sum_i len(at[i]),
+        """Teacher forcing as :func:`hsd_torch.forcing._forced_logits` does it: ``[sum_i len(at[i]),
         width]``, row ``i``'s law after its first ``at[i][j]`` ids for each ``j`` (``at[i]`` increasing
         positions, each below ``len(rows[i])``), one provider call per row."""
         out = []

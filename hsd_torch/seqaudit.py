@@ -65,8 +65,10 @@ from .laws import TextSpace, check_processing, process_logits
 from .methods.tli import resync_ids
 from .prompts import target_context
 from .reference import LawProvider, ProvidedLaw
-from .runner import check_model, refuse_meta, takes_logits_to_keep
+from .runner import check_model, refuse_meta
+from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
 from .text import TokenText
+from .textaudit import audit_text_sequences
 from .vocab import VocabBridge
 
 __all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
@@ -75,111 +77,6 @@ FIT_POSITIONS = 256
 """Positions (at most; a seeded subsample) on which a lossy report's processing fit is computed."""
 
 SampleBatchFn = Callable[[list[str], list[int]], Sequence[Sequence[int]]]
-
-
-def _prompts(prompts: Any) -> list[str]:
-    plist = [prompts] if isinstance(prompts, str) else list(prompts) if prompts is not None else []
-    if not plist:
-        raise ValueError("prompts is empty: give a str or a list of str")
-    for p in plist:
-        if not isinstance(p, str):
-            raise TypeError(f"each prompt must be a str, got {type(p).__name__}")
-    return plist
-
-
-def _prompt_ids(prompt_ids: Any, width: int) -> list[list[int]]:
-    """``prompt_ids`` (one list of ints, or a list of them: one per prompt) as lists of ids."""
-    rows = list(prompt_ids)
-    if rows and all(not isinstance(r, (int, np.integer)) for r in rows):
-        out = [_as_ids(r, f"prompt_ids[{k}] has", width) for k, r in enumerate(rows)]
-    else:
-        out = [_as_ids(rows, "prompt_ids has", width)]
-    for k, r in enumerate(out):
-        if not r:
-            raise ValueError(f"prompt_ids {'' if len(out) == 1 else f'[{k}] '}is empty: the target needs at least one "
-                             "id to condition on")
-    return out
-
-
-def model_fingerprint(model: Any) -> tuple[Any, ...]:
-    """What identifies a model's computation cheaply: each module's name and class, each
-    parameter's and buffer's name, shape, dtype, storage and in-place version counter. A sampler
-    that replaces a head (transformers' sampled assisted generation wraps the assistant's input
-    embedding and prunes its head in place) or writes into a weight changes it."""
-    mods = tuple((n, type(m).__name__) for n, m in model.named_modules())
-    tensors = tuple((n, tuple(t.shape), str(t.dtype), t.data_ptr(), getattr(t, "_version", 0))
-                    for n, t in (*model.named_parameters(), *model.named_buffers()))
-    return mods, tensors
-
-
-def _changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    """The first difference between two :func:`model_fingerprint` results, in words."""
-    for (n, c), (n2, c2) in zip(before[0], after[0]):
-        if (n, c) != (n2, c2):
-            return f"module {n or '(root)'} was a {c}, is now {n2 or '(root)'}: {c2}"
-    if len(before[0]) != len(after[0]):
-        return f"{len(before[0])} modules before, {len(after[0])} after"
-    for b, a in zip(before[1], after[1]):
-        if b != a:
-            what = ("written in place" if b[:4] == a[:4] else f"shape {b[1]} -> {a[1]}" if b[1] != a[1]
-                    else "replaced")
-            return f"tensor {b[0]} {what}"
-    return "its parameters changed"
-
-
-def _right_padded(rows: Sequence[Sequence[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` as one right-padded batch: input ids and attention mask, ``[len(rows), longest]``."""
-    width = max(len(r) for r in rows)
-    x = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    am = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
-    for i, r in enumerate(rows):
-        x[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
-        am[i, :len(r)] = 1
-    return x, am
-
-
-@torch.inference_mode()
-def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
-    """The logits (the model's dtype, ``[sum_i len(at[i]), V]``: row ``i``'s after its first ``at[i][j]`` ids,
-    for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
-    rows, the head run only from the first position any row reads (``logits_to_keep``, where the
-    model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
-    ones). ``model`` may be a :class:`~hsd_torch.reference.ProvidedLaw`: its provider's rows instead."""
-    if isinstance(model, ProvidedLaw):
-        return model.forced(rows, at)
-    dev = next(model.parameters()).device
-    x, am = _right_padded(rows, dev)
-    width = x.shape[1]
-    lo = min(min(a) for a in at) - 1  # the first position any row reads: the head runs from there on
-    kw = {"logits_to_keep": width - lo} if takes_logits_to_keep(model) else {}
-    logits = model(input_ids=x, attention_mask=am, **kw).logits
-    off = width - logits.shape[1]  # 0 without logits_to_keep, else lo
-    ri = torch.tensor([i for i, a in enumerate(at) for _ in a], dtype=torch.long, device=dev)
-    ci = torch.tensor([j - 1 - off for a in at for j in a], dtype=torch.long, device=dev)
-    out: torch.Tensor = logits[ri, ci]
-    return out
-
-
-@torch.inference_mode()
-def _shared_logits(model: Any, tap: HeadTap, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
-                   ids: torch.Tensor) -> torch.Tensor | None:
-    """:func:`_forced_logits` restricted to the columns ``ids``: one right-padded forward pass whose
-    head runs at the read positions only and on the rows ``ids`` only (:class:`hsd_torch._head.HeadTap`,
-    so whatever the model does after its head, Gemma's soft-capping, still applies). None when the
-    model's head is not a linear layer the tap can steer."""
-    if not tap.usable:
-        return None
-    dev = ids.device
-    x, am = _right_padded(rows, dev)
-    w = max(len(a) for a in at)
-    read = torch.tensor([[j - 1 for j in a] + [a[-1] - 1] * (w - len(a)) for a in at], dtype=torch.long, device=dev)
-    with tap.steer(read, ids) as fired:
-        logits = model(input_ids=x, attention_mask=am).logits
-    if not fired[0]:
-        return None
-    keep = torch.tensor([k < len(a) for a in at for k in range(w)], dtype=torch.bool, device=dev)
-    out: torch.Tensor = logits.reshape(len(at) * w, -1)[keep]
-    return out
 
 
 def _law_block(blk: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
@@ -225,6 +122,7 @@ def audit_sequences(
     prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     length_mismatch: str = "error",
     reference: LawProvider | ProvidedLaw | None = None,
+    text: bool = False,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -257,6 +155,14 @@ def audit_sequences(
     ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.reference`), teacher
     forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
     ids).
+
+    ``text=True``: the sampler returns the new **text** of its ``max_new_tokens`` tokens
+    (``target_tokenizer.decode(new_ids, skip_special_tokens=True)``, as ``audit_generate(text=True)``),
+    and the audit compares it with as many texts drawn from the target itself by two-sample tests
+    (:mod:`hsd_torch.textaudit`: a text has many tokenizations, so no per-token law of it exists
+    to test against); the report's tests are that family. Not with ``reference`` (a law provider
+    cannot be sampled here) nor a ``length_mismatch`` other than "error" (texts have no token count);
+    no aimed tests (``context_bugs`` is not used).
     """
     if (sample_fn is None) == (sample_batch_fn is None):
         raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
@@ -281,6 +187,8 @@ def audit_sequences(
     refuse_meta(check_model(target, "target"), "target")
     if (drafter is None) != (drafter_tokenizer is None):
         raise TypeError("give both drafter and drafter_tokenizer, or neither")
+    if text:
+        return _text_mode(locals())
     eos = _eos_ids(target, target_tokenizer)
     lengths = LengthCheck(length_mismatch, max_new_tokens, eos)
     if mask_textless:
@@ -374,6 +282,26 @@ def audit_sequences(
         reason += f"; of a few processings, the tokens fit best {fit}"
     cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
     return dataclasses.replace(rep, reason=reason, cost=cost)
+
+
+def _text_mode(a: dict[str, Any]) -> SequenceAuditReport:
+    """``audit_sequences(text=True)`` with its checked arguments ``a`` (its locals)."""
+    if a["reference"] is not None:
+        raise ValueError("text=True draws its reference texts from the target itself: a law provider (reference=) "
+                         "cannot be sampled; audit the engine's ids against it instead")
+    if a["length_mismatch"] != "error":
+        raise ValueError(f"length_mismatch={a['length_mismatch']!r} is about ids; with text=True the sampler's texts "
+                         "are compared as they come")
+    p = a["process"]
+    processing = ("argmax" if not a["do_sample"] else f"temperature {p['temperature']}, top_k {p['top_k']}, top_p "
+                  f"{p['top_p']}") + (", ids without text removed (mask_textless)" if a["mask_textless"] else "")
+    return audit_text_sequences(
+        a["sample_fn"], a["target"], a["target_tokenizer"], a["plist"], a["given"] if a["prompt_ids"] is not None
+        else None, n=a["n"], max_new_tokens=a["max_new_tokens"], do_sample=a["do_sample"], process=p,
+        alpha=a["alpha"], power=a["power"], seed=int(a["seed"]), drafter=a["drafter"],
+        drafter_tokenizer=a["drafter_tokenizer"], sample_batch_fn=a["sample_batch_fn"],
+        mask_textless=a["mask_textless"], batch_size=a["batch_size"], progress=a["progress"], name=a["name"],
+        max_detectable_tv=a["max_detectable_tv"], processing=processing)
 
 
 def _estimate(ev: SequenceEvidence, done: int, n: int, t_sample: float, t_force: float, max_new_tokens: int) -> str:
