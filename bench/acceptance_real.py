@@ -41,6 +41,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_record import save  # noqa: E402
 
 PROSE_MODULES = ["json", "argparse", "textwrap", "statistics", "random", "heapq", "bisect", "difflib"]
 HSD_CONFIGS: list[tuple[str, int, dict[str, Any]]] = [
@@ -197,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "mode": "sample T=1" if sample else "greedy", **r})
                     print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    save({"args": vars(args), "rows": rows}, args.json)
     return 0
 
 

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import torch
+from bench_record import save
 
 from hsd_torch import generate, tiny
 from hsd_torch.audit import audit_sequences
@@ -85,9 +86,7 @@ def main() -> None:
     out["cost"] = {k: {"min": min(v), "median": statistics.median(v)} for k, v in costs.items()}
     out["cost"]["overhead_over_ar"] = {"min": min(ratios), "median": statistics.median(ratios)}
     print(json.dumps(out["cost"]), flush=True)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    save(out, a.json)
 
 
 if __name__ == "__main__":

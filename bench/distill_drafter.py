@@ -49,6 +49,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import provenance  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "distilled_drafter"
 HELD_OUT = {"json", "argparse.py", "textwrap.py", "statistics.py"}
@@ -176,6 +178,7 @@ def build(out: Path, *, samples: int, new: int, batch: int, vocab: int, layers: 
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     info["cost_ratio"] = round(info["drafter_forward_ms"] / info["target_forward_ms"], 4)
+    info.update(provenance())
     (out / "build.json").write_text(json.dumps(info, indent=1))
     log(json.dumps(info))
     return info

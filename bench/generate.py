@@ -94,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import pair as pairmod  # noqa: E402
+from bench_record import save  # noqa: E402
 
 HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm")
 BOUNDED = {"proposal_map": "longest_prefix", "min_path_prob": 0.05}  # bounded SLRS (issue 11), as bench/acceptance_real.py
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             part = summarize(runs, args.lookahead)
             part["partial"] = {"repeats_done": r + 1, "repeats_asked": args.repeats}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(part, indent=1))
+            save(part, args.json)
     summary = summarize(runs, args.lookahead)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
@@ -721,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["plots"] = plots(summary, Path(args.plots))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        save(summary, args.json)
     print(f"total {time.perf_counter() - t_start:.0f} s")
     return 0
 
