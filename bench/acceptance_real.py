@@ -1,4 +1,4 @@
-"""Acceptance on the real pair (issue 19, section 4): tokens per target call and accepted / proposed
+"""Acceptance on the real pair: tokens per target call and accepted / proposed
 drafts, hardware-independent, for hsd's methods and for transformers' universal assisted generation
 on the same prompts.
 
@@ -101,7 +101,7 @@ def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k:
     """transformers' assisted generation across tokenizers, one prompt at a time: greedy (UAG), or
     with ``sample=True`` its universal speculative decoding at temperature 1 over the full law
     (``top_k=0``, ``top_p=1``: hsd's sampled rows' law) with ``bench/transformers_uag_patch.py``
-    installed for the call (issue 12: lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
+    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
     patch = None
     if sample:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,4 @@
-"""A tiny drafter for Gemma-3-270M with a tokenizer of its own, distilled from Gemma's own samples
-(issue 23, section 1).
+"""A tiny drafter for Gemma-3-270M with a tokenizer of its own, distilled from Gemma's own samples.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/distill_drafter.py            # build (cached)
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair distilled --quick        # benchmark it

@@ -1,4 +1,4 @@
-"""A target/drafter pair with different tokenizers that a drafter can really help (issue 13, section 1).
+"""A target/drafter pair with different tokenizers that a drafter can really help.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/pair.py            # build into .cache/bench_pair
     HF_HUB_OFFLINE=1 .venv/bin/python bench/pair.py --check               # acceptance on held-out prompts
