@@ -1,4 +1,4 @@
-"""Acceptance on the real pair (issue 19, section 4): tokens per target call and accepted / proposed
+"""Acceptance on the real pair: tokens per target call and accepted / proposed
 drafts, hardware-independent, for hsd's methods and for transformers' universal assisted generation
 on the same prompts.
 
@@ -41,6 +41,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_record import save  # noqa: E402
 
 PROSE_MODULES = ["json", "argparse", "textwrap", "statistics", "random", "heapq", "bisect", "difflib"]
 HSD_CONFIGS: list[tuple[str, int, dict[str, Any]]] = [
@@ -100,7 +101,7 @@ def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k:
     """transformers' assisted generation across tokenizers, one prompt at a time: greedy (UAG), or
     with ``sample=True`` its universal speculative decoding at temperature 1 over the full law
     (``top_k=0``, ``top_p=1``: hsd's sampled rows' law) with ``bench/transformers_uag_patch.py``
-    installed for the call (issue 12: lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
+    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
     patch = None
     if sample:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -197,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "mode": "sample T=1" if sample else "greedy", **r})
                     print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    save({"args": vars(args), "rows": rows}, args.json)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_record import save
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "stats"))
 
@@ -67,9 +68,7 @@ def main() -> None:
                "caught": float(np.mean([r[1] for r in res]))}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"sequences": N, "max_new_tokens": L, "ids": V, "rows": rows}, f, indent=1)
+    save({"sequences": N, "max_new_tokens": L, "ids": V, "rows": rows}, a.json)
 
 
 if __name__ == "__main__":

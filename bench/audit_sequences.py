@@ -1,4 +1,4 @@
-"""Power and cost of ``hsd_torch.audit.audit_sequences`` on the tiny pair (issue 20, section 4).
+"""Power and cost of ``hsd_torch.audit.audit_sequences`` on the tiny pair.
 
 For n = 25 .. 800 sequences of 32 tokens sampled by ``hsd_torch.generate`` (TLI, batched 16 per
 call, temperature 1), the audit's stated power: the smallest mixture toward the drafter caught
@@ -11,8 +11,9 @@ mean per-token TV of 0.05 and of 0.01 (the report's ``n_needed`` from the smalle
 
     python bench/audit_sequences.py --json bench/audit_sequences.json     # about 3 minutes
 
-Goals (issue 20): mixture toward the drafter at mean per-token TV 0.05 detected with <= 10,000
-tokens, 0.01 with <= 250,000 tokens; the audit's overhead <= the cost of AR sampling.
+Goals (bench/RESULTS.md, "Sequence audits: power and cost"): mixture toward the drafter at mean
+per-token TV 0.05 detected with <= 10,000 tokens, 0.01 with <= 250,000 tokens; the audit's overhead <=
+the cost of AR sampling.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 import torch
+from bench_record import save
 
 from hsd_torch import generate, tiny
 from hsd_torch.audit import audit_sequences
@@ -85,9 +87,7 @@ def main() -> None:
     out["cost"] = {k: {"min": min(v), "median": statistics.median(v)} for k, v in costs.items()}
     out["cost"]["overhead_over_ar"] = {"min": min(ratios), "median": statistics.median(ratios)}
     print(json.dumps(out["cost"]), flush=True)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    save(out, a.json)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import time
 from typing import Any
 
 import torch
+from bench_record import provenance, save
 
 import hsd_torch.seqaudit as sq
 from hsd_torch import generate
@@ -127,14 +125,10 @@ def main() -> None:
     own = run["cost"]["teacher forcing"] + run["cost"]["statistics"]
     out["overhead_over_ar"] = own / (out["ar_sampling_seconds_per_token"] * run["tokens"])
     out["overhead_over_the_audited_sampler"] = own / run["cost"]["sampling"]
-    out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    out["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads 1"
+    out.update(provenance(), threads=1)
     print(json.dumps({k: out[k] for k in ("ar_sampling_seconds_per_token", "overhead_over_ar",
                                           "overhead_over_the_audited_sampler")}), flush=True)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    save(out, a.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""A tiny drafter for Gemma-3-270M with a tokenizer of its own, distilled from Gemma's own samples
-(issue 23, section 1).
+"""A tiny drafter for Gemma-3-270M with a tokenizer of its own, distilled from Gemma's own samples.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/distill_drafter.py            # build (cached)
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --pair distilled --quick        # benchmark it
@@ -48,6 +47,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "distilled_drafter"
@@ -176,6 +177,7 @@ def build(out: Path, *, samples: int, new: int, batch: int, vocab: int, layers: 
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     info["cost_ratio"] = round(info["drafter_forward_ms"] / info["target_forward_ms"], 4)
+    info.update(provenance())
     (out / "build.json").write_text(json.dumps(info, indent=1))
     log(json.dumps(info))
     return info

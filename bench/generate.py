@@ -1,4 +1,4 @@
-"""End-to-end generation speed: hsd_torch against transformers and autoregressive decoding (issue 13).
+"""End-to-end generation speed: hsd_torch against transformers and autoregressive decoding.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py                      # full run (builds the pair if needed)
     HF_HUB_OFFLINE=1 .venv/bin/python bench/generate.py --quick --json out.json   # <= 3 minutes once built
@@ -36,7 +36,7 @@ Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, look
 
 - ``hsd:<method>-<mode>@b<B>``: ``hsd_torch.generate`` with method AR, SD (the SD drafter, on the
   target's tokenizer), SLEM, TLI, SLRS (the paper's one-token SLRS), BSLRS and BSLRSM (bounded
-  SLRS, issue 11: ``proposal_map="longest_prefix"``, ``min_path_prob`` 0.05, the lookahead's drafter
+  SLRS, proofs/slrs_bounded.md: ``proposal_map="longest_prefix"``, ``min_path_prob`` 0.05, the lookahead's drafter
   tokens; BSLRS proposes one target id a round, BSLRSM every target id its draft spells,
   ``max_tokens=None``); mode ``greedy`` or ``sample`` (temperature 1, full vocabulary);
   batch B (1: one call per prompt; 4, 16: prompts in groups). ``--methods`` picks a subset.
@@ -54,7 +54,7 @@ Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, look
   tokens a round (``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``)
   so both implementations run the same lookahead. transformers takes batch 1 only.
   ``hf:uagfix-sample@b1``: the same sampling across tokenizers with ``bench/transformers_uag_patch.py``
-  installed for that configuration alone (issue 12: the patch that makes it lossless), so that hsd's
+  installed for that configuration alone (the patch that makes it lossless), so that hsd's
   TLI is also compared with a *correct* version of the sampler users would otherwise run
   (``vs_transformers_patched``).
 
@@ -94,9 +94,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import pair as pairmod  # noqa: E402
+from bench_record import save  # noqa: E402
 
 HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm")
-BOUNDED = {"proposal_map": "longest_prefix", "min_path_prob": 0.05}  # bounded SLRS (issue 11), as bench/acceptance_real.py
+BOUNDED = {"proposal_map": "longest_prefix", "min_path_prob": 0.05}  # bounded SLRS, as bench/acceptance_real.py
 # hsd_torch.generate's options per benchmark method (lookahead: the run's unless given)
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "ar": {"method": "ar"}, "sd": {"method": "sd"}, "slem": {"method": "slem"}, "tli": {"method": "tli"},
@@ -108,7 +109,7 @@ MODES = ("greedy", "sample")
 CHAT = {"temperature": 0.7, "top_p": 0.9}  # the chat-style sampling of mode "chat" (--modes)
 VS = {"ar-greedy": "ar-greedy", "ar-sample": "ar-sample", "sd-greedy": "sd-greedy", "sd-sample": "sd-sample",
       "tli-sample": "uag-sample", "slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy"}
-# hsd TLI against transformers' universal speculative decoding made lossless by the issue-12 patch
+# hsd TLI against transformers' universal speculative decoding made lossless by bench/transformers_uag_patch.py
 VS_PATCHED = {"tli-sample": "uagfix-sample"}
 # at every lookahead of the sweep: hsd's configuration -> transformers' on the same prompts and lookahead
 VS_SWEEP = {"slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy", "bslrs-greedy": "uag-greedy",
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             part = summarize(runs, args.lookahead)
             part["partial"] = {"repeats_done": r + 1, "repeats_asked": args.repeats}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(part, indent=1))
+            save(part, args.json)
     summary = summarize(runs, args.lookahead)
     # greedy output is the target's greedy output for every lossless method: count the prompts where a
     # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
@@ -710,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                       if k.startswith("hsd:") and "-greedy@" in k}))
     print("vs_transformers (median / min over repeats):", json.dumps(summary["vs_transformers"]),
           json.dumps(summary["vs_transformers_min"]))
-    print("vs transformers' UAG sampling with the issue-12 patch (lossless):", json.dumps(summary["vs_transformers_patched"]))
+    print("vs transformers' UAG sampling with bench/transformers_uag_patch.py (lossless):", json.dumps(summary["vs_transformers_patched"]))
     for name, by_k in summary.get("lookahead_sweep", {}).items():
         print(f"lookahead sweep {name}: " + "; ".join(
             f"k{k} {r['speedup_median']:.2f}x (bound {r['bound_median']:.2f}, {r['tokens_per_target_call']:.2f} tok/call)"
@@ -721,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["plots"] = plots(summary, Path(args.plots))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        save(summary, args.json)
     print(f"total {time.perf_counter() - t_start:.0f} s")
     return 0
 

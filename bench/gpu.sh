@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for the end-to-end benchmark on CUDA (issue 13, section 3); it also runs, smaller, on CPU.
+# One command for the end-to-end benchmark on CUDA (bench/generate.py); it also runs, smaller, on CPU.
 #
 #   bash bench/gpu.sh [OUT_DIR]          # default OUT_DIR: .cache/bench_gpu/<date> (gitignored)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every device check of hsd_torch in one command, sized for a lent GPU's short lease (issue 24):
+# Every device check of hsd_torch in one command, sized for a lent GPU's short lease:
 #
 #   bash bench/gpu_all.sh OUT_DIR [BUDGET_S]     # default BUDGET_S 480
 #

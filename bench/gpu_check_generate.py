@@ -1,4 +1,4 @@
-"""One-command device check of hsd_torch.generate (issue 9): ``python bench/gpu_check_generate.py``.
+"""One-command device check of hsd_torch.generate: ``python bench/gpu_check_generate.py``.
 
 On the first CUDA device (or the CPU when there is none, to check the script itself):
 

@@ -34,7 +34,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import save  # noqa: E402
 from hsd_core.laws import Law, as_law  # noqa: E402
 from hsd_core.methods.base import RejectionVerifier  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in res:
             print(json.dumps(r))
         if args.json:
-            args.json.write_text(json.dumps(res, indent=1))
+            save({"device": dev, "agreement": res}, args.json)
         return 0
     dtype = getattr(torch, args.dtype)
     bs = [1, 8] if args.quick else [1, 8, 64]
@@ -179,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 del c
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": dev, "dtype": args.dtype, "threads": torch.get_num_threads(),
-                                         "rows": rows}, indent=1))
+        save({"device": dev, "dtype": args.dtype, "threads": torch.get_num_threads(), "rows": rows}, args.json)
     return 0
 
 

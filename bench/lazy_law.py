@@ -11,7 +11,7 @@ and SD's kernel; ``--exact-match``: ``kernels._exact_match_host``, SLEM's) given
 five positions processed at once (``laws.space_law``, the code before) and given a
 ``kernels.LazyLaw`` over the logits (what ``generate`` runs now). Asserts equal decisions on every
 round; prints the medians per round, their ratio, and the positions the lazy law processed. One
-thread. The issue's yardstick is a target forward of one token with a KV cache (about 92 ms on a
+thread. The yardstick is a target forward of one token with a KV cache (about 92 ms on a
 quiet machine, ``bench/overhead.py``).
 """
 

@@ -1,4 +1,4 @@
-"""Peak memory of a batched ``generate`` call on a real target (issue 19, "Memory on a large vocabulary").
+"""Peak memory of a batched ``generate`` call on a real target (docs/generate.md, "How it runs").
 
 Each measurement runs in a fresh subprocess: load the pair (``hsd_torch.real_models``), note the
 resident set, run one batched call (``--rows`` copies of a prompt of about ``--prompt-tokens``

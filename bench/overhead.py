@@ -1,5 +1,5 @@
-"""What a round of ``hsd_torch.generate`` costs beyond the two models' forward passes (issue 9, section 2;
-on the real pair, issue 23, section 3).
+"""What a round of ``hsd_torch.generate`` costs beyond the two models' forward passes (on the
+tiny models or the real pair; bench/RESULTS.md records both).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py [--repeats 5] [--new 48]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py --pair real [--top-p 0.9 --temperature 0.7]
@@ -7,7 +7,7 @@ on the real pair, issue 23, section 3).
 ``--pair real``: target Gemma-3-270M (262,144 ids), drafter SmolLM2-135M-Instruct (49,152 ids),
 both from ``hsd_torch.real_models`` (float32; installed with the README's real-model extra); no SD
 (no drafter shares Gemma's vocabulary). ``--top-p`` / ``--temperature``: both models' processing
-(the chat-style setting of issue 23 is ``--temperature 0.7 --top-p 0.9``).
+(the chat-style setting measured in bench/RESULTS.md is ``--temperature 0.7 --top-p 0.9``).
 
 Setup: batch 1, one thread, float32, CPU. Target: GPT-2 style 6 layers x 320 (random init, peaked
 head) over a byte-level BPE of 4096 ids trained here (about 10M parameters); drafter: GPT-2 style 2
@@ -25,7 +25,7 @@ of one token with a KV cache at a context of 64, measured 10 times at the start 
 load, as the overhead is an average over the repeat's rounds), "vs best fwd" by their minimum (the
 stricter figure: under a shared machine's load spikes it charges the overhead with the load that
 the best pass escaped). Every repeat runs each method once, in a new order, so that each ratio is
-taken within one stretch of a shared machine's load. Goal (issue 9): below 0.20. Min and median over
+taken within one stretch of a shared machine's load. Goal: below 0.20. Min and median over
 the repeats. The one-time setup of a call (vocabulary bridge, SLRS's first-token map: cached after
 the first call) is excluded by a warm-up call.
 """

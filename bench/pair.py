@@ -1,4 +1,4 @@
-"""A target/drafter pair with different tokenizers that a drafter can really help (issue 13, section 1).
+"""A target/drafter pair with different tokenizers that a drafter can really help.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/pair.py            # build into .cache/bench_pair
     HF_HUB_OFFLINE=1 .venv/bin/python bench/pair.py --check               # acceptance on held-out prompts
@@ -64,12 +64,16 @@ import json
 import math
 import os
 import random
+import sys
 import sysconfig
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import provenance  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / ".cache" / "bench_pair"
 TARGET_VOCAB = 1024
@@ -276,6 +280,7 @@ def build(out: Path, *, fast: bool = False, log: Any = print, reuse_target: bool
         tok.save_pretrained(out / name)
     info["build_seconds"] = round(time.perf_counter() - t_start + (info["target_seconds"] if reuse_target else 0)
                                   + (info["sd_drafter_seconds"] if reuse_sd else 0), 1)
+    info.update(provenance())
     (out / "build.json").write_text(json.dumps(info, indent=1))
     log(f"built {out} in {info['build_seconds']:.0f} s")
     return info

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import save  # noqa: E402
 from zoo import L, models, variant_kw  # noqa: E402
 
 from hsd_core.context_bugs import AimedStats  # noqa: E402
@@ -76,10 +77,7 @@ def main() -> None:
         rows.append({"shift": k, "tokens": int(t.size), "mean_tv": float(t.mean()), "median_tv": float(np.median(t)),
                      "max_tv": float(t.max()), "aimed_test_caught": caught, "by": by})
         print(json.dumps(rows[-1]), flush=True)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"sharp": a.sharp, "trained": a.trained, "sequences": a.n, "level": LEVEL, "rows": rows}, f,
-                      indent=1)
+    save({"sharp": a.sharp, "trained": a.trained, "sequences": a.n, "level": LEVEL, "rows": rows}, a.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""The drafter's re-sync per round: the whole text re-encoded against the incremental rule (issue 23,
-section 3).
+"""The drafter's re-sync per round: the whole text re-encoded against the incremental rule.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/resync.py [--bytes 6000] [--step 20] [--repeats 5]
 

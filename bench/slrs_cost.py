@@ -1,4 +1,4 @@
-"""What the bounded SLRS procedure (issue 11, proofs/slrs_bounded.md) costs and what it pays.
+"""What the bounded SLRS procedure (proofs/slrs_bounded.md) costs and what it pays.
 
     .venv/bin/python bench/slrs_cost.py > /tmp/slrs_cost.md
 

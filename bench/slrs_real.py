@@ -1,4 +1,4 @@
-"""Is SLRS practical on real vocabularies? (issue 11, section 3)
+"""Is SLRS practical on real vocabularies? (docs/slrs.md, "On real tokenizer pairs")
 
     nice .venv/bin/python bench/slrs_real.py [--quick] > /tmp/slrs_real.md
 

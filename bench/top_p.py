@@ -1,4 +1,4 @@
-"""Top-p on a 262,144-id head: a partial sort of the head against the full sort (issue 23, section 3).
+"""Top-p on a 262,144-id head: a partial sort of the head against the full sort.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/top_p.py [--repeats 30] [--top-p 0.9] [--temperature 0.7]
 

@@ -52,6 +52,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import provenance, save  # noqa: E402
+
 from hsd_torch import generate, kernels, tiny
 from hsd_torch.tiny import sharpen
 from hsd_torch.audit import audit_generate, audit_sequences
@@ -315,17 +317,15 @@ def main() -> None:
             row.update(first_token_tv(v, target, drafter, prompts[0], variant_kw(v, tt, dt), check_n=a.check_n))
             print(row["variant"], {k: row[k] for k in row if k.startswith(("first_token", "formula"))},
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-        with open(a.first_token_tv, "w", encoding="utf-8") as f:
-            json.dump(run, f, indent=1)
+        run["first_token_tv_record"] = provenance()  # the run's own commit, date and machine stay as they were
+        save(run, a.first_token_tv)
         return
     target, tt, drafter, dt, prompts = models(a.trained, a.sharp)
     if a.context_tv:
         res = {"trained": a.trained, "sharp": a.sharp, "prompts": prompts,
                **context_tv(target, tt, drafter, dt, prompts, int(a.sizes.split(",")[0]), a.seed)}
         print(json.dumps(res, indent=1))
-        if a.json:
-            with open(a.json, "w", encoding="utf-8") as f:
-                json.dump(res, f, indent=1)
+        save(res, a.json)
         return
     names = a.only.split(",") if a.only else list(VARIANTS)
     rows: list[dict[str, Any]] = []
@@ -380,10 +380,8 @@ def main() -> None:
             cells.append(f"{s['verdict']} ({why})")
         print(f"| {r['variant']}{' (lossless)' if r['lossless'] else ''} | {r['seen_in']} | {r['tokens_changed']} "
               f"| {gen} | " + " | ".join(cells) + " |")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"prompts": prompts, "max_new_tokens": L, "seed": a.seed, "sharp": a.sharp,
-                       "trained": a.trained, "rows": rows}, f, indent=1)
+    save({"prompts": prompts, "max_new_tokens": L, "seed": a.seed, "sharp": a.sharp, "trained": a.trained,
+          "rows": rows}, a.json)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Extensions: what other installed packages add to the ``hsd`` command and to ``hsd_lossless``.
 
-``hsd_core`` imports nothing from the backend (issue 21; ``tests/test_imports.py`` checks it). A
+``hsd_core`` imports nothing from the backend (``tests/test_imports.py`` checks it). A
 package adds to hsd by registering objects under these entry-point groups in its metadata
 (``[project.entry-points."GROUP"]`` in its pyproject.toml; this repository's registers the torch
 backend's). ``hsd_core`` reads the names from the installed metadata, which imports nothing, and

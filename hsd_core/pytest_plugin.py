@@ -1,4 +1,4 @@
-"""pytest plugin: assert in a few lines that a sampler is lossless (issue 12, section 5).
+"""pytest plugin: assert in a few lines that a sampler is lossless (docs/auditing.md, "The pytest plugin").
 
 Registered under the ``pytest11`` entry point (``hsd = "hsd_core.pytest_plugin"``), so any project
 that installs hsd gets the ``hsd_lossless`` fixture::

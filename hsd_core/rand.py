@@ -1,4 +1,5 @@
-"""The randomness interface that every method is written against (DESIGN.md §2).
+"""The randomness interface that every method is written against, so that the code that is sampled is the
+code that is enumerated exactly (README.md, first section; `hsd_core.exact`).
 
 A method draws all of its randomness through two calls::
 

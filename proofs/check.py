@@ -7,7 +7,8 @@ Usage (from anywhere; paths in ``Check:`` lines are relative to the repository r
     python proofs/check.py      # the same
     python -m proofs --no-run   # validate only
 
-A proof is a Markdown file ``proofs/*.md``. Its checks are lines of the form::
+A proof is a Markdown file ``proofs/*.md`` other than ``proofs/README.md`` (the index). Its checks
+are lines of the form::
 
     Check: tests/proofs/test_lemmas.py::test_name
 
@@ -70,8 +71,8 @@ class Check:
 
 
 def proof_files(proofs_dir: Path) -> list[Path]:
-    """The proof files: ``*.md`` directly in ``proofs_dir``, sorted by name."""
-    return sorted(p for p in proofs_dir.glob("*.md") if p.is_file())
+    """The proof files: ``*.md`` directly in ``proofs_dir`` but its ``README.md`` (the index), sorted by name."""
+    return sorted(p for p in proofs_dir.glob("*.md") if p.is_file() and p.name != "README.md")
 
 
 def parse_checks(text: str, proof: Path) -> tuple[list[Check], list[str]]:

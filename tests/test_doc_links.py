@@ -1,6 +1,6 @@
 """The documentation's links stay inside the repository: every markdown link ``[text](path)`` of
-README.md, docs/, bench/RESULTS.md and proofs/ names a file or folder of the repository that
-exists, and every backticked path that climbs (``../x``) names one too (``../shared/...`` named a
+README.md, docs/, bench/RESULTS.md, bench/README.md and proofs/ names a file or folder of the
+repository that exists, and every backticked path that climbs (``../x``) names one too (``../shared/...`` named a
 file only the machine that wrote it had). Web links (``http``) and anchors are not checked."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "RESULTS.md", *(ROOT / "docs").rglob("*.md"),
+DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "RESULTS.md", ROOT / "bench" / "README.md",
+               *(ROOT / "docs").rglob("*.md"),
                *(ROOT / "proofs").glob("*.md")])
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CLIMB = re.compile(r"`(\.\./[^`\s]+)`")

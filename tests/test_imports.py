@@ -1,6 +1,6 @@
 """Import boundaries: the core never pulls in torch or hsd_torch; the backend exposes its contract names.
 
-``hsd_core`` imports nothing from ``hsd_torch`` (issue 21): what the backend adds to the ``hsd``
+``hsd_core`` imports nothing from ``hsd_torch``: what the backend adds to the ``hsd``
 command and to the ``hsd_lossless`` fixture it registers under entry points
 (:mod:`hsd_core.extensions`). Checked twice: statically, on the syntax tree of every module of
 ``hsd_core`` (imports at any depth, function bodies included, relative ones resolved, and module

@@ -22,11 +22,8 @@ per-position total variation), which says whether transformers' law may stand in
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from typing import Any
@@ -35,6 +32,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+
+from bench_record import provenance  # noqa: E402
 
 from hsd_core.seqaudit import sequence_seeds  # noqa: E402
 from hsd_torch import real_models  # noqa: E402
@@ -59,14 +59,6 @@ CONFIGS: dict[str, tuple[str, str, str | None, dict[str, Any], tuple[str, ...]]]
                              {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.8, 0.7, 0.6]},
                              ("t1",)),
 }
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def audit_seed(method: str, base: int) -> int:
@@ -204,9 +196,7 @@ def main() -> int:
     if not labels:  # --only "" --law-check K: only the law check, on both targets
         needed = {SMOL, GEMMA}
     models = {m: real_models.load(m) for m in sorted(needed)}
-    record: dict[str, Any] = {"commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                              "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared with other jobs)",
-                              "args": vars(args), "prompts": PROMPTS, "rows": [], "law_check": []}
+    record: dict[str, Any] = {**provenance(), "args": vars(args), "prompts": PROMPTS, "rows": [], "law_check": []}
     if os.path.exists(args.out):  # runs of other labels are kept
         with open(args.out, encoding="utf-8") as f:
             old = json.load(f)

@@ -35,7 +35,7 @@ prefixes of others); the engine finds it lossy (``hsd_core.variants``, ``docs/sl
 lossless psi is "the probability of every draft whose re-tokenization starts with t", taken over
 exactly the drafts the procedure makes.
 
-The bounded procedure (``min_path_prob`` and/or ``proposal_map="longest_prefix"``; issue 11,
+The bounded procedure (``min_path_prob`` and/or ``proposal_map="longest_prefix"``;
 ``proofs/slrs_bounded.md``): after each drafted token, drafting also stops when the path's drafter
 probability (the product of the drafted tokens' probabilities) is below ``min_path_prob``, and,
 with the longest-prefix map, as soon as the first ``m`` proposed target tokens are *settled* by

@@ -57,7 +57,7 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert set(res["vs_transformers"]) == {"ar-greedy", "ar-sample", "sd-greedy", "sd-sample", "tli-sample",
                                            "slem-greedy", "tli-greedy"}
     assert all(v > 0 for v in res["vs_transformers"].values())
-    # transformers' UAG sampling with the issue-12 patch, installed for that configuration only
+    # transformers' UAG sampling with bench/transformers_uag_patch.py, installed for that configuration only
     assert m["hf:uagfix-sample@b1"]["new_tokens"] > 0 and set(res["vs_transformers_patched"]) == {"tli-sample"}
     from transformers.generation import candidate_generator as cg
 

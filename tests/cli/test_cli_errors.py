@@ -1,4 +1,4 @@
-"""Issue 10, section 3: ``hsd audit --report`` is validated before any sampling; Ctrl-C exits
+"""``hsd audit --report`` is validated before any sampling; Ctrl-C exits
 cleanly."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""``hsd audit --impl transformers|hsd_torch`` (issue 12, section 2) on tiny local checkpoints.
+"""``hsd audit --impl transformers|hsd_torch`` on tiny local checkpoints.
 
 hsd_torch's audit: 300 draws, top-k 3 (at most 9 outcomes for the first two tokens), family-wise
 alpha 1e-3: detectable TV 0.21 at power 0.99 (printed by the command and asserted); the lossy run
 (the sampler's temperature doubled behind the command's back, TV about 0.3) is found lossy and
 exits 1.
 
-transformers' sampled UAG is audited where a draft can be accepted (issue 21, section 4): the full
+transformers' sampled UAG is audited where a draft can be accepted: the full
 vocabulary (every target id has p > 0, so every draft has a positive acceptance probability) after
 ``"import os\\n"``. There the installed transformers is lossy (root cause 1 of
 docs/auditing-transformers.md: the q of the acceptance test is the pruned head's law written onto

@@ -1,4 +1,4 @@
-"""Issue 22 (hardening, part 2), the command line: every bad input to ``hsd audit --impl
+"""The command line's refusals: every bad input to ``hsd audit --impl
 transformers|hsd_torch`` and ``hsd generate`` is one ``error:`` line on stderr that names the
 argument, exit status 2, no traceback, and (but for the errors of the library, which come after)
 before any model or tokenizer is loaded.
@@ -249,7 +249,7 @@ def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch
 
 
 # --------------------------------------------------------------------------------------------
-# issue 19: a real model's name stands for a checkpoint folder
+# a real model's name stands for a checkpoint folder
 
 
 @pytest.mark.parametrize("option", ["--target", "--drafter", "--target-tokenizer"])

@@ -1,4 +1,4 @@
-"""The ``hsd`` command's extensions (issue 21): ``hsd_core`` finds ``hsd generate`` and ``hsd audit
+"""The ``hsd`` command's extensions: ``hsd_core`` finds ``hsd generate`` and ``hsd audit
 --impl`` through entry points (``hsd_core.extensions``) and imports them only when a command line
 needs them; without torch they say what to install, and ``hsd audit`` runs without them.
 

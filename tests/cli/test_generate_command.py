@@ -51,7 +51,7 @@ def test_generate_end_to_end(pair: Path, tmp_path: Path) -> None:
 
 
 def test_generate_bounded_slrs(pair: Path) -> None:
-    """Bounded SLRS from the command line (issue 11), multi-token proposals (``--max-tokens all``):
+    """Bounded SLRS from the command line (proofs/slrs_bounded.md), multi-token proposals (``--max-tokens all``):
     greedy, it is the target's greedy decoding."""
     args = ("--target", str(pair / "target"), "--prompt", "def foo(x):", "--max-new-tokens", "6", "--greedy")
     res = run("-m", "hsd_torch.cli", *args, "--drafter", str(pair / "drafter"), "--method", "slrs",

@@ -1,5 +1,5 @@
 """``python -m hsd_torch.tiny --out DIR`` refuses a folder it cannot write with one ``error:``
-line and exit status 2, before any model is built (issue 22): no traceback."""
+line and exit status 2, before any model is built: no traceback."""
 
 from __future__ import annotations
 

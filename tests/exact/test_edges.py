@@ -1,4 +1,4 @@
-"""Issue 10, section 4: tests for the edges that mutation testing found unguarded."""
+"""Tests for the edges that mutation testing found unguarded."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_psi_cache_is_used() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# issue 22: SLEM's and SLRS's drafting is capped at the budget (no round drafts more drafter
+# SLEM's and SLRS's drafting is capped at the budget (no round drafts more drafter
 # tokens than it can emit target tokens)
 
 @pytest.mark.parametrize("method", ["slem", "slrs-retokenize", "slrs-bounded", "slrs-multi"])

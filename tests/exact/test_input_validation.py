@@ -1,4 +1,4 @@
-"""Issue 10, sections 2 and 3: no silent wrong result, no hang, and errors a user can act on."""
+"""No silent wrong result, no hang, and errors a user can act on."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ METHODS: dict[str, Callable[[bool], Method]] = {
     "TLI": lambda g: TLI(lookahead=2, greedy=g),
     "SLRS": lambda g: SLRS(lookahead=2, greedy=g),
     "SLRS-multi": lambda g: SLRS(lookahead=2, max_tokens=None, greedy=g),
-    # the bounded procedures of issue 11 (proofs/slrs_bounded.md): lookahead 3 so that both stops bind
+    # the bounded procedures (proofs/slrs_bounded.md): lookahead 3 so that both stops bind
     "SLRS-bounded": lambda g: SLRS(lookahead=3, min_path_prob=TAU, proposal_map="longest_prefix", greedy=g),
     "SLRS-bounded-multi": lambda g: SLRS(lookahead=3, min_path_prob=TAU, max_tokens=None,
                                          proposal_map="longest_prefix", greedy=g),
@@ -212,7 +212,7 @@ def test_slrs_settings_are_part_of_the_psi_cache() -> None:
 @given(w=worlds())
 @with_nasty_examples
 def test_bounded_slrs_acceptance_closed_form(w: World) -> None:
-    """Bounded SLRS (issue 11): first-position acceptance of the enumerated round ==
+    """Bounded SLRS (proofs/slrs_bounded.md): first-position acceptance of the enumerated round ==
     sum_t min(p(t), psi(t)) with psi the first-token law of the bounded procedure, for both maps."""
     state = State(w.prompt, (), 2)
     for m in (SLRS(3, min_path_prob=TAU, proposal_map="longest_prefix"), SLRS(3, min_path_prob=TAU),

@@ -64,6 +64,14 @@ def test_accepts_a_valid_proof(tmp_path: Path) -> None:
     assert [c.line for c in checks] == [6, 11]
 
 
+def test_the_index_is_not_a_proof(tmp_path: Path) -> None:
+    """``proofs/README.md`` (the index, no ``Check:`` line) is skipped; another file without one is not."""
+    pdir, root = make_repo(tmp_path, {"foo.md": GOOD, "README.md": "# Proofs\n\n### Lemma 9 (listed)\nfoo.md\n"})
+    assert check.validate(pdir, root, methods=["Foo"])[1] == []
+    (pdir / "index.md").write_text("# Proofs\n\nfoo.md\n")
+    assert check.validate(pdir, root, methods=["Foo"])[1]
+
+
 def test_rejects_a_missing_test(tmp_path: Path) -> None:
     text = GOOD + "\n### Lemma 3\nCheck: tests/test_x.py::test_missing\n"
     pdir, root = make_repo(tmp_path, {"foo.md": text})

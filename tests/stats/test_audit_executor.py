@@ -1,4 +1,5 @@
-"""Seeded, chunked and distributed sampling in ``hsd_core.audit.audit_sampler`` (issue 12, section 4).
+"""Seeded, chunked and distributed sampling in ``hsd_core.audit.audit_sampler``
+(docs/auditing.md, "Scale-out: seeds, chunks and executors").
 
 The draws are split into chunks of ``chunk_size`` with independent ``SeedSequence(seed).spawn``
 children, so the report for a seed is identical serially, on a ``ProcessPoolExecutor`` and (when

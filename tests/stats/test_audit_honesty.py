@@ -1,4 +1,4 @@
-"""Issue 10, section 1: the audit never over-promises.
+"""The audit never over-promises.
 
 Each test states its family-wise false-fail rate ``alpha``, its sample size ``N`` and the smallest
 TV it detects with power 0.99 (or says why no such promise is made). Seeds are fixed.

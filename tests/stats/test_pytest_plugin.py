@@ -1,4 +1,4 @@
-"""The ``hsd_lossless`` pytest plugin (issue 12, section 5), self-tested with ``pytester``.
+"""The ``hsd_lossless`` pytest plugin (docs/auditing.md, "The pytest plugin"), self-tested with ``pytester``.
 
 Sizes: family-wise alpha 1e-6, n = 5000 draws over a 4-cell law: detectable TV about 0.08 at
 power 0.99; the lossy sampler is at TV 0.15 and fails with the TV, the worst cells and the seed.

@@ -1,4 +1,4 @@
-"""``hsd_torch.audit.audit_generate`` (issue 12, section 1): any ``sample_fn(prompt, seed)``
+"""``hsd_torch.audit.audit_generate``: any ``sample_fn(prompt, seed)``
 against the target's own law of its first new tokens.
 
 Sizes (stated per test and asserted from the report): family-wise alpha 1e-3 (Holm over the joint,
@@ -130,7 +130,7 @@ def test_default_size_full_vocabulary(pair: Any) -> None:
 
 
 def test_the_tv_estimate_lies_inside_its_interval() -> None:
-    """Issue 20: the report printed "0.07856 ... interval 0.04204 to 0.06321" (the plug-in TV is biased
+    """The report once printed "0.07856 ... interval 0.04204 to 0.06321" (the plug-in TV is biased
     upward, the basic bootstrap interval corrects for it). The reported estimate is now the
     bias-corrected one, inside the interval on every table; the plug-in is kept for the null
     comparison. Tables: near-lossless and lossy counts on 3 to 60 cells, several sizes and seeds,

@@ -1,4 +1,4 @@
-"""``hsd_torch.audit.reference_law``'s pooling of rare cells, in the fast tier (issue 21, section 3).
+"""``hsd_torch.audit.reference_law``'s pooling of rare cells, in the fast tier.
 
 Without top-k most of a tiny model's vocabulary has an expected count below 5 at a small N, so
 the coarse law has ``RARE`` cells: one after the prompt, ``(RARE, ANY)``, and one after each

@@ -1,5 +1,5 @@
-"""Conversations as prompts (issue 19, "Chat prompts": "also accept a list of messages per prompt,
-each tokenizer's own chat template where it has one").
+"""Conversations as prompts: a list of messages per prompt, rendered by each tokenizer's own chat
+template where it has one.
 
 - A conversation's target context is exactly ``apply_chat_template(messages,
   add_generation_prompt=True)``'s ids (one BOS, though the template writes ``<s>`` and the tokenizer

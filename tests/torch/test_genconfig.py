@@ -1,4 +1,5 @@
-"""What ``generate`` takes from a generation config (issue 19, "End of generation"):
+"""What ``generate`` takes from a generation config (docs/generate.md, "What generate
+takes from a generation config"):
 ``hsd_torch.genconfig``. The end ids are honoured (the target's own config, or the caller's
 ``generation_config=``); fields that change the law are refused before any forward pass, naming the
 field, unless set to their neutral value; the models are never modified."""
@@ -37,7 +38,7 @@ def test_every_refused_field_is_a_generation_config_field() -> None:
 
 SET = [("repetition_penalty", 1.3), ("no_repeat_ngram_size", 2), ("min_length", 3), ("num_beams", 2),
        ("suppress_tokens", [5]), ("typical_p", 0.9), ("min_p", 0.1)]
-# min_new_tokens and stop_strings were refused here until generate honoured them (issue 19):
+# min_new_tokens and stop_strings were refused here until generate honoured them:
 # tests/torch/test_processors.py checks the config's values are applied
 
 

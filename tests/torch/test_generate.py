@@ -1,4 +1,4 @@
-"""hsd_torch.generate against the reference and against the target itself (issue 9, section 3).
+"""hsd_torch.generate against the reference and against the target itself.
 
 - Mirror: the backend records the uniforms each row consumed; ``hsd_core``'s method over the same
   models (``hsd_torch.CoreModel``, float64), fed them through ``UniformRand``, emits the same ids.

@@ -1,4 +1,4 @@
-"""hsd_torch.generate on the edge cases of issue 9, section 3.
+"""hsd_torch.generate on its edge cases.
 
 Each case runs the mirror (the reference method over the same models, fed the uniforms the
 backend consumed, must emit the same ids: ``hsd_torch.CoreModel``, float64) and, where it says
@@ -431,7 +431,7 @@ def test_qwen2_target(method: str, toks: dict[str, Any], base: dict[str, Any]) -
 @pytest.mark.parametrize("do_sample", [True, False])
 def test_drafting_is_capped_at_the_budget(kw: dict[str, Any], do_sample: bool, toks: dict[str, Any],
                                           base: dict[str, Any]) -> None:
-    """Issue 22: no round drafts more drafter tokens than it can emit target tokens (``min(lookahead,
+    """No round drafts more drafter tokens than it can emit target tokens (``min(lookahead,
     budget)``, as ``hsd_core``'s SLEM and SLRS). With one new token, lookahead 2000 (SLEM) or 40
     (bounded SLRS) costs one drafter pass per prompt: the root context's (counted, not timed; it was
     2,000 drafter calls)."""
@@ -447,8 +447,8 @@ def test_drafting_is_capped_at_the_budget(kw: dict[str, Any], do_sample: bool, t
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_head_runs_only_where_a_round_reads(batch: int, toks: dict[str, Any], base: dict[str, Any]) -> None:
-    """Logits only at the positions a round reads (``logits_to_keep``; issue 19, "Memory on a large
-    vocabulary"): a long prompt's prefill runs the head at one position per row, its own prompt's
+    """Logits only at the positions a round reads (``logits_to_keep``: memory on a large
+    vocabulary): a long prompt's prefill runs the head at one position per row, its own prompt's
     end (prompts of distinct lengths included: ``hsd_torch._head``), not at every prompt position
     nor at every row's end for every row; and the tokens are the target's own greedy ones all the
     same."""

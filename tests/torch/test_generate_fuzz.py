@@ -1,4 +1,4 @@
-"""A Hypothesis fuzz of ``hsd_torch.generate``'s arguments and prompts (issue 22, "Keep it found").
+"""A Hypothesis fuzz of ``hsd_torch.generate``'s arguments and prompts (what it found stays found).
 
 The output invariants a previous fuzz found to hold, as properties over the tiny pairs of
 ``conftest.py`` (float64, random init) and every method:
@@ -29,7 +29,7 @@ slow tier (``-m slow``) about 1,000 of each (``LONG_PER_METHOD``, ``LONG``; 5-16
 ``tests/conftest.py``, so every clean clone runs the same examples (``HSD_HYPOTHESIS_PROFILE=explore``
 randomizes them for bug hunting).
 
-The two violations the first run of this suite found (issue 22: a prompt with a lone surrogate,
+The two violations the first run of this suite found (a prompt with a lone surrogate,
 a temperature that overflows ``logits / T``) are refused up front now; their minimal reproducers
 stay as explicit examples of the bad-input property (``found_examples``).
 """
@@ -482,7 +482,7 @@ def test_any_call_generates_or_refuses_cleanly_long(call: Call, toks: dict[str, 
 @pytest.mark.parametrize("special", SPECIAL_STRINGS)
 def test_special_token_strings_in_a_prompt_are_the_tokenizers_own_ids(special: str, toks: dict[str, Any],
                                                                       models: dict[str, Any]) -> None:
-    """Issue 19 ("Chat prompts"): a prompt with a special token's text is encoded as transformers
+    """Chat prompts: a prompt with a special token's text is encoded as transformers
     feeds it (``tokenizer(text, add_special_tokens=False)``, the special id in the target's
     context), no longer refused; the output keeps every invariant."""
     call = Call("bpe<-unigram", True, [f"a{special}b"], {"method": "tli", "max_new_tokens": 2})

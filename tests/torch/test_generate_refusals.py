@@ -1,4 +1,4 @@
-"""Issue 22 (hardening, part 2): every bad input of ``generate`` and ``audit_generate`` is a clear
+"""Every bad input of ``generate`` and ``audit_generate`` is a clear
 error before any work starts, and two inputs that used to give silently wrong results no longer do.
 
 - **Silent wrong results**: a submodule left in training mode (only the top module was checked);
@@ -389,7 +389,7 @@ def _audit(pair: dict[str, Any], sample_fn: Any, prompt: str = "def foo(x):\n", 
     ({"top_p": math.nan}, ValueError, r"top_p must be"),
     ({"top_p": 0.0}, ValueError, r"top_p must be"),
     ({"top_p": "0.5"}, TypeError, r"top_p must be"),
-    ({"top_k": -1}, ValueError, r"top_k must be None, 0 \(off\) or an int >= 1"),  # 0 is off (issue 20)
+    ({"top_k": -1}, ValueError, r"top_k must be None, 0 \(off\) or an int >= 1"),  # 0 is off, as in transformers
     ({"top_k": 2.0}, ValueError, r"top_k must be None, 0 \(off\) or an int >= 1"),  # as generate (ints: ValueError)
     ({"temperature": 1e-45}, ValueError, r"temperature must be a number in"),
 ], ids=["top_p-1.5", "top_p-nan", "top_p-0", "top_p-str", "top_k-negative", "top_k-float", "temperature-1e-45"])
@@ -400,7 +400,7 @@ def test_audit_refuses_processing_out_of_range(kw: dict[str, Any], error: type[E
 
 
 def test_top_k_zero_is_off(pair: dict[str, Any]) -> None:
-    """``top_k=0`` is transformers' spelling of "no top-k" (issue 20: it crashed inside torch in the
+    """``top_k=0`` is transformers' spelling of "no top-k" (it once crashed inside torch in the
     audit): the same draws as ``top_k=None`` in generate, the same reference law in the audit."""
     assert run(pair, PROMPTS, max_new_tokens=4, top_k=0, seed=3).sequences == \
         run(pair, PROMPTS, max_new_tokens=4, top_k=None, seed=3).sequences
@@ -410,7 +410,7 @@ def test_top_k_zero_is_off(pair: dict[str, Any]) -> None:
 
 
 def test_audit_takes_prompt_ids_without_a_prompt(pair: dict[str, Any]) -> None:
-    """``prompt`` may be left out when ``prompt_ids`` is given (issue 20): the sampler gets the ids'
+    """``prompt`` may be left out when ``prompt_ids`` is given: the sampler gets the ids'
     text, the reference conditions on the ids; with neither, a TypeError before any forward pass."""
     tt = pair["target_tokenizer"]
     ids = tt("def foo(x):\n")["input_ids"]

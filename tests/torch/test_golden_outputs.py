@@ -1,4 +1,4 @@
-"""Golden outputs of ``hsd_torch.generate`` (issue 21, section 2): the exact sequences, statistics
+"""Golden outputs of ``hsd_torch.generate``: the exact sequences, statistics
 and consumed uniforms of every method, greedy and sampled, batch 1 and batch 4, on the tiny pairs
 of ``conftest.py``, recorded before the backend's layout was reorganized
 (``tests/torch/golden/generate.json``). A move of code must not change a single token, count or

@@ -1,4 +1,4 @@
-"""``bench/gpu_check_generate.py`` (issue 9's one-command device check) runs on the CPU, so that it
+"""``bench/gpu_check_generate.py`` (the one-command device check) runs on the CPU, so that it
 does not rot before a GPU is available: greedy identity for every method, and the sampled part at
 3,000 rows per method (top-k 8, alpha 1e-3 per method, detectable TV about 0.10 with power 0.99),
 where the lossy control (TLI at temperature 1.5 audited as temperature 1, TV about 0.15) is

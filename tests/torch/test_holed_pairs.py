@@ -1,4 +1,4 @@
-"""A target that lacks bytes its drafter writes (issue 19, "Bytes one tokenizer cannot encode"),
+"""A target that lacks bytes its drafter writes (bytes one tokenizer cannot encode),
 tied to ``hsd_core``'s references, which now run whatever the two alphabets (``proofs/slrs.md``
 section 5, checked exactly on toy worlds whose alphabets differ).
 

@@ -1,4 +1,4 @@
-"""transformers' calling conventions (issue 19): ``generate(input_ids=..., attention_mask=...)`` in
+"""transformers' calling conventions: ``generate(input_ids=..., attention_mask=...)`` in
 place of text prompts, and ``GenerateOutput.tensors()``, the padded tensors transformers returns.
 
 - Given ids are the target's context exactly (a left-padded batch from the tokenizer, or ids with

@@ -1,6 +1,6 @@
-"""Tokenizers without byte fallback (issue 19: "WordPiece, BPE with a whitespace pre-tokenizer ...
-pass the up-front checks and crash mid-generation (``no token for the byte 0xc8``) on ASCII
-prompts. Either support them or refuse them").
+"""Tokenizers without byte fallback (WordPiece, BPE with a whitespace pre-tokenizer) once passed the
+up-front checks and crashed mid-generation (``no token for the byte 0xc8``) on ASCII prompts: they
+are supported or refused up front.
 
 Supported (except a WordPiece decoder with ``cleanup``, which rewrites spaces across tokens, so no
 token has bytes of its own: refused before any forward pass, naming the reason): a text such a tokenizer cannot encode is never proposed (``hsd_torch.text.Unencodable``:

@@ -1,4 +1,4 @@
-"""The processed law against an independent definition (issue 21, section 3).
+"""The processed law against an independent definition.
 
 Every other law check derives both of its sides from ``process_logits``, so a wrong temperature,
 top-k or top-p could pass them all. Here the law is written a second time, plainly, from

@@ -1,4 +1,4 @@
-"""transformers' calling conventions (issue 19): ``logits_processor``, ``min_new_tokens`` and
+"""transformers' calling conventions: ``logits_processor``, ``min_new_tokens`` and
 ``stop_strings`` (``hsd_torch.processors``).
 
 - Greedy output equals the target's own ``generate`` with the same processors / minimum / stop

@@ -1,5 +1,4 @@
-"""``hsd_torch.real_models``: SmolLM2-135M-Instruct and Gemma-3-270M from PyPI, offline (issue 19,
-section 1).
+"""``hsd_torch.real_models``: SmolLM2-135M-Instruct and Gemma-3-270M from PyPI, offline.
 
 The first part needs no model package (names, errors, the cache folder and its stamp, with the
 conversion replaced by a recorder). The second loads the real models: it is skipped when their
@@ -176,7 +175,7 @@ def test_hsd_generate_takes_a_real_models_name(loaded: tuple[str, Any, Any], cap
 
 
 # ---------------------------------------------------------------------------------------------
-# generate on the real pair (issue 19, section 3; the fast tier's share)
+# generate on the real pair (the fast tier's share)
 
 PAIR_METHODS = [
     ("ar", {}), ("tli", {"lookahead": 3}), ("slem", {"lookahead": 3}), ("slrs", {"lookahead": 1}),
@@ -283,7 +282,7 @@ def test_bounded_slrs_knows_the_bytes_the_target_lacks(pair: dict[str, tuple[Any
 
 
 # ---------------------------------------------------------------------------------------------
-# slow tier: the real pair on prompts of many kinds (issue 19, section 3)
+# slow tier: the real pair on prompts of many kinds
 
 DIVERSE = [
     'def has_close_elements(numbers: list, threshold: float) -> bool:\n    """ Check if any two numbers are '
@@ -381,7 +380,7 @@ MIRROR_CASES = [("smollm2-135m-instruct", m) for m in MIRROR_METHODS] + \
 @pytest.mark.slow
 @pytest.mark.parametrize("target_name,method", MIRROR_CASES)
 def test_mirror_on_the_real_pair(target_name: str, method: str, pair64: dict[str, tuple[Any, Any]]) -> None:
-    """The mirror on real models (issue 19, section 3), float64, ``mask_textless=True`` (hsd_core's
+    """The mirror on real models, float64, ``mask_textless=True`` (hsd_core's
     laws hold ids with text only): the uniforms each row of ``generate`` consumed, replayed into
     ``hsd_core``'s method over ``CoreModel`` views of the same models, give the same tokens on 5
     prompts (code, prose, German, emoji, numbers), and the reference reads every recorded uniform.
@@ -426,7 +425,7 @@ AUDIT_N = 20_000
 def test_sampled_first_tokens_on_the_real_pair(target_name: str, method: str, kw: dict[str, Any],
                                                pair: dict[str, tuple[Any, Any]]) -> None:
     """The first two new tokens of TLI, SLEM and one-token SLRS on the real pair against the target's
-    own law of them (issue 19, section 3): N = 20,000 rows per method (batched, 1,000 per call, each
+    own law of them: N = 20,000 rows per method (batched, 1,000 per call, each
     call its own seed), top-k 8, alpha 1e-3 (Holm); the audit states the TV it detects with power
     0.99 (asserted below 0.06: the coarse cells' mass is small at top-k 8). float32, the target's
     whole law (``mask_textless=False``, generate's default)."""

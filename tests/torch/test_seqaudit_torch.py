@@ -1,4 +1,4 @@
-"""``hsd_torch.audit.audit_sequences`` (issue 20, section 1) on the tiny pair: teacher-forced
+"""``hsd_torch.audit.audit_sequences`` on the tiny pair: teacher-forced
 conditional laws at every position of whole sequences.
 
 Sizes: n = 200 sequences of at most 32 tokens (about 6,300 tokens), family-wise alpha 1e-3 (Holm

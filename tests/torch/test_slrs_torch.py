@@ -1,4 +1,4 @@
-"""Bounded SLRS in hsd_torch (issue 11, section 2) against hsd_core's bounded SLRS.
+"""Bounded SLRS in hsd_torch (proofs/slrs_bounded.md) against hsd_core's bounded SLRS.
 
 - The proposal map: the vectorized byte-trie walk (:func:`hsd_torch.slrs.walk_pairs`) gives
   ``hsd_core``'s ``LongestPrefixMap`` parse and settled test on every drafter token after many texts.

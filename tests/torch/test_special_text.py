@@ -1,4 +1,4 @@
-"""Special-token text (issue 19, "Chat prompts" and "Special-token text inside generated text").
+"""Special-token text in chat prompts and inside generated text.
 
 - Generated text is text: ``TokenText.encode`` reads ``</s>`` written as ordinary bytes as text
   (it raised ``encoding 'x</s>' gave id 2, which has no text`` before), on both sides: SLEM's and

@@ -1,4 +1,4 @@
-"""``generate(..., streamer=...)`` (issue 19, transformers' calling conventions): a transformers
+"""``generate(..., streamer=...)`` (transformers' calling conventions): a transformers
 streamer gets the prompt's target ids, then each round's new ids, then ``end()``, as
 ``target.generate`` feeds it; its text is the output's text; one prompt only."""
 

@@ -1,5 +1,5 @@
-"""The law is the target's own by default (issue 19, "The law is the target's own by default" and
-"End of generation").
+"""The law is the target's own by default (README.md, "Real models"; docs/generate.md, "What it
+promises"), and the end of generation.
 
 - ``generate(mask_textless=False)`` (the default) keeps every id of the target's logits in its law:
   a special token without text (``<unk>``) or a padded embedding's id is emitted where the target

@@ -1,4 +1,4 @@
-"""``hsd_torch.tiny`` builds the same world in every process (issue 21, section 4): the tokenizers
+"""``hsd_torch.tiny`` builds the same world in every process: the tokenizers
 of every kind (vocabulary, merges, scores: the whole serialized JSON) and the models of
 ``conftest.py``'s ``models`` fixture, plus ``tiny_pair``, a Qwen2, a small Unigram (more characters
 than pieces) and ``tokenizer_from_strings``, have equal digests when built in two fresh interpreters

@@ -1,4 +1,4 @@
-"""Text one tokenizer cannot encode (issue 19, "Bytes one tokenizer cannot encode").
+"""Text one tokenizer cannot encode.
 
 SmolLM2's byte-level BPE has no token for 21 single bytes (0xC0, 0xC1, 0xF5-0xFF and some control
 characters), so a Gemma drafter id such as ``<0xC0>`` has no first SmolLM2 id: one-token SLRS

@@ -1,5 +1,4 @@
-"""Every uniform a row of ``hsd_torch.generate`` consumes is a fresh draw of its own stream
-(issue 21, section 3).
+"""Every uniform a row of ``hsd_torch.generate`` consumes is a fresh draw of its own stream.
 
 The mirror tests replay whatever the backend recorded, so a backend that reads one uniform twice
 (the correction token drawn with the first acceptance uniform instead of its own) replays

@@ -1,4 +1,4 @@
-"""The zoo of real-world SD bugs (``hsd_torch.variants``, issue 20, section 2) against
+"""The zoo of real-world SD bugs (``hsd_torch.variants``, docs/auditing.md) against
 ``audit_sequences`` on the tiny pair.
 
 Budgets and margins (from ``bench/zoo.py``, recorded in ``docs/auditing.md``; seeds 0 and 1 give

@@ -455,7 +455,7 @@ def test_cache_reuses_and_notices_added_tokens(corpus: list[str]) -> None:
 
 
 def test_added_tokens_have_text_unless_special_or_not_exact(corpus: list[str]) -> None:
-    """Issue 19: a non-special added token is text (its content), unless it is matched with
+    """A non-special added token is text (its content), unless it is matched with
     lstrip / rstrip / single_word or does not round-trip; special added tokens stay out of band.
     Encoding a text with the added token gives its id, and that id now has text."""
     from tokenizers import AddedToken
@@ -475,7 +475,7 @@ def test_added_tokens_have_text_unless_special_or_not_exact(corpus: list[str]) -
     enc = tt.encode(b"a\n\n\nb<tag>")
     assert ids["\n\n\n"] in enc and ids["<tag>"] in enc
     assert b"".join(tb[i] or b"" for i in enc) == b"a\n\n\nb<tag>"
-    # an out-of-band added token's text inside a text is text (its bytes), not its id (issue 19)
+    # an out-of-band added token's text inside a text is text (its bytes), not its id
     enc = tt.encode(b"a <eat> b")
     assert ids["<eat>"] not in enc and b"".join(tb[i] or b"" for i in enc) == b"a <eat> b"
 
