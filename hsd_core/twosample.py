@@ -47,7 +47,8 @@ prompts.
 Greedy samples (``do_sample=False``) are compared exactly: within each stratum, when sample B (no
 speculation) is deterministic, every draw of A must equal it ("lossy" otherwise); when B itself is
 not deterministic, the engine's greedy output depends on something other than the prompt (batch
-composition, numerics) and the verdict is "inconclusive".
+composition, numerics) and the verdict is "inconclusive". The tests are combined and the verdict
+given as in every audit (:mod:`hsd_core.stats.family`).
 """
 
 from __future__ import annotations
@@ -55,23 +56,22 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import optimize as _opt  # type: ignore[import-untyped]
 from scipy import stats as _sps
 
-from .stats import (
-    InvalidTest, TestResult, _check_alpha, _check_power, chi_square_two_sample, holm, min_num_samples_for_tv,
-    min_tv_detectable,
-)
+from .stats.checks import InvalidTest, TestResult, _check_alpha, _check_power
+from .stats.family import TestFamily, Verdict, decide
+from .stats.homogeneity import chi_square_two_sample
+from .stats.sizing import min_num_samples_for_tv, min_tv_detectable
 
 __all__ = ["TwoSamplePower", "TwoSampleReport", "min_num_samples_rank", "min_num_samples_two_sample",
            "min_shift_detectable_rank", "min_tv_detectable_two_sample", "stratified_homogeneity",
            "stratified_rank_test", "two_sample_sequences"]
 
-Verdict = Literal["lossless-consistent", "lossy", "inconclusive"]
 F64 = NDArray[np.float64]
 DEFAULT_PREFIX_LENGTHS = (1, 2)
 
@@ -308,15 +308,13 @@ def _greedy(seqs_a: Sequence[Sequence[int]], seqs_b: Sequence[Sequence[int]], ga
             j = next((j for j, (x, y) in enumerate(zip(first, ref)) if x != y), min(len(first), len(ref)))
             wrong.append(f"prompt {k}: {bad} of {len(ga[s])} draws differ from the output without speculation, "
                          f"first at position {j}")
-    if wrong:
-        return "lossy", (f"greedy outputs with speculation differ from the engine's deterministic output without it "
-                         f"in {len(wrong)} of {len(common)} prompts"), tuple(wrong + wobbly)
-    if wobbly:
-        return "inconclusive", (f"the engine's greedy output without speculation is not deterministic in "
-                                f"{len(wobbly)} of {len(common)} prompts (batching or numerics): no exact comparison"
-                                ), tuple(wobbly)
-    return "lossless-consistent", (f"every greedy draw with speculation equals the engine's output without it "
-                                   f"({len(common)} prompts)"), ()
+    verdict, reason = decide(None, failures=[
+        f"greedy outputs with speculation differ from the engine's deterministic output without it in {len(wrong)} "
+        f"of {len(common)} prompts"] if wrong else [], doubts=[lambda: None if not wobbly else (
+            f"the engine's greedy output without speculation is not deterministic in {len(wobbly)} of {len(common)} "
+            "prompts (batching or numerics): no exact comparison")],
+        promise=lambda: f"every greedy draw with speculation equals the engine's output without it ({len(common)} prompts)")
+    return verdict, reason, tuple(wrong + wobbly)
 
 
 def two_sample_sequences(
@@ -345,7 +343,6 @@ def two_sample_sequences(
     common = [s for s in ga if s in gb]
     base: dict[str, Any] = dict(n_a=len(seqs_a), n_b=len(seqs_b), strata=len(common), alpha=alpha, power=power, name_a=name_a,
                 name_b=name_b, do_sample=do_sample)
-    verdict: Verdict
     if not common:
         return TwoSampleReport(verdict="inconclusive", reason="no prompt occurs in both samples: nothing to compare",
                                m=1, tests=(), holm_rejected=(), skipped=(), powers=(), **base)
@@ -362,19 +359,34 @@ def two_sample_sequences(
     m = len(ks) + len(scores)
     if m == 0:
         raise ValueError("no test to run: give prefix_lengths or scores")
-    a_m = alpha / m
-    tests: list[TestResult] = []
-    skipped: list[str] = []
+    family = TestFamily(alpha, m)
+    powers = _run_family(family, seqs_a, seqs_b, [(ga[s], gb[s]) for s in common], ks, scores, power)
+    verdict, reason = decide(family, promise=lambda: (
+        f"no test rejects at family-wise alpha {alpha:.3g}; caught with probability >= {power}: "
+        + (", ".join(f"{q.test}: {q.unit} {q.detectable:.3g}" for q in powers if q.detectable is not None)
+           or "nothing (too few draws)")))
+    if verdict == "lossy":
+        reason += f": the laws of {name_a} and {name_b} differ"
+    return TwoSampleReport(verdict=verdict, reason=reason, m=m, tests=family.results,
+                           holm_rejected=tuple(family.verdicts()), skipped=family.skipped, powers=tuple(powers), **base)
+
+
+def _run_family(family: TestFamily, seqs_a: Sequence[Sequence[int]], seqs_b: Sequence[Sequence[int]],
+                strata: Sequence[tuple[list[int], list[int]]], ks: Sequence[int],
+                scores: Mapping[str, tuple[ArrayLike, ArrayLike]], power: float) -> list[TwoSamplePower]:
+    """Run the family of :func:`two_sample_sequences` into ``family`` over the common ``strata``
+    (each: the indices of its sequences in A and in B); return what each test that ran detects."""
+    a_m = family.per_test_alpha
     powers: list[TwoSamplePower] = []
     for k in ks:
         nm = f"first-{k} prefix homogeneity" if k > 1 else "first-token homogeneity"
         try:
-            res, dof, n_h = stratified_homogeneity([[tuple(seqs_a[i][:k]) for i in ga[s]] for s in common],
-                                                   [[tuple(seqs_b[i][:k]) for i in gb[s]] for s in common], a_m, nm)
+            res, dof, n_h = stratified_homogeneity([[tuple(seqs_a[i][:k]) for i in ia] for ia, _ in strata],
+                                                   [[tuple(seqs_b[i][:k]) for i in ib] for _, ib in strata], a_m, nm)
         except InvalidTest as e:
-            skipped.append(f"{nm}: {e}")
+            family.skip(f"{nm}: {e}")
             continue
-        tests.append(res)
+        family.add(res)
         try:
             det: float | None = min_tv_detectable(dof + 1, max(1, int(n_h)), a_m, power)
         except InvalidTest:
@@ -384,29 +396,13 @@ def two_sample_sequences(
     for nm0, (sa, sb) in scores.items():
         nm = f"score {nm0} (stratified rank test)"
         xa, xb = np.asarray(sa, dtype=np.float64), np.asarray(sb, dtype=np.float64)
-        try:
-            res = stratified_rank_test([xa[ga[s]] for s in common], [xb[gb[s]] for s in common], a_m, nm)
-        except InvalidTest as e:
-            skipped.append(f"{nm}: {e}")
+        if family.run(nm, lambda nm=nm, xa=xa, xb=xb: stratified_rank_test(  # type: ignore[misc]
+                [xa[ia] for ia, _ in strata], [xb[ib] for _, ib in strata], a_m, nm)) is None:
             continue
-        tests.append(res)
         try:
-            det = min_shift_detectable_rank([(len(ga[s]), len(gb[s])) for s in common], a_m, power)
+            det = min_shift_detectable_rank([(len(ia), len(ib)) for ia, ib in strata], a_m, power)
         except InvalidTest:
             det = None
         powers.append(TwoSamplePower(nm, det, "shift of P(A > B)", "the same shift of the probability of "
                                                                     "superiority in every prompt"))
-    rej = holm([r.p_value for r in tests] + [1.0] * (m - len(tests)), alpha)[:len(tests)]
-    if any(rej):
-        hit = [r for r, x in zip(tests, rej) if x]
-        verdict = "lossy"
-        reason = (f"{len(hit)} of {m} tests reject at family-wise alpha {alpha:.3g} (Holm): "
-                  + "; ".join(f"{r.name} p {r.p_value:.3g}" for r in hit) + f": the laws of {name_a} and {name_b} differ")
-    elif not tests:
-        verdict, reason = "inconclusive", "no test could run: " + "; ".join(skipped)
-    else:
-        said = ", ".join(f"{q.test}: {q.unit} {q.detectable:.3g}" for q in powers if q.detectable is not None)
-        verdict, reason = "lossless-consistent", (f"no test rejects at family-wise alpha {alpha:.3g}; caught with "
-                                                  f"probability >= {power}: " + (said or "nothing (too few draws)"))
-    return TwoSampleReport(verdict=verdict, reason=reason, m=m, tests=tuple(tests), holm_rejected=tuple(rej),
-                           skipped=tuple(skipped), powers=tuple(powers), **base)
+    return powers

@@ -490,7 +490,7 @@ def test_sparse_laws_give_the_statistics_of_the_dense_path(monkeypatch: pytest.M
     supports, one draw of probability 0): ``add_steps`` keeps each row's ids with mass only; every
     test's statistic and p-value, every family's numbers and the impossible draw are those of the
     dense path (every column) to 1e-12."""
-    import hsd_core.seqaudit as sa
+    import hsd_core.stats.evidence as ev_mod
 
     rng = np.random.default_rng(3)
     m, v, k = 600, 3000, 50
@@ -508,7 +508,7 @@ def test_sparse_laws_give_the_statistics_of_the_dense_path(monkeypatch: pytest.M
     x = np.array([rng.choice(v, p=row) for row in p])
     x[7] = np.flatnonzero(p[7] == 0)[0]
     u = rng.random(m)
-    ids, _ = sa._sparse_columns(p[:120], x[:120], [q[:120], r[:120]])
+    ids, _ = ev_mod._sparse_columns(p[:120], x[:120], [q[:120], r[:120]])
     assert ids.ndim == 2 and ids.shape[1] < v // 10  # the sparse path is the one taken
 
     def report() -> SequenceAuditReport:
@@ -520,7 +520,7 @@ def test_sparse_laws_give_the_statistics_of_the_dense_path(monkeypatch: pytest.M
         return ev.report(n=m // 30, max_new_tokens=30)
 
     sparse = report()
-    monkeypatch.setattr(sa, "_sparse_columns", lambda p, x, others: (np.arange(p.shape[1]), x))
+    monkeypatch.setattr(ev_mod, "_sparse_columns", lambda p, x, others: (np.arange(p.shape[1]), x))
     dense = report()
     assert sparse.impossible == dense.impossible == ((0, 7, int(x[7])),)
     for a, b in zip(sparse.tests, dense.tests):

@@ -9,7 +9,10 @@ probabilities are what a fresh seed would risk.
 from __future__ import annotations
 
 import doctest
+import importlib
 import math
+import pkgutil
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -28,6 +31,7 @@ from hsd_core.stats import (
     chi_square_gof,
     chi_square_two_sample,
     counts_of,
+    decide,
     empirical_law,
     g_test_gof,
     holm,
@@ -432,6 +436,55 @@ def test_test_family() -> None:
         TestFamily(1.0, 3)
 
 
+def test_a_family_runs_and_skips_tests() -> None:
+    """``run`` adds a test's result, or records it as skipped (with why) when it raises InvalidTest;
+    skipped tests count as not rejected (Holm over the declared m=3: 0.009 <= 0.03 / 3)."""
+    fam = TestFamily(0.03, 3)
+
+    def refuse() -> TestResult:
+        raise InvalidTest("too sparse")
+    assert fam.run("a", lambda: _result(0.009, fam.per_test_alpha)) is not None
+    assert fam.run("b", refuse) is None
+    fam.skip("c: no sample reaches it")
+    assert fam.skipped == ("b: too sparse", "c: no sample reaches it")
+    assert [r.p_value for r in fam.results] == [0.009] and fam.verdicts() == [True]
+    assert fam.rejected() == list(fam.results)
+    with pytest.raises(ValueError):  # anything but InvalidTest is a bug, not a skipped test
+        fam.run("d", lambda: (_ for _ in ()).throw(ValueError("bug")))  # type: ignore[arg-type,return-value]
+
+
+def test_decide_is_one_rule_for_every_audit() -> None:
+    """The order of :func:`decide`: exact failures, then Holm, then "no test could run", then the
+    first doubt that speaks (later ones are not even asked), else the promise."""
+    asked: list[str] = []
+
+    def doubt(name: str, why: str | None) -> Callable[[], str | None]:
+        def f() -> str | None:
+            asked.append(name)
+            return why
+        return f
+
+    def fam(*ps: float) -> TestFamily:
+        f = TestFamily(0.01, 3)
+        for i, p in enumerate(ps):
+            f.run(f"t{i}", lambda p=p, i=i: TestResult(f"t{i}", 0.0, p, f.per_test_alpha, 100, None,  # type: ignore[misc]
+                                                       p <= f.per_test_alpha, ""))
+        return f
+
+    assert decide(fam(0.5), failures=["1 draw of probability 0"], promise=lambda: "x") == (
+        "lossy", "1 draw of probability 0")
+    assert decide(fam(1e-4, 0.5, 1e-3), doubts=[doubt("a", "no power")], promise=lambda: "x") == (
+        "lossy", "Holm rejects t0, t2 at family-wise alpha 0.01")
+    assert asked == []
+    assert decide(TestFamily(0.01, 2), promise=lambda: "x") == ("inconclusive", "no test could run: ")
+    assert decide(fam(0.5), doubts=[doubt("a", None), doubt("b", "no power"), doubt("c", "never")],
+                  promise=lambda: "x") == ("inconclusive", "no power")
+    assert asked == ["a", "b"]
+    assert decide(fam(0.5), doubts=[doubt("d", None)], promise=lambda: "caught at TV 0.1") == (
+        "lossless-consistent", "caught at TV 0.1")
+    assert decide(None, doubts=[doubt("e", None)], promise=lambda: "all equal") == ("lossless-consistent", "all equal")
+
+
 # ---------------------------------------------------------------------------------------------
 # Two-sample tests
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +519,11 @@ def test_two_sample_tests() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def test_doctests() -> None:
-    result = doctest.testmod(hs, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 20
-    assert result.failed == 0
+    """The doctests of every module of the package :mod:`hsd_core.stats` (``testmod`` of the package
+    alone would see none of the functions it re-exports)."""
+    attempted = 0
+    for info in pkgutil.iter_modules(hs.__path__):
+        result = doctest.testmod(importlib.import_module(f"hsd_core.stats.{info.name}"), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, info.name
+        attempted += result.attempted
+    assert attempted >= 20

@@ -13,7 +13,10 @@ Reads files only (no torch needed).
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "hsd_torch"
 MACHINERY = ["rounds", "runner", "laws", "drafting", "verification"]
@@ -149,3 +152,46 @@ def test_sizes_of_the_new_layout() -> None:
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
                 limit = 200 if isinstance(node, ast.ClassDef) else 80
                 assert n <= limit, f"{path.relative_to(PKG)}: {node.name} has {n} lines (at most {limit})"
+
+
+# --- hsd_core (the core's statistics were split into concept-sized modules; this test is theirs) ---
+
+CORE = PKG.parent / "hsd_core"
+SIZE_LIMITS = {"module": 500, "class": 200, "function": 80}
+
+
+def oversized(path: Path, root: Path) -> list[str]:
+    """What in ``path`` breaks the size anchors (module lines, class and function lengths)."""
+    text = path.read_text()
+    where = path.relative_to(root)
+    out = [f"{where}: {text.count(chr(10))} lines"] if text.count("\n") > SIZE_LIMITS["module"] else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = (node.end_lineno or node.lineno) - node.lineno + 1
+            limit = SIZE_LIMITS["class" if isinstance(node, ast.ClassDef) else "function"]
+            if n > limit:
+                out.append(f"{where}: {node.name} has {n} lines (at most {limit})")
+    return out
+
+
+def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anchors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hsd_core``: no import cycle, counting the imports under ``if TYPE_CHECKING:`` too (two modules
+    that need each other, if only for their types, cannot be read apart), and every module within the
+    size anchors (module <= 500 lines, class <= 200, function <= 80). The check can fail: a cycle that
+    only a type-checking import closes is found, and so is an 81-line function."""
+    monkeypatch.setattr(sys.modules[__name__], "_type_checking_blocks", lambda tree: set(), raising=False)
+    pkg = tmp_path / "hsd_core"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n")
+    a, b = f"{pkg.name}.a", f"{pkg.name}.b"  # spelled so that the cited-names check does not read them
+    assert find_cycle(graph(pkg)) == [a, b, a]
+    (pkg / "c.py").write_text("def f():\n" + "    x = 1\n" * 80)
+    assert oversized(pkg / "c.py", tmp_path) == ["hsd_core/c.py: f has 81 lines (at most 80)"]
+
+    cycle = find_cycle(graph(CORE))
+    assert cycle is None, "import cycle in hsd_core: " + " -> ".join(cycle or [])
+    bad = [b for path in sorted(CORE.rglob("*.py")) for b in oversized(path, CORE.parent)]
+    assert not bad, "size anchors broken in hsd_core:\n" + "\n".join(bad)
