@@ -39,7 +39,8 @@ Verdicts: ``"lossy"`` when Holm rejects any test; else ``"inconclusive"`` when t
 chi-square test cannot be run (:class:`~hsd_core.stats.InvalidTest`: too sparse), when
 ``detectable_tv`` is None (no power), or when ``eps`` was given and ``detectable_tv > eps``; else
 ``"lossless-consistent"``. A position or text test that cannot be run is listed in ``skipped``
-and does not change the verdict.
+and does not change the verdict. A caller's own ``doubts`` (an audit built on this one) are asked
+after these, by the same rule (:func:`~hsd_core.stats.decide`).
 
 Two-sample mode (``law_or_reference`` is a list of samples): the joint, positional and text laws
 are compared with :func:`~hsd_core.stats.chi_square_two_sample` (and the joint law also with
@@ -136,6 +137,8 @@ def audit_sampler(
     executor: Executor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     prefixes: Sequence[Sequence[int]] = (),
+    doubts: Sequence[Callable[[], str | None]] = (),
+    promise: Callable[[], str] | None = None,
 ) -> AuditReport:
     """Draw ``n`` outputs with ``sample_fn()`` and test them against an exact law or reference samples.
 
@@ -165,6 +168,12 @@ def audit_sampler(
     conditional law is read off the law). Those outputs' next tokens are i.i.d. from it given
     their number, so the test is valid as it stands.
 
+    ``doubts`` and ``promise``: for an audit built on this one (the PyTorch backend's, whose cells
+    hide mass of their own). Each doubt is asked, in order, after this audit's own (module
+    docstring, "Verdicts"), and returns why the audit cannot promise what it set out to (the
+    verdict is then "inconclusive" with that reason) or None; ``promise`` replaces the reason of a
+    "lossless-consistent" verdict. The verdict stays :func:`hsd_core.stats.decide`'s, called once.
+
     Everything is checked before the first draw. Raises :class:`~hsd_core.stats.InvalidTest` for
     out-of-range arguments (alpha, power, eps, n < 1; numpy numbers are fine), a law that is not a
     probability law (sum not 1, negative, NaN, empty), or an ``n`` the sizing would pick above
@@ -187,7 +196,7 @@ def audit_sampler(
     family = TestFamily(alpha, m)
     joint_invalid = _run_family(family, ref, counts, n_positions, pre_list, text)
     plan = _two_sample_plan(counts, ref.counts, a_test, power) if two_sample else _joint_plan(law, n, a_test, power)
-    verdict, reason = _verdict(family, joint_invalid, plan, ref, n, eps, a_test, power, k)
+    verdict, reason = _verdict(family, joint_invalid, plan, ref, n, eps, a_test, power, k, doubts, promise)
     pos_det = [] if two_sample else _position_detectables(law, n, n_positions, a_test, power)
     expected = {s: n * float(p) for s, p in ref.law_or_empirical.items()}
     over, under = _deviations(expected, counts)
@@ -369,8 +378,11 @@ def _run_family(family: TestFamily, ref: _Reference, counts: Mapping[Output, int
 
 
 def _verdict(family: TestFamily, joint_invalid: str | None, plan: _Plan, ref: _Reference, n: int,
-             eps: float | None, a_test: float, power: float, k: int) -> tuple[Verdict, str]:
-    """The verdict (:func:`hsd_core.stats.decide`) with this audit's doubts (module docstring, "Verdicts")."""
+             eps: float | None, a_test: float, power: float, k: int,
+             doubts: Sequence[Callable[[], str | None]] = (), promise: Callable[[], str] | None = None
+             ) -> tuple[Verdict, str]:
+    """The verdict (:func:`hsd_core.stats.decide`) with this audit's doubts (module docstring, "Verdicts"),
+    then the caller's ``doubts``; ``promise`` (when given) is the reason of "lossless-consistent"."""
     detectable = plan.detectable
 
     def cannot_run() -> str | None:
@@ -389,9 +401,9 @@ def _verdict(family: TestFamily, joint_invalid: str | None, plan: _Plan, ref: _R
         return (f"under-powered: detecting TV {eps:.4g} with power {power} needs n >= {need}, got n={n} "
                 f"(detectable TV {detectable:.4g})")
 
-    return decide(family, doubts=[cannot_run, no_power, under_powered], promise=lambda: (
+    return decide(family, doubts=[cannot_run, no_power, under_powered, *doubts], promise=promise or (lambda: (
         f"no test rejects at family-wise alpha {family.family_wise_alpha:.3g}; any law at TV >= {detectable:.4g} "
-        f"would be caught with probability >= {power} ({plan.by})"))
+        f"would be caught with probability >= {power} ({plan.by})")))
 
 
 def _deviations(expected: Mapping[Output, float], counts: Mapping[Output, int]
