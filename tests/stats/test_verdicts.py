@@ -99,7 +99,7 @@ def test_the_two_sample_audit_returns_decides_answer(recorder: Recorder) -> None
     b = [[int(x)] for x in rng.integers(0, 3, 400)]
     for kw in ({}, {"do_sample": False}, {"max_detectable_tv": 0.01}):
         recorder.calls.clear()
-        rep = twosample.two_sample_sequences(a, [0] * 400, b, [0] * 400, **kw)  # type: ignore[arg-type]
+        rep = twosample.two_sample_sequences(a, [0] * 400, b, [0] * 400, **kw)
         assert (rep.verdict, rep.reason) == SENTINEL and len(recorder.calls) == 1, kw
     recorder.calls.clear()
     apart = twosample.two_sample_sequences(a, [0] * 400, b, [1] * 400)  # no prompt in both samples
