@@ -72,7 +72,7 @@ def find_python(given: str | None = None) -> str:
 def model_folder(name_or_path: str) -> str:
     """A checkpoint folder vLLM can load: a real model's name (:mod:`hsd_torch.real_models`,
     converted to safetensors first if needed), else the path itself."""
-    from .. import real_models
+    from ..models import real as real_models
 
     if (name := real_models.named(name_or_path)) is not None:
         return str(real_models.folder(name))
@@ -321,7 +321,7 @@ def audit_file(path: str, target: Any, tokenizer: Any, prompts: Sequence[str], *
     for identity. Returns the :class:`~hsd_core.seqaudit.SequenceAuditReport`."""
     from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 
-    from ..seqaudit import audit_sequences
+    from ..auditing.sequences import audit_sequences
 
     recs = read_samples_file(path)
     if not recs:
@@ -411,7 +411,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     ``(model, tokenizer)`` (:func:`hsd_torch.cli_audit.load`)."""
     from hsd_core.seqaudit import sequence_seeds
 
-    from .. import cli_args as ca
+    from ..commands import args as ca
 
     def error(message: str) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Any
 
 from hsd_core.methods.resync import as_resync
 
-from .._args import as_int, is_int
+from ..engine._args import as_int, is_int
 from .ar import AR
 from .base import Method
 from .sd import SD

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..rounds import Drafts, Verdicts
-from ..verification import exact_match
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import exact_match
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["AR"]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..rounds import Drafts, Verdicts
+from ..engine.rounds import Drafts, Verdicts
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["Method"]
 

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..drafting import DraftColumns, draft_tokens
-from ..laws import TextSpace
-from ..rounds import Drafts, Verdicts
-from ..verification import rejection
+from ..engine.drafting import DraftColumns, draft_tokens
+from ..engine.laws import TextSpace
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import rejection
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["SD"]
 

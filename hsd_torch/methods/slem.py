@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 
 from hsd_core.methods.resync import Resync
 
-from ..drafting import DraftColumns, draft_tokens, drafter_context_from_text
-from ..rounds import Drafts, Verdicts
-from ..text import TokenText, Unencodable
-from ..verification import exact_match
+from ..engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text
+from ..engine.rounds import Drafts, Verdicts
+from ..vocab.text import TokenText, Unencodable
+from ..engine.verification import exact_match
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["SLEM", "retokenize"]
 

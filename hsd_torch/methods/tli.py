@@ -35,17 +35,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .._cache import IdentityCache
-from ..drafting import DraftColumns, draft_tokens
-from ..laws import TextSpace
-from ..rounds import Drafts, Verdicts
-from ..text import TokenText
-from ..verification import rejection
+from ..engine._cache import IdentityCache
+from ..engine.drafting import DraftColumns, draft_tokens
+from ..engine.laws import TextSpace
+from ..engine.rounds import Drafts, Verdicts
+from ..vocab.text import TokenText
+from ..engine.verification import rejection
 from ..vocab import VocabBridge, _Push
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["TLI", "resync_ids", "tli_columns"]
 

@@ -38,20 +38,20 @@ from torch import Tensor
 
 from hsd_core.methods.resync import Resync
 
-from ..._args import is_int, is_real
-from ..._cache import IdentityCache
-from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
-from ...laws import TextSpace, process_with_drop
-from ...rounds import Drafts, Verdicts
-from ...text import TokenText, Unencodable
-from ...verification import rejection
+from ...engine._args import is_int, is_real
+from ...engine._cache import IdentityCache
+from ...engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
+from ...engine.laws import TextSpace, process_with_drop
+from ...engine.rounds import Drafts, Verdicts
+from ...vocab.text import TokenText, Unencodable
+from ...engine.verification import rejection
 from ...vocab import _Push
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
 from .tree import TreeCache
 
 if TYPE_CHECKING:
-    from ...rounds import Generation
+    from ...engine.rounds import Generation
 
 __all__ = ["MAX_PSI_ROWS", "SLRS", "BoundedSLRSMethod", "FirstTargetMap", "psi_bound", "slrs_columns", "slrs_options"]
 

@@ -60,10 +60,10 @@ from torch import Tensor
 
 from hsd_core.methods.resync import Resync, drafter_context_ids
 
-from ... import kernels
-from ...laws import process_with_drop
-from ...runner import Runner, logit_width
-from ...text import TokenText
+from ...engine import kernels
+from ...engine.laws import process_with_drop
+from ...engine.runner import Runner, logit_width
+from ...vocab.text import TokenText
 from .psi_multi import MultiRoundResult, MultiTokenRound
 from .psi_one import OneTokenRound, RoundResult
 from .trie import NEVER, DrafterBytes, TargetTrie, parse_pairs, walk_pairs

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...runner import new_cache, window_view
+from ...engine.runner import new_cache, window_view
 
 __all__ = ["TreeCache"]
 

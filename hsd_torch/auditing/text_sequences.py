@@ -33,8 +33,8 @@ from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 
 from ._ids import _width
 from .forcing import _changed, model_fingerprint, sequence_scores
-from .generate import generate
-from .text import TokenText
+from ..engine.entry import generate
+from ..vocab.text import TokenText
 
 __all__ = ["as_sequence_report", "audit_text_sequences", "reference_seeds"]
 

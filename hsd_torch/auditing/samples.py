@@ -51,11 +51,11 @@ from hsd_core.seqaudit import SequenceAuditReport
 from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 
 from ._ids import _width
-from .audit import GenerateAuditReport, audit_generate
+from .first_tokens import GenerateAuditReport, audit_generate
 from .reference import LawProvider, ProvidedLaw
 from .forcing import sequence_scores
-from .seqaudit import audit_sequences
-from .text import TokenText
+from .sequences import audit_sequences
+from ..vocab.text import TokenText
 
 __all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "draw_contexts"]
 

@@ -431,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
     import time
 
-    from .cli_args import seed
+    from ..commands.args import seed
 
     ap = argparse.ArgumentParser(prog="python -m hsd_torch.tiny",
                                  description="Build a tiny random-init target (Llama, byte-level BPE) and drafter "

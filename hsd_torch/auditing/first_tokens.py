@@ -47,15 +47,15 @@ import torch
 
 from hsd_core.audit import AuditPlan, AuditReport, Deviation, Verdict, audit_plan, audit_sampler
 
-from ._args import as_int
+from ..engine._args import as_int
 from ._ids import _as_ids, _eos_ids, _width
-from .generate import process_logits
-from .laws import TextSpace, check_processing
-from .prompts import target_context
+from ..engine.entry import process_logits
+from ..engine.laws import TextSpace, check_processing
+from ..engine.prompts import target_context
 from .reference import LawProvider, ProvidedLaw
-from .runner import check_model, refuse_meta
-from .seqaudit import audit_sequences
-from .text import TokenText
+from ..engine.runner import check_model, refuse_meta
+from .sequences import audit_sequences
+from ..vocab.text import TokenText
 
 __all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "plan_line", "reference_law"]
 

@@ -42,8 +42,8 @@ import torch
 
 from hsd_core.tokenizers import Unencodable as CoreUnencodable
 
-from ._cache import IdentityCache
-from .vocab import token_bytes, tokenizer_state
+from ..engine._cache import IdentityCache
+from .byte_strings import token_bytes, tokenizer_state
 
 __all__ = ["TokenText", "Unencodable", "check_tokenizer"]
 

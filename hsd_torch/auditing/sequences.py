@@ -58,18 +58,18 @@ from hsd_core.seqaudit import (
     pit_uniforms, sequence_seeds,
 )
 
-from ._args import as_int
-from ._head import HeadTap
+from ..engine._args import as_int
+from ..engine._head import HeadTap
 from ._ids import _as_ids, _eos_ids, _width
-from .laws import TextSpace, check_processing, process_logits
-from .methods.tli import resync_ids
-from .prompts import target_context
+from ..engine.laws import TextSpace, check_processing, process_logits
+from ..methods.tli import resync_ids
+from ..engine.prompts import target_context
 from .reference import LawProvider, ProvidedLaw
-from .runner import check_model, refuse_meta
+from ..engine.runner import check_model, refuse_meta
 from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
-from .text import TokenText
-from .textaudit import audit_text_sequences
-from .vocab import VocabBridge
+from ..vocab.text import TokenText
+from .text_sequences import audit_text_sequences
+from ..vocab import VocabBridge
 
 __all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
 

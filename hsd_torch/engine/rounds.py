@@ -46,11 +46,11 @@ from .laws import TextSpace
 from .runner import Runner, logit_width, max_positions, model_device
 from .processors import Processor, StopStrings
 from .prompts import Prompts, target_context
-from .text import TokenText
-from .vocab import VocabBridge
+from ..vocab.text import TokenText
+from ..vocab import VocabBridge
 
 if TYPE_CHECKING:
-    from .methods.base import Method
+    from ..methods.base import Method
 
 __all__ = ["Drafts", "GenerateOutput", "Generation", "RowStats", "Verdicts", "end_ids", "seed_sequence"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 
-from . import cli_args as ca
+from . import args as ca
 
 __all__ = ["add_arguments", "problem_before_loading", "run"]
 
@@ -126,7 +126,7 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     from hsd_core.samples import Sampling, write_samples
     from hsd_core.seqaudit import sequence_seeds
 
-    from .text import TokenText
+    from ..vocab.text import TokenText
 
     n = args.samples if args.samples is not None else 200
     sampling = Sampling(not args.greedy, 1.0 if args.greedy else args.temperature, None if args.greedy else
@@ -159,8 +159,8 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     from hsd_core.endpoint import EndpointError
     from hsd_core.samples import SamplesFormatError
 
-    from ._ids import _width
-    from .engine_audit import audit_samples
+    from ..auditing._ids import _width
+    from ..auditing.samples import audit_samples
 
     def error(message: str) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)

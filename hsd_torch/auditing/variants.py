@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from . import kernels, verification
-from .methods.tli import TLI
-from .runner import Runner
+from ..engine import kernels, verification
+from ..methods.tli import TLI
+from ..engine.runner import Runner
 
 __all__ = ["VARIANTS", "Variant", "generate_with"]
 
@@ -174,7 +174,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
 def generate_with(variant: str | Variant, *args: Any, **kw: Any) -> Any:
     """``hsd_torch.generate(*args, **kw)`` with ``variant`` (a name of :data:`VARIANTS` or a
     :class:`Variant`) applied."""
-    from .generate import generate
+    from ..engine.entry import generate
 
     v = VARIANTS[variant] if isinstance(variant, str) else variant
     with v.patch():

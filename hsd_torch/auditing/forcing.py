@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._head import HeadTap
+from ..engine._head import HeadTap
 from ._ids import _as_ids, _width
 from .reference import ProvidedLaw
-from .runner import takes_logits_to_keep
-from .text import TokenText
+from ..engine.runner import takes_logits_to_keep
+from ..vocab.text import TokenText
 
 __all__ = ["loglik", "model_fingerprint", "sequence_scores"]
 

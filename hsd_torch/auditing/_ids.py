@@ -9,7 +9,7 @@ import torch
 
 from hsd_core.seqaudit import as_ids
 
-from .genconfig import end_ids_of
+from ..engine.genconfig import end_ids_of
 
 
 def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:

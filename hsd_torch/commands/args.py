@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
+from ..engine.laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 
 METHODS = ("ar", "sd", "tli", "slem", "slrs")
 """``hsd_torch.generate``'s methods (``--method``)."""
@@ -189,7 +189,7 @@ def tokenizer_problem(option: str, path: str, default_of: str | None = None) -> 
 def real_model_problem(option: str, name: str) -> str | None:
     """Why the real model ``name`` (given to ``option``) cannot be loaded here (its package is
     missing: the install command); None if it can."""
-    from . import real_models
+    from ..models import real as real_models
 
     if name in real_models.available():
         return None
@@ -204,7 +204,7 @@ def folders_problem(target: str, drafter: str | None, target_tokenizer: str | No
     their tokenizers (None: the checkpoint's folder), in that order; None if there is none. A value
     that names a real model (:func:`hsd_torch.real_models.named`) stands for its checkpoint and its
     tokenizer, and is checked with :func:`real_model_problem`."""
-    from .real_models import named
+    from ..models.real import named
 
     roles = [("target", target, target_tokenizer)] + ([("drafter", drafter, drafter_tokenizer)] if drafter else [])
     for role, path, _ in roles:
@@ -268,7 +268,7 @@ def method_problem(method: str, lookahead: int, greedy: bool, min_path_prob: flo
                    proposal_map: str | None, max_tokens: int | None) -> str | None:
     """Why ``hsd_torch.generate`` would refuse these method options (None if it would not), in the
     command line's words: the flags to give, not the library's keyword names."""
-    from .methods import make
+    from ..methods import make
 
     try:
         make(method, lookahead=lookahead, greedy=greedy, lookbehind=None, min_path_prob=min_path_prob,
@@ -324,7 +324,7 @@ def load_tokenizer(path: str) -> Any:
     ``Refusal`` naming the path when it does not load."""
     from transformers import AutoTokenizer
 
-    from . import real_models
+    from ..models import real as real_models
 
     try:
         if (name := real_models.named(path)) is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from hsd_core.extensions import Command
 
-from . import cli_args as ca
+from . import args as ca
 
 METHODS = ca.METHODS
 
@@ -159,8 +159,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
     from transformers.utils import logging as hf_logging
 
-    from . import real_models
-    from ._precision import as_dtype
+    from ..models import real as real_models
+    from ..engine._precision import as_dtype
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers' own bar per checkpoint; this process only
     dtype = as_dtype(args.dtype) or torch.float32
@@ -223,7 +223,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--method {args.method} needs --drafter DIR")
     lookahead = args.lookahead if args.lookahead is not None else ca.default_lookahead(args.method)
 
-    from .generate import generate
+    from ..engine.entry import generate
 
     # the method's options, as generate checks them first, in the flags' words
     problem = ca.method_problem(args.method, lookahead, args.greedy, args.min_path_prob, args.proposal_map,

@@ -44,9 +44,9 @@ import torch
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
-from . import cli_args as ca
-from . import cli_engine
-from .audit import GenerateAuditReport, audit_generate, audit_sequences
+from . import args as ca
+from . import engine as cli_engine
+from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            "--samples that fits (default 20)")
     ca.add_threads(p)
     cli_engine.add_arguments(p)  # --samples-file, --endpoint, ...: engines audited without --impl
-    from .engines import vllm_audit as engines_vllm  # numpy only: --impl vllm's options (--vllm-python, --spec, ...)
+    from ..engines import vllm_audit as engines_vllm  # numpy only: --impl vllm's options (--vllm-python, --spec, ...)
 
     engines_vllm.add_arguments(p)
 
@@ -100,7 +100,7 @@ def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from . import real_models
+    from ..models import real as real_models
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bar per checkpoint (as hsd generate)
     if (name := real_models.named(path)) is not None:
@@ -217,7 +217,7 @@ class _Sampler:
                              "min; the report states what that size can detect), or raise --max-minutes")
 
     def batch(self, prompts: list[str], seeds: list[int]) -> list[list[int]]:
-        from .generate import generate
+        from ..engine.entry import generate
 
         a = self.a
         t0 = time.perf_counter()
@@ -232,7 +232,7 @@ class _Sampler:
         t0 = time.perf_counter()
         a = self.a
         if a.impl == "hsd_torch":
-            from .generate import generate
+            from ..engine.entry import generate
 
             ids = generate(self.target, self.drafter, prompt, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
                            method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget,
@@ -377,7 +377,7 @@ AUDIT = AuditImpl(add_arguments=add_arguments, run=run)
 
 def run_vllm(args: argparse.Namespace) -> int:
     """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
-    from .engines import vllm_audit as engines_vllm
+    from ..engines import vllm_audit as engines_vllm
 
     return engines_vllm.run(args, load, lambda ns: cli_engine.run(ns, load))
 

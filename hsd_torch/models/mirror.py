@@ -44,10 +44,10 @@ import torch
 
 from hsd_core.vocab import Vocabulary
 
-from .laws import TextSpace, process_logits, space_law
-from .rounds import end_ids
-from .runner import logit_width, max_positions, model_device, window_view
-from .text import TokenText
+from ..engine.laws import TextSpace, process_logits, space_law
+from ..engine.rounds import end_ids
+from ..engine.runner import logit_width, max_positions, model_device, window_view
+from ..vocab.text import TokenText
 
 __all__ = ["CoreModel", "CoreTokenizer", "target_greedy", "target_two_token_law"]
 
