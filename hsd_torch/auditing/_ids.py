@@ -1,4 +1,4 @@
-"""Helpers both audits share (:mod:`hsd_torch.audit`, :mod:`hsd_torch.seqaudit`): a target's end
+"""Helpers both audits share (:mod:`hsd_torch.auditing.first_tokens`, :mod:`hsd_torch.auditing.sequences`): a target's end
 ids, its logit width, and a sampler's output checked as a list of its ids."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..engine.genconfig import end_ids_of
 
 def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:
     """The tokenizer's EOS and the target's ``generation_config.eos_token_id`` (the end set of
-    :func:`hsd_torch.rounds.end_ids`, before its cut to the model's logits)."""
+    :func:`hsd_torch.engine.rounds.end_ids`, before its cut to the model's logits)."""
     e = getattr(tokenizer, "eos_token_id", None)
     return frozenset(([] if e is None else [int(e)]) + end_ids_of(getattr(target, "generation_config", None)))
 

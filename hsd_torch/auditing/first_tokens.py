@@ -3,7 +3,7 @@
 ``sample_fn(prompt, seed) -> list[int]`` is any sampler of new target ids (``transformers``'
 ``model.generate`` with an assistant, :func:`hsd_torch.generate`, third-party code). The reference
 is the law of the first ``positions`` new tokens, computed exactly (float64) from the target's own
-forward passes, processed by :func:`hsd_torch.generate.process_logits` (temperature, top-k, top-p;
+forward passes, processed by :func:`hsd_torch.engine.entry.process_logits` (temperature, top-k, top-p;
 with ``mask_textless=True`` also the removal of ids without text other than EOS and the end ids,
 as ``hsd_torch.generate(mask_textless=True)`` does), so the
 processed law is defined in one place. The statistics are :func:`hsd_core.audit.audit_sampler`'s.
@@ -109,7 +109,7 @@ class Reference:
 def _laws(target: Any, contexts: Sequence[Sequence[int]], mask: torch.Tensor, process: Mapping[str, Any],
           batch: int = 32) -> list[np.ndarray]:
     """The processed next-token law (float64 numpy) after each context (all of one length);
-    ``target`` may be a :class:`~hsd_torch.reference.ProvidedLaw` (the provider's laws)."""
+    ``target`` may be a :class:`~hsd_torch.auditing.reference.ProvidedLaw` (the provider's laws)."""
     if isinstance(target, ProvidedLaw):
         return [row.numpy() for row in process_logits(target.next_laws(contexts), mask, **process)]
     dev = next(target.parameters()).device
@@ -537,10 +537,10 @@ def audit_generate(
     law of the first ``positions`` new tokens (module docstring).
 
     ``temperature``, ``top_k``, ``top_p``: the processing the sampler claims
-    (:func:`hsd_torch.generate.process_logits`; ignored when greedy); ``mask_textless=True`` adds
+    (:func:`hsd_torch.engine.entry.process_logits`; ignored when greedy); ``mask_textless=True`` adds
     hsd_torch's removal of ids without text (other than EOS), the law :func:`hsd_torch.generate`
     samples; the target's context is the prompt's ids as :func:`hsd_torch.generate` feeds them
-    (:func:`hsd_torch.prompts.target_context`: one BOS, also when the text starts with the BOS's
+    (:func:`hsd_torch.engine.prompts.target_context`: one BOS, also when the text starts with the BOS's
     text, as a chat template's does); ``prompt_ids`` overrides them as the target's
     context (``prompt`` may then be left out: the sampler gets the ids' decoded text). ``seed``: the draws are made in chunks of ``chunk_size`` with
     ``SeedSequence(seed).spawn`` children, each draw gets a 32-bit seed from its chunk's generator
@@ -558,7 +558,7 @@ def audit_generate(
     ``positions`` tokens, which is exact only when no cell was pooled (``ValueError`` otherwise: give
     a top-k or top-p that keeps few tokens, or fewer positions); a text no such token sequence
     decodes to is a draw of probability 0. ``reference``: a law provider ``(prompt_ids, ids) -> [len(ids),
-    V]`` raw log-probabilities (:mod:`hsd_torch.reference`), whose laws replace ``target``'s forward
+    V]`` raw log-probabilities (:mod:`hsd_torch.auditing.reference`), whose laws replace ``target``'s forward
     passes (``target`` still gives the logit width and the end ids). ``progress``: called once with a
     ``"plan: ..."`` line before the first draw, stating what the ``n`` draws will be able to detect
     (:func:`plan_line`; the report's ``detectable_tv`` is the same number). Returns a

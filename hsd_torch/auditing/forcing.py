@@ -2,8 +2,8 @@
 drafter's fingerprint, the logits of given rows at given positions, and per-sequence scores
 (log-likelihoods) for the two-sample tests.
 
-Used by :mod:`hsd_torch.seqaudit` (the sequence audit), :mod:`hsd_torch.textaudit` (its text mode)
-and :mod:`hsd_torch.engine_audit` (recorded engines).
+Used by :mod:`hsd_torch.auditing.sequences` (the sequence audit), :mod:`hsd_torch.auditing.text_sequences` (its text mode)
+and :mod:`hsd_torch.auditing.samples` (recorded engines).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
     for each ``j``, rows in order; every ``at[i]`` non-empty): one right-padded forward pass over all
     rows, the head run only from the first position any row reads (``logits_to_keep``, where the
     model takes it: on a 262k-id head the prompt's positions would cost as much as the audited
-    ones). ``model`` may be a :class:`~hsd_torch.reference.ProvidedLaw`: its provider's rows instead."""
+    ones). ``model`` may be a :class:`~hsd_torch.auditing.reference.ProvidedLaw`: its provider's rows instead."""
     if isinstance(model, ProvidedLaw):
         return model.forced(rows, at)
     dev = next(model.parameters()).device
@@ -110,7 +110,7 @@ def _forced_logits(model: Any, rows: Sequence[Sequence[int]], at: Sequence[Seque
 def _shared_logits(model: Any, tap: HeadTap, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]],
                    ids: torch.Tensor) -> torch.Tensor | None:
     """:func:`_forced_logits` restricted to the columns ``ids``: one right-padded forward pass whose
-    head runs at the read positions only and on the rows ``ids`` only (:class:`hsd_torch._head.HeadTap`,
+    head runs at the read positions only and on the rows ``ids`` only (:class:`hsd_torch.engine._head.HeadTap`,
     so whatever the model does after its head, Gemma's soft-capping, still applies). None when the
     model's head is not a linear layer the tap can steer."""
     if not tap.usable:

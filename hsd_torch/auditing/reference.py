@@ -10,8 +10,8 @@ returning the engine's RAW next-token log-probabilities (before temperature, top
 audits apply the claimed processing themselves) at each position of ``ids``: row ``j`` is the law
 of ``ids[j]`` given ``prompt_ids + ids[:j]``; ``V`` is the target's logit width (for vLLM: its
 full-vocabulary ``prompt_logprobs`` of prompt + continuation). :class:`ProvidedLaw` wraps one for
-the audits' teacher forcing (:func:`hsd_torch.audit.audit_sequences` and
-:func:`hsd_torch.audit.audit_generate` take it as ``reference=``): it checks every answer's shape and
+the audits' teacher forcing (:func:`hsd_torch.auditing.sequences.audit_sequences` and
+:func:`hsd_torch.auditing.first_tokens.audit_generate` take it as ``reference=``): it checks every answer's shape and
 values and hands the rows on as float64 logits (log-probabilities are logits: the softmax of a row
 is the law it gives).
 """
@@ -65,7 +65,7 @@ class ProvidedLaw:
         return t
 
     def forced(self, rows: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Teacher forcing as :func:`hsd_torch.forcing._forced_logits` does it: ``[sum_i len(at[i]),
+        """Teacher forcing as :func:`hsd_torch.auditing.forcing._forced_logits` does it: ``[sum_i len(at[i]),
         width]``, row ``i``'s law after its first ``at[i][j]`` ids for each ``j`` (``at[i]`` increasing
         positions, each below ``len(rows[i])``), one provider call per row."""
         out = []

@@ -4,16 +4,16 @@
 any engine in any language, or from :mod:`hsd_core.endpoint`) with the audits hsd already has,
 replaying the recorded draws instead of sampling:
 
-* the **sequence audit** (:func:`hsd_torch.audit.audit_sequences`: every token against the
+* the **sequence audit** (:func:`hsd_torch.auditing.sequences.audit_sequences`: every token against the
   reference's teacher-forced conditional law), the draws fed through a replay ``sample_batch_fn``
   with each draw's own prompt ids (``prompt_ids`` of the file; a draw with text only gets
-  :meth:`hsd_torch.text.TokenText.prompt_ids`, hsd's one prompt-to-ids rule, and the report says so);
-* the **first-token audit** (:func:`hsd_torch.audit.audit_generate`, the first two tokens) of each of
+  :meth:`hsd_torch.vocab.text.TokenText.prompt_ids`, hsd's one prompt-to-ids rule, and the report says so);
+* the **first-token audit** (:func:`hsd_torch.auditing.first_tokens.audit_generate`, the first two tokens) of each of
   the (at most 4) prompts with the most draws (at least 50);
 * a greedy file (``do_sample`` false) is audited for greedy identity by both.
 
 **The reference law** is named in every report: transformers' float32 teacher-forced law of the
-target (the default), or a law provider (:mod:`hsd_torch.reference`: the engine's own raw
+target (the default), or a law provider (:mod:`hsd_torch.auditing.reference`: the engine's own raw
 log-probabilities, e.g. vLLM's full-vocabulary ``prompt_logprobs``) passed as ``reference=``.
 
 **The null control and the two-sample test.** With ``baseline=`` (the same engine's samples

@@ -4,7 +4,7 @@ The statistics are :mod:`hsd_core.seqaudit`'s (:class:`~hsd_core.seqaudit.Sequen
 new token of ``n`` sampled sequences is tested against the target's own conditional law at its
 position, obtained by **teacher forcing**: each chunk of ``batch_size`` sequences is run through the
 target in one right-padded forward pass (prompt + new ids), and the logits before each new token
-are processed as :func:`hsd_torch.generate.process_logits` does (float64; with
+are processed as :func:`hsd_torch.engine.entry.process_logits` does (float64; with
 ``mask_textless=True`` also hsd_torch's removal of ids without text, as :func:`audit_generate`).
 With a drafter, its law at each position is read the same way: its context is its own encoding of
 the prompt, then each new target id re-synced as TLI does (the drafter id with that text, else its
@@ -28,7 +28,7 @@ audited up to its first end id and the budget and the report says how many were 
 gets the hint "return only the new ids".
 
 The target's context for a prompt is what :func:`hsd_torch.generate` feeds
-(:func:`hsd_torch.prompts.target_context`), or ``prompt_ids`` as given. The drafter the
+(:func:`hsd_torch.engine.prompts.target_context`), or ``prompt_ids`` as given. The drafter the
 directional test reads must be the drafter the sampler drafts with, unchanged: the audit takes
 its fingerprint (its modules' classes, its parameters' shapes, storage and in-place version
 counters) before sampling and checks it after every chunk, and refuses (``ValueError``) a sampler
@@ -130,7 +130,7 @@ def audit_sequences(
 
     ``prompts``: a str or a list (sequence ``i`` uses ``prompts[i % len(prompts)]``); the target's
     context is the prompt's ids as :func:`hsd_torch.generate` feeds them
-    (:func:`hsd_torch.prompts.target_context`). ``prompt_ids`` (as :func:`audit_generate`'s: one
+    (:func:`hsd_torch.engine.prompts.target_context`). ``prompt_ids`` (as :func:`audit_generate`'s: one
     list of ids, or one per prompt) overrides them as the target's context; ``prompts`` may then be
     None, and the sampler gets each context's decoded text. ``length_mismatch``: ``"error"`` (a
     sequence of the wrong length raises ``ValueError`` naming it, before any statistics),
@@ -152,14 +152,14 @@ def audit_sequences(
 
     A recorded engine's own context goes in ``prompt_ids`` (one id list per entry of ``prompts``).
     ``reference``: a law provider
-    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.reference`), teacher
+    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.auditing.reference`), teacher
     forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
     ids).
 
     ``text=True``: the sampler returns the new **text** of its ``max_new_tokens`` tokens
     (``target_tokenizer.decode(new_ids, skip_special_tokens=True)``, as ``audit_generate(text=True)``),
     and the audit compares it with as many texts drawn from the target itself by two-sample tests
-    (:mod:`hsd_torch.textaudit`: a text has many tokenizations, so no per-token law of it exists
+    (:mod:`hsd_torch.auditing.text_sequences`: a text has many tokenizations, so no per-token law of it exists
     to test against); the report's tests are that family. Not with ``reference`` (a law provider
     cannot be sampled here) nor a ``length_mismatch`` other than "error" (texts have no token count);
     no aimed tests (``context_bugs`` is not used).

@@ -8,7 +8,7 @@ the target itself (hsd's autoregressive decoding, :func:`hsd_torch.generate` wit
 the target's own processed law, checked exactly against ``hsd_core`` by the mirror tests), each
 decoded by the same rule, ``target_tokenizer.decode(new_ids, skip_special_tokens=True)`` (the rule of
 ``audit_generate(text=True)``). Both texts then go through one fixed map (the target tokenizer's
-encoding, :meth:`hsd_torch.text.TokenText.encode`) and the two samples of id sequences are compared
+encoding, :meth:`hsd_torch.vocab.text.TokenText.encode`) and the two samples of id sequences are compared
 by :func:`hsd_core.twosample.two_sample_sequences`: within each prompt, the first one and two ids'
 homogeneity and stratified rank tests of the log-likelihood under the target (and, with a drafter,
 under the drafter and their difference) of those ids. A fixed function applied to both samples

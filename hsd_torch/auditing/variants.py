@@ -8,9 +8,9 @@ function or hook of the real code path by a wrapper that changes one thing; the 
 context is free, ``proofs/sd.md``): an audit must not flag it.
 
 ``docs/auditing.md`` ("A zoo of real-world bugs") tabulates, for each variant on the tiny pair, the
-verdict of :func:`hsd_torch.audit.audit_generate` (first two tokens) and of
-:func:`hsd_torch.audit.audit_sequences` (200 sequences x 32 tokens), from ``bench/zoo.py``;
-``tests/torch/test_variants_zoo.py`` asserts the sequence audit's verdicts.
+verdict of :func:`hsd_torch.auditing.first_tokens.audit_generate` (first two tokens) and of
+:func:`hsd_torch.auditing.sequences.audit_sequences` (200 sequences x 32 tokens), from ``bench/zoo.py``;
+``tests/torch/auditing/test_variants_zoo.py`` asserts the sequence audit's verdicts.
 
 Not thread-safe: a patch changes module attributes for every caller while it is active.
 """

@@ -17,7 +17,7 @@ one ``error:`` line with exit status 2. Anything else (``TypeError``, ``Assertio
 ``RuntimeError``, ...) is a bug or a failure of the machine, not of the command line (argparse has
 already given every value its type), and surfaces with its traceback (exit status 1).
 
-The temperature range is the library's (:data:`hsd_torch.laws.TEMPERATURE_RANGE`), so the
+The temperature range is the library's (:data:`hsd_torch.engine.laws.TEMPERATURE_RANGE`), so the
 commands refuse exactly what ``generate`` and ``audit_generate`` refuse.
 """
 
@@ -87,7 +87,7 @@ def _float(text: str, fix: str, ok: Callable[[float], bool] = lambda v: True) ->
 
 
 def temperature(text: str) -> float:
-    """``--temperature``: a number in :data:`hsd_torch.laws.TEMPERATURE_RANGE` (why: its docstring)."""
+    """``--temperature``: a number in :data:`hsd_torch.engine.laws.TEMPERATURE_RANGE` (why: its docstring)."""
     lo, hi = TEMPERATURE_RANGE
     return _float(text, f"needs a number in [{lo:g}, {hi:g}] (for argmax decoding use --greedy)",
                   lambda v: math.isfinite(v) and lo <= v <= hi)
@@ -202,7 +202,7 @@ def folders_problem(target: str, drafter: str | None, target_tokenizer: str | No
     """The first of :func:`checkpoint_problem` / :func:`tokenizer_problem` for the folders of
     ``--target``, ``--drafter`` (None: no drafter is used, and its tokenizer is not checked) and
     their tokenizers (None: the checkpoint's folder), in that order; None if there is none. A value
-    that names a real model (:func:`hsd_torch.real_models.named`) stands for its checkpoint and its
+    that names a real model (:func:`hsd_torch.models.real.named`) stands for its checkpoint and its
     tokenizer, and is checked with :func:`real_model_problem`."""
     from ..models.real import named
 
@@ -320,7 +320,7 @@ def sd_tokenizer_problem(method: str, target_tokenizer: Any, drafter_tokenizer: 
 
 
 def load_tokenizer(path: str) -> Any:
-    """The tokenizer of a checkpoint folder or a real model's name (:mod:`hsd_torch.real_models`);
+    """The tokenizer of a checkpoint folder or a real model's name (:mod:`hsd_torch.models.real`);
     ``Refusal`` naming the path when it does not load."""
     from transformers import AutoTokenizer
 

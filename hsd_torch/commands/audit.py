@@ -1,5 +1,5 @@
 """``hsd audit --impl transformers|hsd_torch ...``: audit a speculative ``generate()`` over local
-checkpoints with :func:`hsd_torch.audit.audit_generate`. :data:`AUDIT` (its options and its runner)
+checkpoints with :func:`hsd_torch.auditing.first_tokens.audit_generate`. :data:`AUDIT` (its options and its runner)
 is registered under the ``hsd.audit_impls`` entry points ``transformers`` and ``hsd_torch``
 (pyproject.toml); ``hsd_core.cli`` imports this module only when ``--impl`` is given (or for the
 help), so that ``import hsd_core`` and ``hsd audit`` never import torch.
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="draws (with --impl; default 20000, with --sequences 200 sequences)")
     a("--positions", type=ca.positive_int, default=2, help="new tokens audited (default 2; not with --sequences)")
     a("--sequences", action="store_true",
-      help="audit every token of whole sequences by teacher forcing (hsd_torch.audit.audit_sequences)")
+      help="audit every token of whole sequences by teacher forcing (hsd_torch.auditing.sequences.audit_sequences)")
     a("--max-new-tokens", type=ca.positive_int, default=32, metavar="L",
       help="with --sequences: new tokens per sequence (default 32)")
     a("--context-bugs", type=ca.context_bugs, default=None, metavar="NAMES",
@@ -128,7 +128,7 @@ _HSD_TORCH_ONLY = (("method", "--method"), ("lookahead", "--lookahead"), ("min_p
 def problem_before_loading(args: argparse.Namespace) -> str | None:
     """What stops ``hsd audit --impl`` before any model is loaded (None if nothing): a missing
     option, a folder that holds no checkpoint or no tokenizer, hsd_torch method options that
-    ``generate`` would refuse. The ranges were checked while parsing (:mod:`hsd_torch.cli_args`)."""
+    ``generate`` would refuse. The ranges were checked while parsing (:mod:`hsd_torch.commands.args`)."""
     if args.target is None:
         return f"--impl {args.impl} needs --target DIR"
     if args.impl == "transformers":
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
 
     Exit status 2 with one ``hsd audit: error:`` line: a problem found before loading
     (:func:`problem_before_loading`), a checkpoint that does not load, or a ``ValueError`` /
-    ``NotImplementedError`` from the sampler or :func:`~hsd_torch.audit.audit_generate` (the
+    ``NotImplementedError`` from the sampler or :func:`~hsd_torch.auditing.first_tokens.audit_generate` (the
     library refusing an argument, or a test that cannot give an answer:
     ``hsd_core.stats.InvalidTest``). Any other exception is a bug and keeps its traceback."""
 
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: Any, tt: Any, drafter: Any, dt: Any,
                    bar: Any, error: Callable[[str], int]) -> int:
-    """``--sequences``: :func:`~hsd_torch.audit.audit_sequences` (hsd_torch batched 16 sequences
+    """``--sequences``: :func:`~hsd_torch.auditing.sequences.audit_sequences` (hsd_torch batched 16 sequences
     per call; transformers one per call, as its assisted generation takes batch 1), the drafter's
     law giving the directional test; prints the verdict and the power per family."""
     batched = args.impl == "hsd_torch"

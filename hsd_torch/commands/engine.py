@@ -1,7 +1,7 @@
 """``hsd audit --samples-file F --target T`` and ``hsd audit --endpoint URL --target T``: audits of
-engines that run outside hsd (:func:`hsd_torch.engine_audit.audit_samples`). No ``--impl``: the draws
+engines that run outside hsd (:func:`hsd_torch.auditing.samples.audit_samples`). No ``--impl``: the draws
 are the engine's (a samples file, :mod:`hsd_core.samples`) or are drawn from its OpenAI-compatible
-server (:mod:`hsd_core.endpoint`). :mod:`hsd_torch.cli_audit` adds these options to ``hsd audit``
+server (:mod:`hsd_core.endpoint`). :mod:`hsd_torch.commands.audit` adds these options to ``hsd audit``
 and hands a command line that gives ``--samples-file`` or ``--endpoint`` to :func:`run`.
 """
 
@@ -34,7 +34,7 @@ def _positive_float(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of the engine audits (the target, drafter, alpha, seed, report and sampling
-    options are ``hsd audit --impl``'s own, :func:`hsd_torch.cli_audit.add_arguments`)."""
+    options are ``hsd audit --impl``'s own, :func:`hsd_torch.commands.audit.add_arguments`)."""
     a = p.add_argument
     a("--samples-file", metavar="F", help="audit an engine's recorded draws (JSONL, format hsd-samples/1, "
                                           "docs/auditing.md) against --target, no --impl")
@@ -152,7 +152,7 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
 
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:
     """Run the engine audit (``load(path, tokenizer_path) -> (model, tokenizer)`` loads the target
-    and the drafter: :func:`hsd_torch.cli_audit.load`, given by the caller so that this module does
+    and the drafter: :func:`hsd_torch.commands.audit.load`, given by the caller so that this module does
     not import the one that imports it); print the verdict, the reference and each part's verdict; write the
     report; 1 on "lossy", 0 otherwise, 2 with one ``hsd audit: error:`` line for a refused input
     (a samples file that breaks the format, an endpoint that cannot be audited, a bad option)."""

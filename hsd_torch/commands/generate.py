@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained), or a real model: "
       "smollm2-135m-instruct, gemma-3-270m, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct "
-      "(hsd_torch.real_models)")
+      "(hsd_torch.models.real)")
     a("--drafter", metavar="DIR", help="drafter checkpoint folder or real model (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")
@@ -196,9 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``hsd generate ...``; returns the exit status.
 
     Every bad argument is refused before any model is loaded, with exit status 2: a range, a
-    choice or a missing option while parsing (:mod:`hsd_torch.cli_args`: argparse's usage and one
+    choice or a missing option while parsing (:mod:`hsd_torch.commands.args`: argparse's usage and one
     ``error:`` line), then the prompts file, the method's options, the folders and the device (one
-    ``error:`` line, :class:`~hsd_torch.cli_args.Refusal`). A checkpoint that does not load, and a
+    ``error:`` line, :class:`~hsd_torch.commands.args.Refusal`). A checkpoint that does not load, and a
     ``ValueError`` or ``NotImplementedError`` from :func:`hsd_torch.generate` (the library refusing
     an argument or an input it cannot go on with), are one ``error:`` line too, exit status 2. Any
     other exception (``TypeError``, ``AssertionError``, ``RuntimeError``, ...) is a bug or a failure

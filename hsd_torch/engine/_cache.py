@@ -7,7 +7,7 @@ object while its entry lives; the cache is cleared when it holds ``size`` entrie
 
 Identity alone is not enough for an owner that can change in place: a tokenizer whose
 post-processor, added tokens or model are changed after a call is the same object with another encoding.
-Its key then holds a fingerprint of its state (:meth:`hsd_torch.text.TokenText.get` passes
+Its key then holds a fingerprint of its state (:meth:`hsd_torch.vocab.text.TokenText.get` passes
 :func:`hsd_torch.vocab.tokenizer_state`), and the caches keyed on a ``TokenText`` (text spaces,
 column maps, bridges, tries) follow, since a new state builds a new ``TokenText``.
 """

@@ -1,7 +1,7 @@
 """The columns of one model's batched KV cache: a cache whose every layer can be cropped
 (:func:`new_cache`), the attention masks per layer type that give each row of a batch its own
 sliding window (:func:`layer_masks`), and :class:`Columns`, the bookkeeping of a
-:class:`hsd_torch.runner.Runner`'s columns (how many, which each row keeps, their positions).
+:class:`hsd_torch.engine.runner.Runner`'s columns (how many, which each row keeps, their positions).
 
 A row's tokens sit in the columns it was fed; a column a row must forget (a rejected draft, a
 drafter token that the re-sync replaced, padding of a ragged block) is masked out of attention from
@@ -98,7 +98,7 @@ def layer_masks(keep: Tensor, kv_pos: Tensor, q_pos: Tensor, start: int, window:
 
 
 class Columns:
-    """The columns of one model's batch KV cache (a :class:`hsd_torch.runner.Runner`'s): their
+    """The columns of one model's batch KV cache (a :class:`hsd_torch.engine.runner.Runner`'s): their
     number (:attr:`width`) and, in a batch of several rows (:attr:`masked`), the attention mask over
     them (:attr:`mask`: 1 where a column holds one of the row's ids, 0 for a hole or padding) and,
     for a model with sliding-window layers (:attr:`positions`), each column's position in its row

@@ -16,7 +16,7 @@ the rounding inside the forward before the head (the hidden state), which moves 
 logits far less; those positions are counted (``GenerateOutput.near_ties``, and ``tie_flips`` where the
 float32 decision differs from the reduced-precision one) and the contract in docs/generate.md
 says what is promised. Sampling is unchanged: its law is the float32 softmax of the logits of the
-verification forward that computed each position (``hsd_torch.laws``).
+verification forward that computed each position (``hsd_torch.engine.laws``).
 """
 
 from __future__ import annotations

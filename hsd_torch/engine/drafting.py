@@ -40,7 +40,7 @@ class DraftColumns:
     row's drafting (TLI, SLEM) instead of raising ``ValueError`` (SD, SLRS). ``head`` (int64, the
     ids ``space.ids[:n_draw]`` on the drafter's device; only when the drafter's processing has no
     top-k or top-p, whose kept sets read every logit): the drafter's head computes those ids'
-    logits alone and the law drawn from is :func:`hsd_torch.laws.restricted_law` of them, the
+    logits alone and the law drawn from is :func:`hsd_torch.engine.laws.restricted_law` of them, the
     processed law restricted to the drafting columns and renormalized (TLI's q_cap)."""
 
     space: TextSpace

@@ -25,14 +25,14 @@ The law every method is lossless for is the target's **processed** law: its logi
 temperature, top-k, top-p (:func:`process_logits`); the drafter's laws are processed the same way
 over its ids with text. The machinery the methods share, each in a file named for what it is:
 
-- :mod:`hsd_torch.laws`: processing and the text spaces every law lives on (ids with text in
+- :mod:`hsd_torch.engine.laws`: processing and the text spaces every law lives on (ids with text in
   ``hsd_core``'s order, EOS last, so no draw needs a permutation and no column is masked);
-- :mod:`hsd_torch.runner`: each model's batched KV cache, masks, crops and the drafter's window;
-- :mod:`hsd_torch.rounds`: the round loop (draft, verify, advance, settle caches), contexts,
+- :mod:`hsd_torch.engine.runner`: each model's batched KV cache, masks, crops and the drafter's window;
+- :mod:`hsd_torch.engine.rounds`: the round loop (draft, verify, advance, settle caches), contexts,
   per-row randomness and statistics;
-- :mod:`hsd_torch.drafting`: drafting token by token from a drafter law;
-- :mod:`hsd_torch.verification`: the target pass and the kernels' decisions (exact match,
-  rejection); :mod:`hsd_torch.kernels` and :mod:`hsd_torch.vocab` as before.
+- :mod:`hsd_torch.engine.drafting`: drafting token by token from a drafter law;
+- :mod:`hsd_torch.engine.verification`: the target pass and the kernels' decisions (exact match,
+  rejection); :mod:`hsd_torch.engine.kernels` and :mod:`hsd_torch.vocab` as before.
 
 Where the work happens. The tensor work (softmax, cumulative sums, draws, gathers, pushforwards,
 residuals) runs on the models' device; the small decisions (which draft passes, where a row stops,
@@ -107,7 +107,7 @@ def generate(
     ``target``, ``drafter``: Hugging Face causal LMs in eval mode, on one device (``drafter`` None
     for ``method="ar"``), with their ``transformers`` tokenizers; ``prompts``: a str (a chat
     template's text too), a conversation or a list of those, or instead ``input_ids`` (and
-    ``attention_mask``): the target's context is what transformers feeds (:mod:`hsd_torch.prompts`).
+    ``attention_mask``): the target's context is what transformers feeds (:mod:`hsd_torch.engine.prompts`).
     ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring); options a method does not
     use are refused: ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind``
     (SLEM's, None: 4), ``resync`` (SLEM's and SLRS's drafter re-sync, ``hsd_core.methods.Resync``),
@@ -119,9 +119,9 @@ def generate(
     replaces the drafter's, which is free); ``seed``: an int, a ``torch.Generator`` or None.
     ``mask_textless=True`` removes ids without text (not EOS, end ids) from the target's law (as ``hsd_core``).
     ``generation_config`` (None: the target's): end ids, ``min_new_tokens`` and ``stop_strings`` are
-    honoured, fields that change the law otherwise are refused (:mod:`hsd_torch.genconfig`);
+    honoured, fields that change the law otherwise are refused (:mod:`hsd_torch.engine.genconfig`);
     ``logits_processor``, ``min_new_tokens``, ``stop_strings``: as transformers applies them, at
-    every verified position (:mod:`hsd_torch.processors`). ``streamer`` (one prompt): fed as
+    every verified position (:mod:`hsd_torch.engine.processors`). ``streamer`` (one prompt): fed as
     transformers feeds it. ``record_uniforms=True`` fills ``GenerateOutput.uniforms``; ``progress(n)``
     is called after every round with the rows that finished in it. Numpy integers are ints.
 
@@ -130,7 +130,7 @@ def generate(
     (``ValueError`` otherwise: generate never converts them; load them so, e.g.
     ``real_models.load(name, dtype=torch.bfloat16)``). Laws are float32 softmaxes of the logits in
     any dtype. Greedy with a bfloat16 or float16 target re-decides near ties in float32 from the
-    forward's final hidden state (:mod:`hsd_torch._precision`; ``GenerateOutput.near_ties``,
+    forward's final hidden state (:mod:`hsd_torch.engine._precision`; ``GenerateOutput.near_ties``,
     ``tie_flips``): docs/generate.md, "Reduced precision", states what is then promised.
 
     Every argument is checked before any work (``docs/generate.md``, "What generate refuses, and
@@ -175,8 +175,8 @@ def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: 
 def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, method: Method, target: Any,
             target_tokenizer: Any, drafter_tokenizer: Any) -> Prompts:
     """The rows' contexts: the checked prompts rendered for the target's tokenizer and, for a
-    method that drafts, the drafter's (:func:`hsd_torch.prompts.render`), or the target's ``ids``
-    exactly (:func:`hsd_torch.prompts.from_ids`)."""
+    method that drafts, the drafter's (:func:`hsd_torch.engine.prompts.render`), or the target's ``ids``
+    exactly (:func:`hsd_torch.engine.prompts.from_ids`)."""
     if ids is None:
         return render(items, target_tokenizer, drafter_tokenizer if method.needs_drafter else None)
     return from_ids(ids, attention_mask, TokenText.get(target_tokenizer, logit_width(target)))
@@ -185,7 +185,7 @@ def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, 
 def _check_extras(target: Any, generation_config: Any, logits_processor: Any, min_new_tokens: Any,
                   stop_strings: Any) -> dict[str, Any]:
     """``Generation``'s ``generation_config`` (:func:`_check_config`), ``processors``,
-    ``min_new_tokens`` and ``stop_strings``, checked (:mod:`hsd_torch.processors`); a None minimum
+    ``min_new_tokens`` and ``stop_strings``, checked (:mod:`hsd_torch.engine.processors`); a None minimum
     or stop strings are the generation config's."""
     config = _check_config(target, generation_config)
     return {"generation_config": config, "processors": check_logits_processor(logits_processor),
@@ -196,7 +196,7 @@ def _check_extras(target: Any, generation_config: Any, logits_processor: Any, mi
 
 
 def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list[Any], list[list[int]] | None]:
-    """The checked prompts (:func:`hsd_torch.prompts.check_prompts`; none when ``input_ids`` is
+    """The checked prompts (:func:`hsd_torch.engine.prompts.check_prompts`; none when ``input_ids`` is
     given) and ``input_ids`` as lists of ints (converted once; None without them); ``ValueError``
     for both prompts and ids, or a mask without ids."""
     if input_ids is None:
@@ -210,7 +210,7 @@ def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list
 
 def _check_config(target: Any, config: Any) -> Any:
     """The generation config that applies (``config``, or the target's own when None), checked
-    (:func:`hsd_torch.genconfig.check_generation_config`); ``TypeError`` for a config that is not a
+    (:func:`hsd_torch.engine.genconfig.check_generation_config`); ``TypeError`` for a config that is not a
     ``transformers.GenerationConfig``."""
     from transformers import GenerationConfig
 
@@ -243,11 +243,11 @@ def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: An
 
 def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_tokenizer: Any, method: Method,
                   dtype: Any) -> None:
-    """The models and tokenizers (:func:`hsd_torch.runner.check_model`,
-    :func:`hsd_torch.text.check_tokenizer`; a drafter is checked only for a method that drafts),
+    """The models and tokenizers (:func:`hsd_torch.engine.runner.check_model`,
+    :func:`hsd_torch.vocab.text.check_tokenizer`; a drafter is checked only for a method that drafts),
     then their devices: one for both, not the meta device; then ``dtype``
-    (:func:`hsd_torch._precision.as_dtype`), which every model checked must already be in
-    (:func:`hsd_torch._precision.check_model_dtype`)."""
+    (:func:`hsd_torch.engine._precision.as_dtype`), which every model checked must already be in
+    (:func:`hsd_torch.engine._precision.check_model_dtype`)."""
     needs_drafter = method.needs_drafter
     dev = check_model(target, "target")
     check_tokenizer(target_tokenizer, "target_tokenizer")

@@ -2,9 +2,9 @@
 caller passes as ``generation_config=``), and what it refuses.
 
 Honoured: ``eos_token_id`` (an int or a list): a row ends at any of those ids or at the
-tokenizer's EOS (:func:`hsd_torch.rounds.end_ids`), and they stay in the target's law;
+tokenizer's EOS (:func:`hsd_torch.engine.rounds.end_ids`), and they stay in the target's law;
 ``min_new_tokens`` and ``stop_strings`` (unless ``generate``'s own arguments of those names are
-given: :mod:`hsd_torch.processors`).
+given: :mod:`hsd_torch.engine.processors`).
 
 Not taken from the config: ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and
 ``max_new_tokens`` are ``generate``'s own arguments, with its own defaults (sampling at temperature

@@ -30,7 +30,7 @@ Which uniforms a row reads, in the order the reference reads them (so that a
 * :func:`exact_match_verify`: ``u[b, 0 .. n_emitted - 1]``, one per emitted token. Greedy reads none.
 * :func:`sample`: ``u[b]``.
 
-Numerics (every rule below is tested in ``tests/torch/test_kernels.py``):
+Numerics (every rule below is tested in ``tests/torch/engine/test_kernels.py``):
 
 * **Compute dtype.** float64 inputs are computed in float64; float32, float16 and bfloat16 in
   float32 (:func:`compute_dtype`). Only the rows a decision needs are converted (the gathered
@@ -240,7 +240,7 @@ class LazyLaw:
     every decision, are the bits that processing the whole ``[B, P]`` at once gives.
 
     ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
-    :func:`hsd_torch.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``."""
+    :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``."""
 
     def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None) -> None:
         if source.dim() != 3:

@@ -231,7 +231,7 @@ def top_p_keep(probs: Tensor, top_p: float, first_k: int | None = None) -> Tenso
 class TextSpace:
     """The columns ``generate``'s laws live on for one model: ``ids``, the model's ids a law may
     put mass on in ``hsd_core``'s order (ids with text increasing, then EOS: the mirror's core ids,
-    :class:`hsd_torch.mirror.CoreTokenizer`; a TLI drafter's: the same ids, those it shares with
+    :class:`hsd_torch.models.mirror.CoreTokenizer`; a TLI drafter's: the same ids, those it shares with
     the target first, :func:`hsd_torch.methods.tli.tli_columns`). ``pos[id]``: an id's column (-1: none).
 
     Laws over these columns need no permutation before a draw (the sampling order is the column

@@ -4,7 +4,7 @@ tokenizer's own chat template.
 A prompt is either
 
 - a ``str``: the target's context is ``tokenizer(prompt, add_special_tokens=False)`` after the
-  tokenizer's special prefix (:meth:`hsd_torch.text.TokenText.encode_prompt`; a chat template's
+  tokenizer's special prefix (:meth:`hsd_torch.vocab.text.TokenText.encode_prompt`; a chat template's
   special tokens are its special ids), and the drafter reads the same text as text; or
 - given ids (``generate(input_ids=..., attention_mask=...)``, transformers' convention): each row's
   target context is exactly its ids where the mask is 1 (one run of ones per row: left or right
@@ -52,12 +52,12 @@ class Prompts:
 
 def target_context(text: Any, prompt: str) -> list[int]:
     """The target's context for a text prompt: the one rule :func:`hsd_torch.generate`,
-    :func:`hsd_torch.audit.audit_generate` and :func:`hsd_torch.audit.audit_sequences` share.
-    ``text`` is the target's :class:`hsd_torch.text.TokenText`; the ids are its special prefix (a
+    :func:`hsd_torch.auditing.first_tokens.audit_generate` and :func:`hsd_torch.auditing.sequences.audit_sequences` share.
+    ``text`` is the target's :class:`hsd_torch.vocab.text.TokenText`; the ids are its special prefix (a
     BOS), unless the prompt's own ids already begin with it (a chat template's text starting with
     ``<bos>``: no second one, as ``apply_chat_template`` feeds it), then
     ``tokenizer(prompt, add_special_tokens=False)`` (special tokens parsed); an empty prompt with no
-    prefix gets the BOS (:meth:`~hsd_torch.text.TokenText.start`). Never empty; ``ValueError`` when
+    prefix gets the BOS (:meth:`~hsd_torch.vocab.text.TokenText.start`). Never empty; ``ValueError`` when
     there is nothing to condition on or an id falls outside the model's logit columns."""
     ids: list[int] = text.prompt_ids(prompt)
     return ids
@@ -164,7 +164,7 @@ def from_ids(input_ids: Any, attention_mask: Any, text: Any) -> Prompts:
     """Rows of target ids as prompts (module docstring): ``input_ids`` a 2-D integer tensor or a
     list of lists of ints ``[B, L]``, ``attention_mask`` None (every id counts) or the same shape
     of 0 and 1 with one run of ones per row; ``text`` the target's
-    :class:`hsd_torch.text.TokenText` (ids must be within its ``vocab_size`` logit columns).
+    :class:`hsd_torch.vocab.text.TokenText` (ids must be within its ``vocab_size`` logit columns).
     ``TypeError`` / ``ValueError`` naming the row otherwise."""
     rows = _as_rows(input_ids, "input_ids")
     masks = _as_rows(attention_mask, "attention_mask") if attention_mask is not None else None

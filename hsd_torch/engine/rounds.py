@@ -4,7 +4,7 @@ four phases that call the method object (:class:`hsd_torch.methods.base.Method`)
 
 1. ``draft``: the method's proposals (:class:`Drafts`), from its drafter;
 2. ``verify``: one target pass over each row's pending context and proposals, and the kernels'
-   decisions (:mod:`hsd_torch.verification`);
+   decisions (:mod:`hsd_torch.engine.verification`);
 3. ``advance``: each row emits its tokens; the method re-syncs the drafter's context;
 4. ``settle_caches``: the target's cache keeps exactly the verified context, the drafter's what is
    still valid; finished rows leave both caches.
@@ -16,14 +16,14 @@ Contexts. A model's context is its tokenizer's special prefix (a BOS) and its en
 prompt; for a prompt that encodes to no ids with a tokenizer that adds no prefix, the tokenizer's
 BOS (``ValueError`` up front when it has none: :meth:`TokenText.start`). The target's context
 must fit its positions (prompt + ``max_new_tokens``, checked up front: its law is defined only
-there); the drafter's is seen through a sliding window when it does not (:mod:`hsd_torch.runner`).
+there); the drafter's is seen through a sliding window when it does not (:mod:`hsd_torch.engine.runner`).
 
 Randomness. Row ``i`` draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(n)[i])``
 (the same for any batch size ``n``), and how many uniforms a round draws depends only on that
 row's own state, so a row's output is a function of ``(seed, i, its prompt)`` alone. Per round a
 row draws its drafting uniforms (one per possible draft), then its verification uniforms; the
 uniforms it actually *consumes*, in the order ``hsd_core``'s method consumes them (drafts, then
-what the kernel read: see :mod:`hsd_torch.kernels`), can be recorded (``record_uniforms=True``)
+what the kernel read: see :mod:`hsd_torch.engine.kernels`), can be recorded (``record_uniforms=True``)
 and replayed into ``hsd_core`` through :class:`hsd_core.rand.UniformRand` (the mirror test).
 """
 
@@ -98,7 +98,7 @@ class GenerateOutput:
     """The id :meth:`tensors` pads with by default (the target tokenizer's pad id, else its EOS)."""
     near_ties: list[int] | None = None
     """Greedy with a bfloat16 or float16 target, per row: the verified positions whose near-equal top
-    logits were decided again in float32 (:mod:`hsd_torch._precision`); None otherwise."""
+    logits were decided again in float32 (:mod:`hsd_torch.engine._precision`); None otherwise."""
     tie_flips: list[int] | None = None
     """Of those, per row, the positions where the float32 decision differs from the reduced-precision argmax."""
 
@@ -214,7 +214,7 @@ class Generation:
             self.t_first = [tt.start(p, parsed=True) for p in rendered.target]
             self.t_ctx = [target_context(tt, p) for p in rendered.target]  # = t_first + the prompt's own ids
         self.prompt_ids = [list(c) for c in self.t_ctx]
-        self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.processors
+        self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.engine.processors
         self.stops = StopStrings(stop_strings, [tt.decode(c) for c in self.t_ctx])
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
@@ -231,7 +231,7 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
-        # greedy under reduced precision: near ties decided again in float32 (hsd_torch._precision)
+        # greedy under reduced precision: near ties decided again in float32 (hsd_torch.engine._precision)
         self.near = NearTies(target) if greedy and model_dtype(target) in REDUCED else None
         self.trun.want_hidden = self.near is not None and self.near.usable
         self.near_ties = [0] * batch

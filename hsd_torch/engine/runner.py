@@ -236,7 +236,7 @@ class Runner:
     the model runs without an attention mask and without position ids (plain causal attention over
     the cache, positions counted from the cache's length: what the mask of ones and the positions
     they replace would give). Batches of several rows pass both (:attr:`columns`:
-    :class:`hsd_torch._columns.Columns`, the cache's width, attention mask and column positions),
+    :class:`hsd_torch.engine._columns.Columns`, the cache's width, attention mask and column positions),
     holes and padding included.
 
     The cache is :func:`new_cache`'s: sliding-window layers keep their full history, so crops work
@@ -285,7 +285,7 @@ class Runner:
         The head runs only where a row reads: at the block columns every row reads
         (``logits_to_keep``: a prefill's last position; 1 MB per position on Gemma's 262,144 ids),
         else (ragged reads, or ``head_rows``) at each row's own columns and on those ids
-        (:class:`hsd_torch._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
+        (:class:`hsd_torch.engine._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
         live = self.live
@@ -376,13 +376,13 @@ class Runner:
 
     def _first_position(self, i: int) -> int:
         """The position id of the next id fed to row ``i``: the number of ids it keeps (a rejected
-        draft's position is given again). A hook so that ``hsd_torch.variants`` can model the bug
+        draft's position is given again). A hook so that ``hsd_torch.auditing.variants`` can model the bug
         of positions not reset after a rejection."""
         return len(self.ids[i])
 
     def _forget(self, i: int, m: int) -> list[int]:
         """The cache columns row ``i`` forgets when it keeps only its first ``m`` ids: all the
-        columns of the others. A hook so that ``hsd_torch.variants`` can model a cache cropped one
+        columns of the others. A hook so that ``hsd_torch.auditing.variants`` can model a cache cropped one
         position short."""
         return self.cols[i][m:]
 

@@ -1,6 +1,6 @@
 """The verification step every method ends a round with: one target forward pass over each active
 row's pending context and proposals, then the kernels' decisions on the host
-(:func:`hsd_torch.kernels._exact_match_host`, :func:`hsd_torch.kernels._rejection_host`, the code
+(:func:`hsd_torch.engine.kernels._exact_match_host`, :func:`hsd_torch.engine.kernels._rejection_host`, the code
 the public kernels run).
 
 The kernels run unchecked: their inputs are valid by construction (uniforms from numpy in
@@ -34,7 +34,7 @@ __all__ = ["TargetPass", "exact_match", "rejection", "target_pass"]
 class TargetPass:
     """The target's processed laws ``p [B, kmax + 1, Nt]`` (over its text space; float32, or
     float64 for a float64 model) at each row's proposals and one column past them, processed from
-    its logits where the kernels read them (:class:`hsd_torch.kernels.LazyLaw`: a round processes
+    its logits where the kernels read them (:class:`hsd_torch.engine.kernels.LazyLaw`: a round processes
     the positions up to each row's first rejection or mismatch, not all ``kmax + 1``), the
     proposals as target columns padded to ``kmax`` (``cand``), and each row's budget (at least 1)."""
 
@@ -58,7 +58,7 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
         for i in range(gen.batch):
             gen.near_ties[i] += checked[i]
             gen.tie_flips[i] += flips[i]
-    if gen.processors or gen.min_new_tokens:  # the caller's processors, min_new_tokens (hsd_torch.processors)
+    if gen.processors or gen.min_new_tokens:  # the caller's processors, min_new_tokens (hsd_torch.engine.processors)
         full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
         logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
                                        gen.processors, gen.min_new_tokens, sorted(gen.ends))

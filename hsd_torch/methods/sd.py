@@ -13,9 +13,9 @@ Glossary
 Steps of one round
     1. Drafter context = its ids of the prompt + the emitted ids (the same ids as the target's).
     2. Draft ``x_1..x_n ~ q`` token by token, ``n = min(k, budget)``, stopping after EOS
-       (:func:`hsd_torch.drafting.draft_tokens`; a law with no mass raises ``ValueError``).
+       (:func:`hsd_torch.engine.drafting.draft_tokens`; a law with no mass raises ``ValueError``).
     3. One target pass gives ``p_1..p_{n+1}``; rejection verification with exactly those q
-       (:func:`hsd_torch.verification.rejection`).
+       (:func:`hsd_torch.engine.verification.rejection`).
     4. Re-sync: the drafter's context is extended by the emitted ids.
 Greedy mode drafts the drafter's argmax and keeps drafts while they equal the target's argmax.
 """

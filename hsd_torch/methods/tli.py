@@ -14,7 +14,7 @@ Glossary
 
 Steps of one round
     1. Drafter context = its encoding of the prompt, then each emitted target id re-synced.
-    2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.drafting.draft_tokens`
+    2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.engine.drafting.draft_tokens`
        over the intersection's columns, the first ``n_draw`` of the drafter's space: a slice, not
        renormalized; a draw reads the mass it normalizes by); stop after EOS, or where q_cap has no
        mass (a round with no draft is plain target decoding). Without top-k / top-p for the
@@ -23,7 +23,7 @@ Steps of one round
        are never computed).
     3. Map the drafts to target ids; each draft's q is the pushforward onto target columns of
        exactly the law it was drawn from, divided by the mass its draw read (inside the kernel).
-    4. Rejection verification (:func:`hsd_torch.verification.rejection`) with exactly those laws.
+    4. Rejection verification (:func:`hsd_torch.engine.verification.rejection`) with exactly those laws.
 Greedy mode drafts the argmax of the drafter over the intersection (ties to the lowest drafter id).
 """
 
@@ -115,7 +115,7 @@ def resync_ids(t: int, to_drafter: Sequence[int], tt: TokenText, dt: TokenText,
     """The drafter ids target id ``t`` re-syncs to: the drafter id with its string
     (``to_drafter[t] >= 0``), else the drafter's encoding of its text, memoized in ``memo``; none
     for an id without text (the target's own law keeps them). What ``TLI.resync`` appends, and what
-    :func:`hsd_torch.audit.audit_sequences` builds the drafter's context from."""
+    :func:`hsd_torch.auditing.sequences.audit_sequences` builds the drafter's context from."""
     d = to_drafter[t]
     if d >= 0:
         return [d]

@@ -1,5 +1,5 @@
 """A deterministic Unigram-LM trainer (the SentencePiece algorithm, simplified), for
-:func:`hsd_torch.tiny.train_unigram_byte_fallback`.
+:func:`hsd_torch.models.tiny.train_unigram_byte_fallback`.
 
 Why not ``tokenizers.trainers.UnigramTrainer``: it is not deterministic. It keeps the pre-tokenized
 words in a Rust ``HashMap`` (std ``RandomState``, keys drawn per process) and runs the EM over them
@@ -26,7 +26,7 @@ piece string, rankings and the 0.5 threshold compare values rounded to 1e-6 (so 
 difference, e.g. from another CPU's ``exp``, is unlikely to change a decision), and sums run in a
 fixed order (``numpy.bincount``, ``math.fsum``); nothing depends on a hash order, a thread count or
 a random draw. The result is a function of ``words`` and the arguments (on one platform:
-``tests/torch/test_tiny_determinism.py`` compares processes).
+``tests/torch/models/test_tiny_determinism.py`` compares processes).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ character a single-character token, EOS out of band with the last id):
   does.
 - **Ids.** Core ids are the tokenizer's ids that have text, in increasing order, then EOS; ids
   without text (special tokens, a padded embedding's extra ids) have no core id, and the backend
-  gives them probability 0 (:func:`hsd_torch.generate.process_logits`). The order is kept, so
+  gives them probability 0 (:func:`hsd_torch.engine.entry.process_logits`). The order is kept, so
   "lowest id with a string" and argmax ties mean the same on both sides.
 - **Encoding.** ``encode``/``decode`` are :class:`TokenText`'s (the rule both sides share; for
   SentencePiece tokenizers ``decode(encode(x))`` gains the ``▁`` space the tokenizer prepends,
@@ -81,7 +81,7 @@ class CoreTokenizer:
         return [self.hf_ids[int(i)] for i in core_ids]
 
     def encode(self, text: str) -> list[int]:
-        """Core ids of core text (:meth:`TokenText.encode`: :class:`~hsd_torch.text.Unencodable`
+        """Core ids of core text (:meth:`TokenText.encode`: :class:`~hsd_torch.vocab.text.Unencodable`
         for a byte the tokenizer has no token for)."""
         return self.to_core(self.text.encode(text.encode("latin-1")))
 
@@ -107,7 +107,7 @@ class CoreModel:
     backend's does (:meth:`TokenText.start`: the tokenizer's prefix, or its BOS for a prompt that
     encodes to no ids); without it, the prefix. ``window=True`` (for a drafter): contexts longer
     than the model's positions are seen through the backend's sliding window
-    (:func:`hsd_torch.runner.window_view`). ``evaluations`` counts forward passes (cached per
+    (:func:`hsd_torch.engine.runner.window_view`). ``evaluations`` counts forward passes (cached per
     context).
     """
 

@@ -20,7 +20,7 @@ fast tokenizer takes seconds, so :func:`load` keeps each converted ``tokenizer.j
 The cache directory is ``$HSD_TOKENIZER_CACHE`` if set, else ``.cache/real-tokenizers`` at the
 repository root (next to ``hsd_torch/``).
 
-``python -m hsd_torch.real_tokenizers [names...]`` converts (and caches) the named tokenizers, all
+``python -m hsd_torch.models.real_tokenizers [names...]`` converts (and caches) the named tokenizers, all
 by default, and prints which are available.
 """
 

@@ -13,9 +13,9 @@ Trained tokenizers come back as ``PreTrainedTokenizerFast`` with ``<unk>``, ``<s
 ``<pad>`` at ids 0..3 (special, out of band). Every tokenizer and model here is a deterministic
 function of its arguments (and of the stdlib files of the running Python): the same ids, scores,
 merges and weights in every process, whatever ``PYTHONHASHSEED`` or the thread count
-(``tests/torch/test_tiny_determinism.py`` builds them in subprocesses and compares digests). BPE
+(``tests/torch/models/test_tiny_determinism.py`` builds them in subprocesses and compares digests). BPE
 training in ``tokenizers`` is deterministic (merges tie-break on pair ids); its Unigram trainer is
-not, so the Unigram pieces are trained by :mod:`hsd_torch._unigram` instead.
+not, so the Unigram pieces are trained by :mod:`hsd_torch.models._unigram` instead.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def train_byte_bpe(texts: Iterable[str], vocab_size: int, *, ascii_only: bool = 
     ``ascii_only=True``: trained on the printable ASCII characters of ``texts`` (and newlines and
     tabs) with no initial alphabet and ``<unk>`` for the rest, so it has no token for the other
     bytes (a target lacking bytes a byte-level drafter writes, as SmolLM2 lacks 21 bytes Gemma has:
-    such text is :class:`~hsd_torch.text.Unencodable`)."""
+    such text is :class:`~hsd_torch.vocab.text.Unencodable`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=SPECIALS[0]) if ascii_only else models.BPE())
@@ -126,7 +126,7 @@ def train_unigram_byte_fallback(texts: Iterable[str], vocab_size: int) -> Any:
     or a few fewer (the EM drops pieces whose expected count falls below 0.5: 1,997 of 2,000 on
     ``stdlib_corpus(200_000)``). Lossless up to the prepended space.
 
-    The pieces and their log-probabilities come from :func:`hsd_torch._unigram.train_unigram`
+    The pieces and their log-probabilities come from :func:`hsd_torch.models._unigram.train_unigram`
     (SentencePiece's EM on the Metaspace words, pieces of at most 12 characters, every character
     of the corpus kept), a deterministic function of ``texts`` and ``vocab_size``; ids 260.. are
     the pieces by decreasing score (``tokenizers``' own ``UnigramTrainer`` gives other ids in every
@@ -406,7 +406,7 @@ def save_tiny_pair(out: str | os.PathLike[str], *, seed: int = 0) -> tuple[Path,
 
 
 def out_problem(out: Path) -> str | None:
-    """Why ``python -m hsd_torch.tiny --out out`` cannot write ``out/target`` and ``out/drafter``
+    """Why ``python -m hsd_torch.models.tiny --out out`` cannot write ``out/target`` and ``out/drafter``
     (a file in the way, a folder that cannot be created or written); None if it can. Creates the
     two folders (as the command would) and writes and removes an empty probe file in each."""
     for path in (out, out / "target", out / "drafter"):
@@ -424,7 +424,7 @@ def out_problem(out: Path) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hsd_torch.tiny --out DIR``: write a tiny target/drafter pair to ``DIR``. A
+    """``python -m hsd_torch.models.tiny --out DIR``: write a tiny target/drafter pair to ``DIR``. A
     folder that cannot be written is one ``error:`` line on stderr, exit status 2, before any model
     is built; so is a failure to write (a full disk) while saving."""
     import argparse
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ..commands.args import seed
 
-    ap = argparse.ArgumentParser(prog="python -m hsd_torch.tiny",
+    ap = argparse.ArgumentParser(prog="python -m hsd_torch.models.tiny",
                                  description="Build a tiny random-init target (Llama, byte-level BPE) and drafter "
                                              "(GPT-2, Unigram + byte fallback) and save them for hsd generate.")
     ap.add_argument("--out", required=True, metavar="DIR", help="writes DIR/target and DIR/drafter")

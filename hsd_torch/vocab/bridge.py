@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .byte_strings import _BYTES_CACHE, TokenBytes, token_bytes, tokenizer_state
+from .byte_strings import _BYTES_CACHE, _CACHE_SIZE, TokenBytes, token_bytes, tokenizer_state
 
 __all__ = ["Restricted", "VocabBridge", "clear_cache"]
 

@@ -358,7 +358,7 @@ _MODEL_OPTIONS = ("byte_fallback", "unk_token", "unk_id", "dropout", "fuse_unk",
 def tokenizer_state(tokenizer: Any) -> tuple[Any, ...]:
     """A cheap fingerprint of what a tokenizer object's encodings, special prefix and byte strings
     depend on, so that what is cached per tokenizer object (byte tables and bridges here,
-    :class:`hsd_torch.text.TokenText` and everything keyed on it) is rebuilt when the object is
+    :class:`hsd_torch.vocab.text.TokenText` and everything keyed on it) is rebuilt when the object is
     changed in place: the vocabulary sizes (with and without added tokens), every added token
     (id, content, flags), the JSON of the normalizer, pre-tokenizer, post-processor (the special
     prefix: a BOS template set in place) and decoder, the model's kind and options (byte fallback,
@@ -371,7 +371,7 @@ def tokenizer_state(tokenizer: Any) -> tuple[Any, ...]:
     (GPT-2, cl100k, LLaMA), 0.5 ms (o200k: its pre-tokenizer's regex), 0.9 ms (Qwen, 208 added
     tokens) without the digest; the added tokens are read in full, about 5 us each (30 ms with
     6,000 added tokens). The digest dominates on large vocabularies (:func:`model_digest`).
-    ``generate`` reads it once per tokenizer per call (:meth:`hsd_torch.text.TokenText.get`; the
+    ``generate`` reads it once per tokenizer per call (:meth:`hsd_torch.vocab.text.TokenText.get`; the
     bridge is then cached per pair of texts, so :class:`VocabBridge` does not read it again)."""
     b = _backend(tokenizer)
     model = b.model

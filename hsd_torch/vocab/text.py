@@ -7,11 +7,11 @@
   padded embedding, EOS, empty strings);
 - ``text_mask [V]``: the ids with text, and EOS: the ids a drafter's law may put mass on, and a
   target's with ``mask_textless=True`` (with the end ids; by default a target's law keeps every
-  id: :meth:`hsd_torch.laws.TextSpace.law`);
+  id: :meth:`hsd_torch.engine.laws.TextSpace.law`);
 - :meth:`TokenText.encode`: the **one** encoding rule used for text (a drafter's prompt; the
   target's prompt goes through :meth:`TokenText.encode_prompt`, the same ids for a prompt without
   special-token text), for TLI's re-sync of a token the drafter lacks, for SLEM's drafter context and for SLEM's re-tokenization, by
-  :func:`hsd_torch.generate` and by the mirror :class:`hsd_torch.mirror.CoreModel` alike. On
+  :func:`hsd_torch.generate` and by the mirror :class:`hsd_torch.models.mirror.CoreModel` alike. On
   valid UTF-8 it is the tokenizer's own encoding without special tokens (so a SentencePiece
   tokenizer prepends its ``▁`` as it always does: ``decode(encode(x)) == x`` then holds only
   for text starting with a space). Text that is not valid UTF-8 (drafts often end inside a

@@ -20,13 +20,13 @@ Glossary
 
 Steps of one round
     1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
-       (:func:`hsd_torch.drafting.drafter_context_from_text`).
-    2. One-token: one draft from the drafter's law (:func:`hsd_torch.drafting.draft_tokens`; a law
+       (:func:`hsd_torch.engine.drafting.drafter_context_from_text`).
+    2. One-token: one draft from the drafter's law (:func:`hsd_torch.engine.drafting.draft_tokens`; a law
        with no mass raises ``ValueError``); psi = the pushforward of that law along the first-target
        map (masses of drafter ids with one first target id add up). Bounded: the draft tree walked
        level by level, one batched drafter pass per level, the row's own draft drawn along it
        (:meth:`.psi.BoundedSLRS.round`, :meth:`~.psi.BoundedSLRS.round_multi`).
-    3. Rejection verification (:func:`hsd_torch.verification.rejection`) against psi.
+    3. Rejection verification (:func:`hsd_torch.engine.verification.rejection`) against psi.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
                  max_tokens: int | None = 1) -> bool:
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
-    lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
+    lookbehind=0)``, :class:`hsd_torch.engine.entry.FirstTargetMap`). Refusals (``NotImplementedError``)
     name what would make psi finish; ``ValueError`` for a value out of range (numpy numbers are
     numbers; bools are not), and for ``min_path_prob`` with the one-token SLRS, which does not use it."""
     if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
@@ -109,7 +109,7 @@ class FirstTargetMap:
     alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0, so the
     map does not depend on the context and is built once); the target's EOS for the drafter's EOS;
     -1 for ids without text (they never carry mass) and for ids whose text the target cannot encode
-    (:class:`~hsd_torch.text.Unencodable`: SmolLM2 has no token for the byte 0xC0, a Gemma byte
+    (:class:`~hsd_torch.vocab.text.Unencodable`: SmolLM2 has no token for the byte 0xC0, a Gemma byte
     token), that it encodes to nothing (SmolLM2's tokenizer drops ``"\\x04"``) or whose first target
     id has no text: such an id proposes nothing (:attr:`unmappable`). psi, the law of the first
     target id of the draft's text given that there is one, is the pushforward of the drafter's law

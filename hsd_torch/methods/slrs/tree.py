@@ -17,7 +17,7 @@ __all__ = ["TreeCache"]
 
 class TreeCache:
     """Drafter contexts of the draft tree, one batched forward pass per level, on a copy of the
-    rows' KV caches (a :class:`hsd_torch.runner.Runner`'s, never modified).
+    rows' KV caches (a :class:`hsd_torch.engine.runner.Runner`'s, never modified).
 
     ``rows``: the batch rows (indices of ``runner``) whose root context the runner just fed;
     ``contexts[r]``: the full context of ``rows[r]`` (for rows that would outgrow the drafter's
