@@ -38,7 +38,7 @@ def load_base(rev: str, into: Path) -> Any:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     (into / "hsd_torch").rename(into / "hsd_torch_base")
     sys.path.insert(0, str(into))
-    return importlib.import_module("hsd_torch_base.generate").generate
+    return importlib.import_module("hsd_torch_base").generate  # the package's function, in either layout
 
 
 def main() -> None:

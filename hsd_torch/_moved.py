@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from types import CodeType, ModuleType
 
-PACKAGE = "hsd_torch"
+#: "hsd_torch"; another name when a copy is imported beside it (bench/overhead_ab.py does)
+PACKAGE = __name__.rpartition(".")[0]
 
 #: old module (under ``hsd_torch``) -> its new place (under ``hsd_torch``).
 MOVED: dict[str, str] = {

@@ -72,6 +72,7 @@ def test_generate_errors_are_one_line(pair: Path) -> None:
 
 
 def test_dispatch_without_torch(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "hsd_torch.commands.generate", None)  # import fails as if torch were missing
+    for name in ("hsd_torch.commands.generate", "hsd_torch.cli"):  # an install made before the move names the old
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if torch were missing
     assert cli.main(["generate", "--target", "x"]) == 2
     assert "hsd generate needs torch" in capsys.readouterr().err
