@@ -48,14 +48,14 @@ import torch
 from hsd_core.audit import AuditPlan, AuditReport, Deviation, Verdict, audit_plan, audit_sampler
 
 from ..engine._args import as_int
-from ._ids import _as_ids, _eos_ids, _width
 from ..engine.entry import process_logits
 from ..engine.laws import TextSpace, check_processing
 from ..engine.prompts import target_context
-from .reference import LawProvider, ProvidedLaw
 from ..engine.runner import check_model, refuse_meta
-from .sequences import audit_sequences
 from ..vocab.text import TokenText
+from ._ids import _as_ids, _eos_ids, _width
+from .reference import LawProvider, ProvidedLaw
+from .sequences import audit_sequences
 
 __all__ = ["ANY", "RARE", "GenerateAuditReport", "audit_generate", "audit_sequences", "plan_line", "reference_law"]
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from ..engine._head import HeadTap
-from ._ids import _as_ids, _width
-from .reference import ProvidedLaw
 from ..engine.runner import takes_logits_to_keep
 from ..vocab.text import TokenText
+from ._ids import _as_ids, _width
+from .reference import ProvidedLaw
 
 __all__ = ["loglik", "model_fingerprint", "sequence_scores"]
 

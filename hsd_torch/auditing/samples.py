@@ -50,12 +50,12 @@ from hsd_core.samples import Draw, SamplesFile, read_samples
 from hsd_core.seqaudit import SequenceAuditReport
 from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 
+from ..vocab.text import TokenText
 from ._ids import _width
 from .first_tokens import GenerateAuditReport, audit_generate
-from .reference import LawProvider, ProvidedLaw
 from .forcing import sequence_scores
+from .reference import LawProvider, ProvidedLaw
 from .sequences import audit_sequences
-from ..vocab.text import TokenText
 
 __all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "draw_contexts"]
 

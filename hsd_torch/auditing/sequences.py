@@ -60,16 +60,16 @@ from hsd_core.seqaudit import (
 
 from ..engine._args import as_int
 from ..engine._head import HeadTap
-from ._ids import _as_ids, _eos_ids, _width
 from ..engine.laws import TextSpace, check_processing, process_logits
-from ..methods.tli import resync_ids
 from ..engine.prompts import target_context
-from .reference import LawProvider, ProvidedLaw
 from ..engine.runner import check_model, refuse_meta
-from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
-from ..vocab.text import TokenText
-from .text_sequences import audit_text_sequences
+from ..methods.tli import resync_ids
 from ..vocab import VocabBridge
+from ..vocab.text import TokenText
+from ._ids import _as_ids, _eos_ids, _width
+from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
+from .reference import LawProvider, ProvidedLaw
+from .text_sequences import audit_text_sequences
 
 __all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
 

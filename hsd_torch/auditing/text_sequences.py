@@ -31,10 +31,10 @@ import torch
 from hsd_core.seqaudit import SequenceAuditReport, sequence_seeds
 from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 
-from ._ids import _width
-from .forcing import _changed, model_fingerprint, sequence_scores
 from ..engine.entry import generate
 from ..vocab.text import TokenText
+from ._ids import _width
+from .forcing import _changed, model_fingerprint, sequence_scores
 
 __all__ = ["as_sequence_report", "audit_text_sequences", "reference_seeds"]
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from ..engine import kernels, verification
-from ..methods.tli import TLI
 from ..engine.runner import Runner
+from ..methods.tli import TLI
 
 __all__ = ["VARIANTS", "Variant", "generate_with"]
 

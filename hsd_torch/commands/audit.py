@@ -44,9 +44,9 @@ import torch
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
+from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
 from . import args as ca
 from . import engine as cli_engine
-from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -53,17 +53,17 @@ import torch
 
 from hsd_core.methods.resync import Resync
 
+from ..methods import METHODS, Method, make
+from ..methods.slem import retokenize
+from ..vocab.text import TokenText, check_tokenizer
 from ._args import as_int
 from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
 from .laws import check_processing, check_temperature, process_logits
-from ..methods import METHODS, Method, make
-from ..methods.slem import retokenize
 from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
 from .prompts import Prompts, _as_rows, check_prompts, from_ids, render
 from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, logit_width, refuse_meta
-from ..vocab.text import TokenText, check_tokenizer
 
 __all__ = ["METHODS", "GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..vocab.text import TokenText
 from ._args import is_int, is_real
 from ._cache import IdentityCache
-from ..vocab.text import TokenText
 
 __all__ = ["TEMPERATURE_RANGE", "TextSpace", "check_processing", "check_temperature", "check_top_k",
            "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]

@@ -39,15 +39,15 @@ from torch import Tensor
 
 from hsd_core.methods.resync import ResyncMemo
 
+from ..vocab import VocabBridge
+from ..vocab.text import TokenText
 from ._cache import IdentityCache
 from ._precision import REDUCED, NearTies, model_dtype
 from .genconfig import end_ids_of
 from .laws import TextSpace
-from .runner import Runner, logit_width, max_positions, model_device
 from .processors import Processor, StopStrings
 from .prompts import Prompts, target_context
-from ..vocab.text import TokenText
-from ..vocab import VocabBridge
+from .runner import Runner, logit_width, max_positions, model_device
 
 if TYPE_CHECKING:
     from ..methods.base import Method

@@ -33,8 +33,8 @@ from hsd_core.methods.resync import Resync
 
 from ..engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text
 from ..engine.rounds import Drafts, Verdicts
-from ..vocab.text import TokenText, Unencodable
 from ..engine.verification import exact_match
+from ..vocab.text import TokenText, Unencodable
 from .base import Method
 
 if TYPE_CHECKING:

@@ -39,9 +39,9 @@ from ..engine._cache import IdentityCache
 from ..engine.drafting import DraftColumns, draft_tokens
 from ..engine.laws import TextSpace
 from ..engine.rounds import Drafts, Verdicts
-from ..vocab.text import TokenText
 from ..engine.verification import rejection
 from ..vocab import VocabBridge, _Push
+from ..vocab.text import TokenText
 from .base import Method
 
 if TYPE_CHECKING:

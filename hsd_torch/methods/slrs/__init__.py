@@ -43,9 +43,9 @@ from ...engine._cache import IdentityCache
 from ...engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
 from ...engine.laws import TextSpace, process_with_drop
 from ...engine.rounds import Drafts, Verdicts
-from ...vocab.text import TokenText, Unencodable
 from ...engine.verification import rejection
 from ...vocab import _Push
+from ...vocab.text import TokenText, Unencodable
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
 from .tree import TreeCache

@@ -66,8 +66,8 @@ from ...engine.runner import Runner, logit_width
 from ...vocab.text import TokenText
 from .psi_multi import MultiRoundResult, MultiTokenRound
 from .psi_one import OneTokenRound, RoundResult
-from .trie import NEVER, DrafterBytes, TargetTrie, parse_pairs, walk_pairs
 from .tree import TreeCache
+from .trie import NEVER, DrafterBytes, TargetTrie, parse_pairs, walk_pairs
 
 __all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "MultiRoundResult", "RoundResult", "first_round", "first_round_multi",
            "psi_bound"]
