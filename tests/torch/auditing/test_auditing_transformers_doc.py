@@ -34,7 +34,7 @@ import pytest
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "auditing-transformers.md"
 PATCH = ROOT / "bench" / "transformers_uag_patch.py"
 DOC_VERSION = "5.24.0"

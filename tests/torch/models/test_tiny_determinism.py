@@ -94,7 +94,7 @@ def _start(hash_seed: str, rayon_threads: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONHASHSEED=hash_seed, RAYON_NUM_THREADS=rayon_threads, HF_HUB_OFFLINE="1")
     env.pop("TOKENIZERS_PARALLELISM", None)
     code = "import json, runpy, sys; print(json.dumps(runpy.run_path(sys.argv[1])['world_digests']()))"
-    return subprocess.Popen([sys.executable, "-c", code, str(HERE)], env=env, cwd=HERE.parents[2],
+    return subprocess.Popen([sys.executable, "-c", code, str(HERE)], env=env, cwd=HERE.parents[3],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
