@@ -1,5 +1,6 @@
-"""Helpers both audits share (:mod:`hsd_torch.auditing.first_tokens`, :mod:`hsd_torch.auditing.sequences`): a target's end
-ids, its logit width, and a sampler's output checked as a list of its ids."""
+"""Helpers both audits share (:mod:`hsd_torch.auditing.first_tokens`,
+:mod:`hsd_torch.auditing.sequences`): a target's end ids, its logit width, and a sampler's output
+checked as a list of its ids."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 drafter's fingerprint, the logits of given rows at given positions, and per-sequence scores
 (log-likelihoods) for the two-sample tests.
 
-Used by :mod:`hsd_torch.auditing.sequences` (the sequence audit), :mod:`hsd_torch.auditing.text_sequences` (its text mode)
-and :mod:`hsd_torch.auditing.samples` (recorded engines).
+Used by :mod:`hsd_torch.auditing.sequences` (the sequence audit),
+:mod:`hsd_torch.auditing.text_sequences` (its text mode) and :mod:`hsd_torch.auditing.samples`
+(recorded engines).
 """
 
 from __future__ import annotations

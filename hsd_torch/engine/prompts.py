@@ -52,7 +52,8 @@ class Prompts:
 
 def target_context(text: Any, prompt: str) -> list[int]:
     """The target's context for a text prompt: the one rule :func:`hsd_torch.generate`,
-    :func:`hsd_torch.auditing.first_tokens.audit_generate` and :func:`hsd_torch.auditing.sequences.audit_sequences` share.
+    :func:`hsd_torch.auditing.first_tokens.audit_generate` and
+    :func:`hsd_torch.auditing.sequences.audit_sequences` share.
     ``text`` is the target's :class:`hsd_torch.vocab.text.TokenText`; the ids are its special prefix (a
     BOS), unless the prompt's own ids already begin with it (a chat template's text starting with
     ``<bos>``: no second one, as ``apply_chat_template`` feeds it), then

@@ -26,7 +26,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert tiny.main(argv) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m hsd_torch.models.tiny: error: ") and "--out" in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith("python -m hsd_torch.models.tiny: error: "), err
+    assert "--out" in lines[0], err
     assert "Traceback" not in err
     return lines[0]
 

@@ -3,7 +3,8 @@ up-front checks and crashed mid-generation (``no token for the byte 0xc8``) on A
 are supported or refused up front.
 
 Supported (except a WordPiece decoder with ``cleanup``, which rewrites spaces across tokens, so no
-token has bytes of its own: refused before any forward pass, naming the reason): a text such a tokenizer cannot encode is never proposed (``hsd_torch.vocab.text.Unencodable``:
+token has bytes of its own: refused before any forward pass, naming the reason): a text such a
+tokenizer cannot encode is never proposed (``hsd_torch.vocab.text.Unencodable``:
 SLEM proposes no candidate, one-token SLRS maps the drafter id to no target id, a drafter's context
 leaves the bytes out). Shown here on both kinds, each as the drafter and as the target, on ASCII
 prompts and on a prompt with characters outside their alphabets: greedy output is the target's own
