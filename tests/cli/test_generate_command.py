@@ -44,7 +44,8 @@ def test_generate_end_to_end(pair: Path, tmp_path: Path) -> None:
     assert "3/3" in res.stderr, "the progress bar counts finished prompts"
     # greedy output equals the target's own greedy decoding (method ar)
     ar = run("-m", "hsd_torch.commands.generate", "--target", str(pair / "target"), "--method", "ar",
-             "--prompt", "def foo(x):", "--prompt", "Hello", "--prompt", "import os\n", "--max-new-tokens", "6", "--greedy")
+             "--prompt", "def foo(x):", "--prompt", "Hello", "--prompt", "import os\n", "--max-new-tokens", "6",
+             "--greedy")
     assert ar.returncode == 0, ar.stderr
     texts = out[:out.index("\n#  ")]  # the continuations, before the blank line and the stats table
     assert ar.stdout == texts
