@@ -66,7 +66,7 @@ MOVED: dict[str, str] = {
 
 def new_name(old: str) -> str | None:
     """The new dotted name of an old one (``hsd_torch.seqaudit`` -> ``hsd_torch.auditing.sequences``;
-    ``hsd_torch.seqaudit.x`` is not a module and gives None), or None for a name that did not move."""
+    ``hsd_torch.seqaudit.audit_sequences``, a function, gives None), or None for a name that did not move."""
     prefix, _, short = old.partition(".")
     if prefix != PACKAGE or short not in MOVED:
         return None
