@@ -1,7 +1,7 @@
 """vLLM itself, run by its own venv's Python (``bench/engines/setup_vllm.sh``; ``HSD_VLLM_PYTHON``
 names its python). Skipped without it, with the reason; ``HSD_REQUIRE_VLLM=1`` turns the skip into a
 failure (a machine that must run these). Each test starts one vLLM engine (30 s to a minute on a
-shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.real_models).
+shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.models.real).
 
 - greedy identity: vLLM with ngram speculation emits, for every draw, exactly the target's greedy
   continuation under transformers (float32 engine; any departure is a wrong token);
@@ -44,7 +44,7 @@ def vllm_python() -> str:
 def smol() -> tuple[Any, Any]:
     import torch
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     torch.set_num_threads(1)
     if SMOL not in real_models.available():
