@@ -62,7 +62,7 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
                  max_tokens: int | None = 1) -> bool:
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
-    lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
+    lookbehind=0)``, :class:`FirstTargetMap`, defined in this module). Refusals (``NotImplementedError``)
     name what would make psi finish; ``ValueError`` for a value out of range (numpy numbers are
     numbers; bools are not), and for ``min_path_prob`` with the one-token SLRS, which does not use it."""
     if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
