@@ -56,12 +56,12 @@ from hsd_core.methods.resync import Resync
 from ._args import as_int
 from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
-from .laws import check_processing, check_temperature, process_logits
+from .laws import Processing, check_temperature, process_logits
 from .methods import METHODS, Method, make
 from .methods.slem import retokenize
 from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
 from .prompts import Prompts, _as_rows, check_prompts, from_ids, render
-from .rounds import GenerateOutput, Generation, RowStats
+from .rounds import GenerateOutput, Generation, RowStats, seed_sequence
 from .runner import check_model, logit_width, refuse_meta
 from .text import TokenText, check_tokenizer
 
@@ -141,12 +141,12 @@ def generate(
     items, ids = _check_rows(prompts, input_ids, attention_mask)
     m, options = _check_options(method, len(items) if ids is None else len(ids), lookahead, max_new_tokens, do_sample,
                                 mask_textless, progress, streamer, temperature, top_k, top_p, drafter_temperature,
-                                lookbehind, min_path_prob, proposal_map, max_tokens, resync)
+                                lookbehind, min_path_prob, proposal_map, max_tokens, resync, seed)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m, dtype)
     options.update(_check_extras(target, generation_config, logits_processor, min_new_tokens, stop_strings))
     rendered = _render(items, ids, attention_mask, m, target, target_tokenizer, drafter_tokenizer)
     run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
-                     seed=seed, record_uniforms=record_uniforms, **options)
+                     record_uniforms=record_uniforms, **options)
     run.run(progress, streamer)
     return run.output(time.perf_counter() - t_start)
 
@@ -154,22 +154,24 @@ def generate(
 def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: Any, do_sample: Any,
                    mask_textless: Any, progress: Any, streamer: Any, temperature: Any, top_k: Any, top_p: Any,
                    drafter_temperature: Any, lookbehind: Any, min_path_prob: Any, proposal_map: Any, max_tokens: Any,
-                   resync: Any) -> tuple[Method, dict[str, Any]]:
-    """The method object (:func:`hsd_torch.methods.make`, its options checked there) and
-    ``Generation``'s keyword options that need no model: ``lookahead`` and ``max_new_tokens``
-    (ints, at least 1), ``greedy``, ``mask_textless``, both models' processing (``process``,
-    ``d_process``: ``drafter_temperature`` replaces the drafter's temperature); the flags are checked
-    by :func:`_check_flags`. In this order, so the first bad argument is the one reported."""
+                   resync: Any, seed: Any) -> tuple[Method, dict[str, Any]]:
+    """The method object (:func:`hsd_torch.methods.make`, which checks its options and gives it its
+    ``lookahead``, an int >= 1) and ``Generation``'s keyword options that need no model:
+    ``max_new_tokens`` (an int >= 1), ``greedy``, ``mask_textless``, both models' processing
+    (``process``, ``d_process``: :class:`hsd_torch.laws.Processing`; ``drafter_temperature`` replaces
+    the drafter's temperature) and ``seed``, already the root of the rows' streams
+    (:func:`hsd_torch.rounds.seed_sequence`); the flags are checked by :func:`_check_flags`. In this
+    order, so the first bad argument is the one reported, and all of it before any model is read."""
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
     _check_flags(do_sample, mask_textless, progress, streamer, n_prompts)
-    process = check_processing(temperature, top_k, top_p)
-    d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
-                     else check_temperature(drafter_temperature, "drafter_temperature"))
+    process = Processing.checked(temperature, top_k, top_p)
+    d_process = process if drafter_temperature is None else process.with_temperature(
+        check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
-    return m, {"lookahead": lookahead, "max_new_tokens": max_new_tokens, "greedy": not do_sample,
-               "mask_textless": mask_textless, "process": process, "d_process": d_process}
+    return m, {"max_new_tokens": max_new_tokens, "greedy": not do_sample, "mask_textless": mask_textless,
+               "process": process, "d_process": d_process, "seed": seed_sequence(seed)}
 
 
 def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, method: Method, target: Any,

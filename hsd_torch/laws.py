@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from ._args import is_int, is_real
 from ._cache import IdentityCache
 from .text import TokenText
 
-__all__ = ["TEMPERATURE_RANGE", "TextSpace", "check_processing", "check_temperature", "check_top_k",
+__all__ = ["TEMPERATURE_RANGE", "Processing", "TextSpace", "check_processing", "check_temperature", "check_top_k",
            "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
 
 TEMPERATURE_RANGE = (1e-3, 1e3)
@@ -82,10 +83,46 @@ def check_top_p(value: Any) -> float | None:
     return p
 
 
+@dataclass(frozen=True)
+class Processing:
+    """How a model's logits become its law (:func:`process_logits`): ``temperature`` (a float in
+    :data:`TEMPERATURE_RANGE`), ``top_k`` (None: off, else >= 1), ``top_p`` (None or in ``(0, 1]``).
+    Built checked by :meth:`checked`; immutable, so one object is shared by every round."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @classmethod
+    def checked(cls, temperature: Any, top_k: Any, top_p: Any) -> Processing:
+        """The settings checked (:func:`check_temperature`, :func:`check_top_k`, :func:`check_top_p`,
+        in that order: the first bad one is reported)."""
+        return cls(check_temperature(temperature), check_top_k(top_k), check_top_p(top_p))
+
+    def with_temperature(self, temperature: float) -> Processing:
+        """The same settings with another (already checked) temperature."""
+        return replace(self, temperature=temperature)
+
+    def args(self) -> tuple[float, int | None, float | None]:
+        """``(temperature, top_k, top_p)``: the positional arguments :func:`space_law` and
+        :func:`process_with_drop` take after their mask."""
+        return self.temperature, self.top_k, self.top_p
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as the keyword arguments of :func:`process_logits`."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    @property
+    def reads_every_logit(self) -> bool:
+        """Whether the kept set depends on every logit (a top-k, or a top-p below 1): a law over a
+        subset of the ids cannot then be computed from that subset's logits alone."""
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
+
+
 def check_processing(temperature: Any, top_k: Any, top_p: Any) -> dict[str, Any]:
-    """The processing arguments of :func:`process_logits`, checked (:func:`check_temperature`,
-    :func:`check_top_k`, :func:`check_top_p`) and as the keyword arguments it takes."""
-    return {"temperature": check_temperature(temperature), "top_k": check_top_k(top_k), "top_p": check_top_p(top_p)}
+    """The processing arguments of :func:`process_logits`, checked (:meth:`Processing.checked`) and
+    as the keyword arguments it takes."""
+    return Processing.checked(temperature, top_k, top_p).as_dict()
 
 
 def process_logits(logits: Tensor, text_mask: Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -139,8 +139,8 @@ def _positions_not_reset() -> Any:
 def _resync_drops_token() -> Any:
     # TLI's drafter re-sync drops each round's last emitted token (lossless: the drafter's context is free)
     def make(orig: Any) -> Any:
-        def resync(self: TLI, gen: Any, i: int, out: list[int]) -> None:
-            orig(self, gen, i, out[:-1])
+        def resync(self: TLI, gen: Any, i: int, out: list[int]) -> Any:
+            return orig(self, gen, i, out[:-1])
         return resync
     return _replace(TLI, "resync", make)
 

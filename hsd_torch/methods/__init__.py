@@ -54,8 +54,8 @@ def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path
     if method == "slrs":
         if slrs_options(lookahead, min_path_prob, proposal_map, greedy, max_tokens):
             return BoundedSLRSMethod(None if min_path_prob is None else float(min_path_prob),
-                                     None if max_tokens is None else int(max_tokens), rs)
+                                     None if max_tokens is None else int(max_tokens), rs, lookahead=lookahead)
         return SLRS(rs)
     if method == "slem":
-        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs)
-    return {"ar": AR, "sd": SD, "tli": TLI}[method]()
+        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs, lookahead=lookahead)
+    return {"ar": AR, "sd": SD, "tli": TLI}[method](lookahead=lookahead)

@@ -31,7 +31,7 @@ Steps of one round
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,18 +40,13 @@ from hsd_core.methods.resync import Resync
 
 from ..._args import is_int, is_real
 from ..._cache import IdentityCache
-from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
 from ...laws import TextSpace, process_with_drop
-from ...rounds import Drafts, Verdicts
+from ...round_state import DraftColumns, Drafts, RoundView, Verdicts
 from ...text import TokenText, Unencodable
-from ...verification import rejection
 from ...vocab import _Push
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
 from .tree import TreeCache
-
-if TYPE_CHECKING:
-    from ...rounds import Generation
 
 __all__ = ["MAX_PSI_ROWS", "SLRS", "BoundedSLRSMethod", "FirstTargetMap", "psi_bound", "slrs_columns", "slrs_options"]
 
@@ -178,28 +173,29 @@ class SLRS(Method):
     name = "slrs"
 
     def __init__(self, resync: Resync = Resync()) -> None:
+        super().__init__(lookahead=1)
         self.text_resync = resync
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """The first-target map's columns and psi's pushforward."""
         assert gen.dt is not None and gen.d_space is not None
         dst, self.push = slrs_columns(gen.tt, gen.dt, gen.t_space, gen.d_space, gen.dev)
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, dst, stop_on_empty=False)
         self.partial = -1 in dst  # some drafter ids with text propose nothing: psi is renormalized
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """One drafter token per active row, proposing its first target id; a draft that maps to no
         target id (:attr:`FirstTargetMap.unmappable`) proposes nothing (its uniform is consumed):
         the row's round is the target's own token."""
-        drafter_context_from_text(gen, active, self.text_resync)
-        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
-        out = draft_tokens(gen, active, k, self.cols)[0]
+        gen.drafter_context_from_text(active, self.text_resync)
+        k = [self.lookahead if active[i] else 0 for i in range(gen.batch)]
+        out = gen.draft_tokens(active, k, self.cols)[0]
         for i in range(gen.batch):
             if out.cols[i] and out.cols[i][0] < 0:
                 out.cols[i], out.n[i] = [], 0
         return out
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against psi, the drafter's law pushed along the first-target map
         (given a proposal: divided by its total when some drafter ids propose nothing)."""
         def q_of(kmax: int) -> Tensor:
@@ -207,7 +203,7 @@ class SLRS(Method):
             if self.partial:  # rows read here proposed an id, whose mass is in the total: it is > 0
                 q = q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
             return q
-        return rejection(gen, active, budget, drafts, q_of)
+        return gen.rejection(active, budget, drafts, q_of)
 
 
 class BoundedSLRSMethod(Method):
@@ -216,30 +212,32 @@ class BoundedSLRSMethod(Method):
 
     name = "slrs"
 
-    def __init__(self, min_path_prob: float | None, max_tokens: int | None, resync: Resync = Resync()) -> None:
+    def __init__(self, min_path_prob: float | None, max_tokens: int | None, resync: Resync = Resync(), *,
+                 lookahead: int = 4) -> None:
+        super().__init__(lookahead=lookahead)
         self.min_path_prob, self.max_tokens, self.text_resync = min_path_prob, max_tokens, resync
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """The psi procedure for this pair of tokenizers."""
         assert gen.dt is not None
-        self.psi = BoundedSLRS(gen.tt, gen.dt, gen.lookahead, self.min_path_prob, gen.greedy, gen.dev,
+        self.psi = BoundedSLRS(gen.tt, gen.dt, self.lookahead, self.min_path_prob, gen.greedy, gen.dev,
                                max_tokens=self.max_tokens)
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """Each active row's proposal and its psi (multi-token: the conditional psi of each position),
         from the draft tree walked from its context; the drafting uniforms it read are recorded."""
         assert gen.drun is not None and gen.d_drop is not None
-        drafter_context_from_text(gen, active, self.text_resync)
-        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
-        d_uniforms = drafting_uniforms(gen, k)
-        last = feed_drafter(gen, [gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
+        gen.drafter_context_from_text(active, self.text_resync)
+        k = self.depth(active, budget)
+        d_uniforms = gen.drafting_uniforms(k)
+        last = gen.feed_drafter([gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
         rows = [i for i, a in enumerate(active) if a]
         ridx = torch.tensor(rows, dtype=torch.long, device=last.device)
         tree = TreeCache(gen.drun, rows, [gen.d_ctx[i] for i in rows], self.psi.k)
-        drop, proc = gen.d_drop, gen.d_process
+        drop, proc = gen.d_drop, gen.d_process.args()
 
         def probs(logits: Tensor) -> Tensor:  # the drafter's processed law over all its ids
-            return process_with_drop(logits, drop, **proc)
+            return process_with_drop(logits, drop, *proc)
 
         root = probs(last.index_select(0, ridx))
         us = None if gen.greedy else [d_uniforms[i] for i in rows]
@@ -265,9 +263,9 @@ class BoundedSLRSMethod(Method):
                 gen.record(i, d_uniforms[i][:used[r]])
         return out
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against psi at each proposed position (over the target's text space)."""
         def q_of(kmax: int) -> Tensor:
             return gen.t_space.select(torch.stack(drafts.q_steps[:kmax], dim=1))
-        return rejection(gen, active, budget, drafts, q_of)
+        return gen.rejection(active, budget, drafts, q_of)
 
