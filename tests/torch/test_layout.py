@@ -195,3 +195,13 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
     assert cycle is None, "import cycle in hsd_core: " + " -> ".join(cycle or [])
     bad = [b for path in sorted(CORE.rglob("*.py")) for b in oversized(path, CORE.parent)]
     assert not bad, "size anchors broken in hsd_core:\n" + "\n".join(bad)
+
+
+def test_hsd_torch_has_no_cycle_even_through_type_checking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hsd_torch``: no import cycle counting the imports under ``if TYPE_CHECKING:`` too (the round
+    loop and the method contract meet in :mod:`hsd_torch.round_state`; bounded SLRS's rounds read
+    their procedure through :mod:`hsd_torch.methods.slrs._psi_procedure`). That the check can fail
+    is shown by the ``hsd_core`` test above, with the same monkeypatch."""
+    monkeypatch.setattr(sys.modules[__name__], "_type_checking_blocks", lambda tree: set(), raising=False)
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle in hsd_torch (type-checking imports counted): " + " -> ".join(cycle or [])
