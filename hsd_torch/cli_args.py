@@ -31,8 +31,7 @@ from typing import Any
 
 from .laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 
-METHODS = ("ar", "sd", "tli", "slem", "slrs")
-"""``hsd_torch.generate``'s methods (``--method``)."""
+from .validation import METHODS as METHODS
 
 ArgType = Callable[[str], int]
 

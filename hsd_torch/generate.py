@@ -53,7 +53,7 @@ import torch
 
 from hsd_core.methods.resync import Resync
 
-from ._args import as_int
+from .validation import ConflictingArguments, WrongType, as_int
 from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
 from .laws import Processing, check_temperature, process_logits
@@ -203,10 +203,10 @@ def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list
     for both prompts and ids, or a mask without ids."""
     if input_ids is None:
         if attention_mask is not None:
-            raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
+            raise ConflictingArguments("attention_mask goes with input_ids; with text prompts leave it out")
         return list(check_prompts(prompts)), None
     if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
-        raise ValueError("give prompts or input_ids, not both")
+        raise ConflictingArguments("give prompts or input_ids, not both")
     return [], _as_rows(input_ids, "input_ids")
 
 
@@ -232,14 +232,14 @@ def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: An
     (``ValueError``: a streamer takes one sequence, as transformers' do)."""
     for name, value in (("do_sample", do_sample), ("mask_textless", mask_textless)):
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+            raise WrongType(f"{name} must be True or False, got {value!r}")
     if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
+        raise WrongType(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
     if streamer is not None:
         if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-            raise TypeError(f"streamer must be None or a transformers streamer (put and end), got {type(streamer).__name__}")
+            raise WrongType(f"streamer must be None or a transformers streamer (put and end), got {type(streamer).__name__}")
         if n_prompts != 1:
-            raise ValueError(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
+            raise ConflictingArguments(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
                              "call generate once per prompt to stream, or leave the streamer out")
 
 
@@ -255,7 +255,7 @@ def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_toke
     check_tokenizer(target_tokenizer, "target_tokenizer")
     if needs_drafter:
         if drafter is None or drafter_tokenizer is None:
-            raise ValueError(f"method {method.name!r} needs a drafter and a drafter_tokenizer")
+            raise ConflictingArguments(f"method {method.name!r} needs a drafter and a drafter_tokenizer")
         d_dev = check_model(drafter, "drafter")
         check_tokenizer(drafter_tokenizer, "drafter_tokenizer")
         if d_dev != dev:

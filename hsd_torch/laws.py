@@ -12,7 +12,6 @@ the text space's order, so a law over a text space needs no permutation before a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,68 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._args import is_int, is_real
 from ._cache import IdentityCache
 from .text import TokenText
+from .validation import TEMPERATURE_RANGE as TEMPERATURE_RANGE
+from .validation import check_temperature as check_temperature
+from .validation import check_top_k as check_top_k
+from .validation import check_top_p as check_top_p
 
 __all__ = ["TEMPERATURE_RANGE", "Processing", "TextSpace", "check_processing", "check_temperature", "check_top_k",
            "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
-
-TEMPERATURE_RANGE = (1e-3, 1e3)
-"""The temperatures ``generate`` (``temperature``, ``drafter_temperature``) and ``audit_generate``
-accept (:func:`check_temperature`). The processed law is ``softmax(logits / T)`` in float32 (float64
-for float64 logits), and the range keeps it computable and meaningful:
-
-- ``T`` must be finite: ``T = inf`` turns the removed ids' ``-inf`` logits into NaN (with top-p the
-  whole row is NaN: a mid-generation "NaN or infinite logits?") and every other logit into 0, the
-  uniform law whatever the model says;
-- ``T`` must not underflow: ``1e-45`` is a float32 subnormal and ``1e-46`` rounds to 0, so
-  ``logits / T`` overflows to ``inf`` and the softmax is NaN. From ``1e-3`` up, ``logits / T`` is
-  finite in float32 for every ``|logit| < 3.4e35`` (any model's), and below it nothing is left to
-  gain: at ``T = 1e-3`` a logit gap of 0.1 is already a factor ``e^-100 = 4e-44``, under float32's
-  smallest normal, so the law is the greedy one to float32 resolution (use ``do_sample=False``);
-- at ``T = 1e3`` a logit gap of 10 (a typical spread) is a factor ``e^0.01``: the law is the uniform
-  one over the ids with text to within 1 %; a larger value adds nothing but the risk of a mistake."""
-
-
-def check_temperature(value: Any, name: str = "temperature") -> float:
-    """``value`` as a float in :data:`TEMPERATURE_RANGE` (why that range: its docstring), for
-    ``generate``, ``audit_generate`` and the command line alike: ``TypeError`` for anything but a
-    real number (Python or numpy; not a bool), ``ValueError`` outside the range (NaN and infinities
-    included), both naming ``name`` and the range."""
-    lo, hi = TEMPERATURE_RANGE
-    msg = f"{name} must be a number in [{lo:g}, {hi:g}] (finite, and logits / {name} finite in float32), got {value!r}"
-    if not is_real(value):
-        raise TypeError(msg)
-    t = float(value)
-    if not (math.isfinite(t) and lo <= t <= hi):
-        raise ValueError(msg + (": for greedy decoding use do_sample=False" if 0 <= t < lo else ""))
-    return t
-
-
-def check_top_k(value: Any) -> int | None:
-    """``value`` as None or an int >= 1 (numpy integers too, not a bool); 0 is None (off, as
-    transformers spells it); ``ValueError`` otherwise."""
-    if value is None:
-        return None
-    if not is_int(value) or value < 0:
-        raise ValueError(f"top_k must be None, 0 (off) or an int >= 1, got {value!r}")
-    return int(value) or None
-
-
-def check_top_p(value: Any) -> float | None:
-    """``value`` as None or a float in ``(0, 1]``; ``ValueError`` otherwise (NaN included),
-    ``TypeError`` for a value that is not a real number (Python or numpy; not a bool)."""
-    if value is None:
-        return None
-    msg = f"top_p must be None or a number in (0, 1], got {value!r}"
-    if not is_real(value):
-        raise TypeError(msg)
-    p = float(value)
-    if not 0 < p <= 1:
-        raise ValueError(msg)
-    return p
-
 
 @dataclass(frozen=True)
 class Processing:

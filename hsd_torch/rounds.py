@@ -49,6 +49,7 @@ from .runner import Runner, logit_width, max_positions, model_device
 from .processors import Processor, StopStrings
 from .prompts import Prompts, target_context
 from .text import TokenText
+from .validation import check_seed
 from .vocab import VocabBridge
 
 if TYPE_CHECKING:
@@ -149,12 +150,11 @@ def seed_sequence(seed: int | torch.Generator | np.random.SeedSequence | None) -
     (itself: already converted at the boundary); else ``ValueError``."""
     if isinstance(seed, np.random.SeedSequence):
         return seed
+    check_seed(seed)
     if isinstance(seed, torch.Generator):
         return np.random.SeedSequence(int(torch.randint(0, 2**62, (1,), generator=seed).item()))
     if seed is None:
         return np.random.SeedSequence()
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, a torch.Generator or None, got {seed!r}")
     return np.random.SeedSequence(int(seed))
 
 

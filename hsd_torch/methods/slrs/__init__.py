@@ -38,11 +38,11 @@ from torch import Tensor
 
 from hsd_core.methods.resync import Resync
 
-from ..._args import is_int, is_real
 from ..._cache import IdentityCache
 from ...laws import TextSpace, process_with_drop
 from ...round_state import DraftColumns, Drafts, RoundView, Verdicts
 from ...text import TokenText, Unencodable
+from ...validation import NotSupported, OptionNotTaken, UnknownChoice, check_max_tokens, check_min_path_prob
 from ...vocab import _Push
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
@@ -58,38 +58,38 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
     lookbehind=0)``, :class:`FirstTargetMap`, defined in this module). Refusals (``NotImplementedError``)
-    name what would make psi finish; ``ValueError`` for a value out of range (numpy numbers are
-    numbers; bools are not), and for ``min_path_prob`` with the one-token SLRS, which does not use it."""
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
-        raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+    name what would make psi finish (:class:`hsd_torch.validation.NotSupported`); ``ValueError`` for a
+    value out of range (``OutOfRange``; numpy numbers are numbers, bools are not), an unknown map
+    (``UnknownChoice``), and ``min_path_prob`` with the one-token SLRS, which does not use it
+    (``OptionNotTaken``)."""
+    check_max_tokens(max_tokens)
     if max_tokens != 1 and proposal_map != "longest_prefix":
-        raise NotImplementedError(
+        raise NotSupported(
             f"method 'slrs' with max_tokens={max_tokens!r} needs the bounded procedure (proposal_map='longest_prefix' "
             "and min_path_prob=tau, docs/slrs.md, 'The bounded procedure'): multi-token proposals with the re-tokenizing map are not implemented")
     if proposal_map not in (None, "retokenize", "longest_prefix"):
-        raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
-    if min_path_prob is not None and (not is_real(min_path_prob) or not 0 < min_path_prob <= 1):
-        raise ValueError(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
+        raise UnknownChoice(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
+    check_min_path_prob(min_path_prob)
     if proposal_map == "longest_prefix":
         if lookahead > 1 and min_path_prob is None and not greedy:
-            raise NotImplementedError(
+            raise NotSupported(
                 f"method 'slrs' with lookahead={lookahead} and no min_path_prob: psi would enumerate every "
                 "drafter path (|D|^lookahead drafter rows; docs/slrs.md, 'The bounded procedure'); pass min_path_prob=tau (e.g. 0.05): psi then "
                 "costs at most 1 + (lookahead - 1) / tau rows per round")
         if min_path_prob is not None and psi_bound(lookahead, min_path_prob) > MAX_PSI_ROWS:
-            raise NotImplementedError(
+            raise NotSupported(
                 f"method 'slrs' with lookahead={lookahead}, min_path_prob={min_path_prob}: psi may need up to "
                 f"{psi_bound(lookahead, min_path_prob):.0f} drafter rows per round and prompt, more than "
                 f"{MAX_PSI_ROWS}; raise min_path_prob or lower the lookahead")
         return True
     if lookahead != 1:
-        raise NotImplementedError(
+        raise NotSupported(
             f"method 'slrs' with proposal_map={proposal_map!r} supports lookahead=1 only (the paper's one-token "
             f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure (docs/slrs.md), "
             "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
             "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
     if min_path_prob is not None:
-        raise ValueError(
+        raise OptionNotTaken(
             "min_path_prob is an option of bounded SLRS (method 'slrs' with proposal_map='longest_prefix') only; "
             f"one-token SLRS (proposal_map={proposal_map!r}, lookahead 1: psi is exact, nothing to stop) does not "
             f"use it (got min_path_prob={min_path_prob!r})")
