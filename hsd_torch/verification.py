@@ -25,6 +25,11 @@ from .round_state import Drafts, EngineState, Verdicts
 
 __all__ = ["TargetPass", "exact_match", "rejection", "target_pass"]
 
+ZOO_SEAMS = ("space_law",)
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.variants.patch_seam`): the name
+:func:`target_pass` builds the target's processed law with (a verification that ignores top-k /
+top-p)."""
+
 
 @dataclass
 class TargetPass:

@@ -44,6 +44,11 @@ from .base import Method
 
 __all__ = ["TLI", "resync_ids", "tli_columns"]
 
+ZOO_SEAMS = ("TLI.resync",)
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.variants.patch_seam`): TLI's
+re-sync of the drafter's context (a lossless-on-purpose variant drops a token: the drafter's context
+is free)."""
+
 _COLUMNS: IdentityCache[Any] = IdentityCache(16)
 
 TLIColumns = tuple[TextSpace, int, list[int], _Push, dict[int, list[int]]]
