@@ -29,7 +29,10 @@ over its ids with text. The machinery the methods share, each in a file named fo
   ``hsd_core``'s order, EOS last, so no draw needs a permutation and no column is masked);
 - :mod:`hsd_torch.runner`: each model's batched KV cache, masks, crops and the drafter's window;
 - :mod:`hsd_torch.rounds`: the round loop (draft, verify, advance, settle caches), contexts,
-  per-row randomness and statistics;
+  per-row randomness and statistics; :mod:`hsd_torch.round_state`: what a method may read and
+  call (``RoundView``) and what the machinery reads (``EngineState``);
+- :mod:`hsd_torch.validation`: every argument check at the boundary, one exception type per kind
+  of mistake (each a ``ValueError``, ``TypeError`` or ``NotImplementedError`` as before);
 - :mod:`hsd_torch.drafting`: drafting token by token from a drafter law;
 - :mod:`hsd_torch.verification`: the target pass and the kernels' decisions (exact match,
   rejection); :mod:`hsd_torch.kernels` and :mod:`hsd_torch.vocab` as before.

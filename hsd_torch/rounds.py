@@ -10,7 +10,9 @@ four phases that call the method object (:class:`hsd_torch.methods.base.Method`)
    still valid; finished rows leave both caches.
 
 The loop never looks at which method runs: what differs between methods is in their files
-(:mod:`hsd_torch.methods`).
+(:mod:`hsd_torch.methods`). A method sees this object as a :class:`hsd_torch.round_state.RoundView`
+(read-only facts and the machinery's services) and writes none of its state: its re-sync returns the
+ids the drafter's context grows by, which :meth:`Generation.advance` appends.
 
 Contexts. A model's context is its tokenizer's special prefix (a BOS) and its encoding of the
 prompt; for a prompt that encodes to no ids with a tokenizer that adds no prefix, the tokenizer's

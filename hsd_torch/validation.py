@@ -21,9 +21,12 @@ An int is a Python ``int`` or a numpy integer, never a ``bool`` (``True`` is an 
 never what was meant); a real number is that or a Python or numpy float. Values come back as Python
 ``int`` / ``float``, so nothing downstream sees a numpy scalar.
 
-``hsd_core`` keeps its own checks where they are: each of its methods, models and tests checks its
-constructor's arguments and raises ``ValueError`` (``hsd_core.stats.InvalidTest`` for a test that
-cannot be sized); they are each a single place already, with no second copy to merge.
+``hsd_core`` keeps its checks where they are, each kind already in one place: the statistics' in
+``hsd_core/stats/checks.py`` (``hsd_core.stats.InvalidTest``), the methods' options in
+``hsd_core/methods/base.py`` (``check_lookahead``, ``check_greedy``, ``check_method``), and the
+models, vocabularies and tokenizers each check their own constructor's arguments (``ValueError``).
+There is no second copy of one check to merge there, and its callers (the exact engine, the
+strategies) catch ``ValueError`` as it is.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "hsd_torch"
-MACHINERY = ["rounds", "runner", "laws", "drafting", "verification"]
+MACHINERY = ["rounds", "round_state", "runner", "laws", "drafting", "verification", "validation"]
 METHOD_NAMES = ("ar", "sd", "tli", "slem", "slrs")
 
 
