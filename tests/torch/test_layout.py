@@ -205,3 +205,39 @@ def test_hsd_torch_has_no_cycle_even_through_type_checking(monkeypatch: pytest.M
     monkeypatch.setattr(sys.modules[__name__], "_type_checking_blocks", lambda tree: set(), raising=False)
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle in hsd_torch (type-checking imports counted): " + " -> ".join(cycle or [])
+
+
+def test_methods_read_only_the_round_view_and_write_no_engine_state() -> None:
+    """Every ``gen.X`` in the methods' files is a member of :class:`hsd_torch.round_state.RoundView`
+    (the facts a method may read and the services it may call), and none is assigned, augmented or
+    mutated in place (``gen.X = ...``, ``gen.X[i] = ...``, ``gen.X[i].extend(...)``)."""
+    from hsd_torch.round_state import RoundView
+
+    allowed = {n for n in vars(RoundView) if not n.startswith("_")}
+    mutators = {"append", "extend", "insert", "pop", "clear", "update", "remove", "setdefault"}
+    seen: set[str] = set()
+    for path in sorted((PKG / "methods").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                base = t
+                while isinstance(base, (ast.Subscript, ast.Attribute)) and not (
+                        isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name)):
+                    base = base.value
+                if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "gen":
+                    raise AssertionError(f"{path.name}:{node.lineno}: a method writes {ast.unparse(t)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutators:
+                inner = node.func.value
+                while isinstance(inner, ast.Subscript):
+                    inner = inner.value
+                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "gen":
+                    raise AssertionError(f"{path.name}:{node.lineno}: a method mutates {ast.unparse(node.func)}")
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gen":
+                assert node.attr in allowed, f"{path.name}:{node.lineno}: gen.{node.attr} is not in RoundView"
+                seen.add(node.attr)
+    assert {"batch", "t_space", "draft_tokens", "rejection"} <= seen  # the scan sees the methods' reads
