@@ -6,7 +6,9 @@ is the law of the first ``positions`` new tokens, computed exactly (float64) fro
 forward passes, processed by :func:`hsd_torch.generate.process_logits` (temperature, top-k, top-p;
 with ``mask_textless=True`` also the removal of ids without text other than EOS and the end ids,
 as ``hsd_torch.generate(mask_textless=True)`` does), so the
-processed law is defined in one place. The statistics are :func:`hsd_core.audit.audit_sampler`'s.
+processed law is defined in one place. The statistics and the verdict are
+:func:`hsd_core.audit.audit_sampler`'s: the mass the coarse cells hide and ``max_detectable_tv``
+enter its verdict as doubts (:func:`hsd_core.stats.decide`, one verdict rule for every audit).
 
 Large vocabularies (up to ~150k ids) are handled by expanding only the prefixes that matter.
 With ``n`` draws, a cell of expected count below 5 cannot be tested on its own, so:
@@ -504,6 +506,37 @@ def plan_line(plan: AuditPlan, hidden: float, positions: int) -> str:
             f"({plan.by}" + (f" + mass {hidden:.4g} of the rare / unexpanded cells" if hidden > 0 else "") + ")")
 
 
+def _coarse_doubts(planned: AuditPlan, hidden: float, n: int, max_detectable_tv: float | None
+                   ) -> tuple[float | None, list[Callable[[], str | None]], Callable[[], str] | None]:
+    """What :func:`audit_generate` promises (``planned``'s TV plus ``hidden``, the mass of the coarse
+    cells, which no test sees inside; None: no TV below 1) and its doubts and promise for
+    :func:`hsd_core.audit.audit_sampler`'s verdict: "inconclusive" when that promise is missing or above
+    ``max_detectable_tv`` (the reason says about how many draws would reach it); the promise names
+    the coarse cells' mass when there is any (None: the core audit's own promise)."""
+    d = planned.detectable_tv
+    detectable = None if d is None or d + hidden >= 1.0 else d + hidden
+
+    def coarse_no_power() -> str | None:
+        return None if detectable is not None else (
+            f"no test rejects, but with the coarse cells' mass {hidden:.4g} no TV below 1 is promised; increase n")
+
+    def too_weak() -> str | None:
+        if max_detectable_tv is None or detectable is None or detectable <= max_detectable_tv:
+            return None
+        room = max_detectable_tv - hidden
+        more = (f"; about n = {math.ceil(n * ((detectable - hidden) / room) ** 2)} draws would reach it "
+                "(the tests' part of it shrinks as 1 / sqrt(n))" if room > 0 else
+                f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
+        return (f"no test rejects, but the detectable TV {detectable:.4g} is above max_detectable_tv "
+                f"{max_detectable_tv:.4g}{more}")
+
+    def promise() -> str:
+        return (f"no test rejects at family-wise alpha {planned.alpha:.3g}; any law at TV >= {detectable:.4g} would be "
+                f"caught with probability >= {planned.power} ({planned.by} + mass {hidden:.4g} of the rare / "
+                "unexpanded cells)")
+    return detectable, [coarse_no_power, too_weak], (promise if hidden > 0 else None)
+
+
 def audit_generate(
     sample_fn: Callable[[str, int], Sequence[int]] | None,
     target: Any,
@@ -614,9 +647,12 @@ def audit_generate(
         texts = _TextCells(ref, target_tokenizer, prompt)
         law = texts.law
     cells_of = texts if texts is not None else _IdCells(ref, width, ids)
-    if progress is not None:  # what the draws can detect depends on the law and n only: say it before drawing
-        progress(plan_line(audit_plan(law, int(n), alpha, power, prefixes=0 if text else len(ref.frequent)),
-                           ref.coarse_mass, positions))
+    hidden = ref.coarse_mass
+    # what the draws can detect depends on the law and n only (the report's detectable_tv): known before drawing
+    planned = audit_plan(law, int(n), alpha, power, prefixes=0 if text else len(ref.frequent))
+    if progress is not None:
+        progress(plan_line(planned, hidden, positions))
+    detectable, doubts, promise = _coarse_doubts(planned, hidden, int(n), max_detectable_tv)
     if sample_batch_fn is not None:
         draw = _batched_cells(sample_batch_fn, prompt, cells_of, int(n), seed, chunk_size,
                               as_int("batch_size", batch_size, 1))
@@ -626,31 +662,9 @@ def audit_generate(
     core = audit_sampler(draw, law, n=int(n), alpha=alpha, power=power,
                          positions=True, seed=seed, executor=executor, chunk_size=chunk_size,
                          prefixes=[] if text else list(ref.frequent), name=label,
-                         rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}")
-    detectable: float | None = None
-    hidden = ref.coarse_mass
-    if core.detectable_tv is not None:
-        detectable = core.detectable_tv + hidden
-        if detectable >= 1.0:
-            detectable = None
-    verdict: Verdict = core.verdict
-    reason = core.reason
-    if verdict == "lossless-consistent":
-        if detectable is None:
-            verdict, reason = "inconclusive", ("no test rejects, but with the coarse cells' mass "
-                                               f"{hidden:.4g} no TV below 1 is promised; increase n")
-        elif hidden > 0:
-            reason = (f"no test rejects at family-wise alpha {alpha:.3g}; any law at TV >= {detectable:.4g} "
-                      f"would be caught with probability >= {power} ({core.detectable_by} + mass "
-                      f"{hidden:.4g} of the rare / unexpanded cells)")
-    if verdict == "lossless-consistent" and max_detectable_tv is not None and detectable is not None \
-            and detectable > max_detectable_tv:
-        room = max_detectable_tv - hidden
-        more = (f"; about n = {math.ceil(core.n * ((detectable - hidden) / room) ** 2)} draws would reach it "
-                "(the tests' part of it shrinks as 1 / sqrt(n))" if room > 0 else
-                f"; the rare / unexpanded cells alone hold {hidden:.4g}: more draws expand more of them")
-        verdict, reason = "inconclusive", (f"no test rejects, but the detectable TV {detectable:.4g} is above "
-                                           f"max_detectable_tv {max_detectable_tv:.4g}{more}")
+                         rng_note=f"audit_generate seed {seed}, chunks of {chunk_size}",
+                         doubts=doubts, promise=promise)
+    verdict, reason = core.verdict, core.reason  # hsd_core.stats.decide's, with this audit's doubts
     if verdict == "lossy" and do_sample and not text and ref.forward_passes <= _MAX_FIT_PASSES:
         fit = _best_fit(law_of, ids, ref, mask, process, core.observed)
         if fit is not None:

@@ -26,7 +26,9 @@ of a sequence is a valid two-sample statistic, so these give power even when the
 not the engine's law). Verdict: "lossy" when the two-sample test rejects, or when the audited
 file is rejected against the reference while the null control passes; when the null control
 itself is rejected, the report says that the reference does not match the engine's numerics and
-the verdict rests on the two-sample test alone.
+the verdict rests on the two-sample test alone. That rule, and the one that combines a file's
+sequence and first-token audits, are :mod:`hsd_core.stats.combine`'s (every engine audit: vLLM, an
+endpoint, a samples file).
 
 **Alpha.** With a baseline, ``alpha / 2`` for the two-sample family and ``alpha / 2`` for each
 file's audit against the reference (a "lossy" needs one of the first two: the family-wise
@@ -40,7 +42,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +50,8 @@ import torch
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.samples import Draw, SamplesFile, read_samples
 from hsd_core.seqaudit import SequenceAuditReport
+from hsd_core.stats.combine import combine_parts, combine_with_control
+from hsd_core.stats.family import Verdict as Verdict
 from hsd_core.twosample import TwoSampleReport, two_sample_sequences
 
 from ._ids import _width
@@ -58,8 +62,6 @@ from .seqaudit import audit_sequences
 from .text import TokenText
 
 __all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "draw_contexts"]
-
-Verdict = Literal["lossless-consistent", "lossy", "inconclusive"]
 
 FIRST_TOKEN_MIN_DRAWS = 50
 """A prompt needs this many draws for a first-token audit of its own."""
@@ -206,8 +208,8 @@ def _audit_file(s: SamplesFile, target: Any, tt: Any, law: Any, alpha: float, *,
                 top_k=sm.top_k, top_p=sm.top_p))
         except ValueError as e:  # InvalidTest: too few draws for a sized test
             notes.append(f"first-token audit of prompt {texts[g[0]]!r} not run: {' '.join(str(e).split())}")
-    verdicts = [seq.verdict] + [r.verdict for r in firsts]
-    v: Verdict = "lossy" if "lossy" in verdicts else seq.verdict
+    v, _ = combine_parts([("sequence audit", seq.verdict, seq.reason)]
+                         + [(f"first-token audit of prompt {r.prompt!r}", r.verdict, r.reason) for r in firsts])
     if not big:
         notes.append(f"no prompt has {FIRST_TOKEN_MIN_DRAWS} draws: no first-token audit (the sequence audit tests "
                      "the first tokens too)")
@@ -290,15 +292,8 @@ def audit_samples(
     if b is None:
         fa = _audit_file(s, target, target_tokenizer, law, alpha, **kw)[0]
         cost = {"audit": time.perf_counter() - t0}
-        if not s.is_speculative:
-            why = (f"{fa.verdict} against the reference; this file has no speculation, so it is the null control of the "
-                   "reference itself" + (": the reference does not match the engine's numerics (or the engine's "
-                                         "sampler is wrong)" if fa.verdict == "lossy" else ""))
-        else:
-            why = (f"{fa.verdict} against the reference; no null control (give the same engine's samples without "
-                   "speculation as the baseline): a 'lossy' here may come from the engine's numerics, not from "
-                   "speculation")
-        return EngineAuditReport(fa.verdict, why, ref, fa, notes=tuple(notes), cost=cost)
+        verdict, why = combine_with_control(fa.verdict, None, None, speculative=s.is_speculative)
+        return EngineAuditReport(verdict, why, ref, fa, notes=tuple(notes), cost=cost)
     fa, ctx_a, txt_a = _audit_file(s, target, target_tokenizer, law, alpha / 2, **kw)
     fb, ctx_b, txt_b = _audit_file(b, target, target_tokenizer, law, alpha / 2, **kw)
     t1 = time.perf_counter()
@@ -312,21 +307,5 @@ def audit_samples(
                               alpha=alpha / 2, power=power, do_sample=s.sampling.do_sample,
                               name_a=os.path.basename(s.path), name_b=os.path.basename(b.path))
     cost = {"reference audits": t1 - t0, "two-sample": time.perf_counter() - t1}
-    verdict: Verdict
-    if ts.verdict == "lossy":
-        verdict, reason = "lossy", f"speculation changes the engine's law: {ts.reason}"
-    elif fb.verdict == "lossy":
-        verdict = ts.verdict
-        reason = ("the null control fails: the engine without speculation is rejected against the reference, so the "
-                  "reference does not match the engine's numerics and the audit against it says nothing about "
-                  f"speculation; the two-sample test, which needs no reference, says {ts.verdict}: {ts.reason}")
-    elif fa.verdict == "lossy":
-        verdict, reason = "lossy", ("rejected against the reference while the null control (the same engine without "
-                                    f"speculation) passes ({fb.verdict}); two-sample: {ts.verdict}")
-    elif "lossless-consistent" in (fa.verdict, ts.verdict):
-        verdict, reason = "lossless-consistent", (f"against the reference {fa.verdict} (null control {fb.verdict}); "
-                                                  f"two-sample {ts.verdict}: {ts.reason}")
-    else:
-        verdict, reason = "inconclusive", (f"against the reference {fa.verdict} (null control {fb.verdict}); two-sample "
-                                           f"{ts.verdict}: {ts.reason}")
+    verdict, reason = combine_with_control(fa.verdict, fb.verdict, (ts.verdict, ts.reason))
     return EngineAuditReport(verdict, reason, ref, fa, fb, ts, tuple(notes), cost)

@@ -152,7 +152,8 @@ def audit_text_sequences(
         sb = sequence_scores(target, target_tokenizer, drafter, drafter_tokenizer, ctxs, prompts, seq_b)
         scores = {k.replace("reference", "target"): (sa[k], sb[k]) for k in sa}
     ts = two_sample_sequences(seq_a, strata, seq_b, strata, scores=scores, alpha=alpha, power=power,
-                              do_sample=do_sample, name_a=label, name_b="the target's own texts (hsd AR)")
+                              do_sample=do_sample, name_a=label, name_b="the target's own texts (hsd AR)",
+                              max_detectable_tv=max_detectable_tv)
     cost = {"sampling": t1 - t0, "reference and tests": time.perf_counter() - t1}
     return as_sequence_report(ts, label, seed, max_new_tokens, sum(map(len, seq_a)), processing, max_detectable_tv,
                               cost)
@@ -160,22 +161,21 @@ def audit_text_sequences(
 
 def as_sequence_report(ts: TwoSampleReport, name: str, seed: int, max_new_tokens: int, tokens: int, processing: str,
                        max_detectable_tv: float | None, cost: dict[str, float]) -> SequenceAuditReport:
-    """The two-sample result of the text mode as the sequence audit's report: the same verdict,
-    except that "lossless-consistent" becomes "inconclusive" when the first-token homogeneity test
-    could only detect a TV above ``max_detectable_tv`` (a verdict never hides a weak promise);
-    ``detectable_tv`` is that TV (on the re-encoded first token's law per prompt, not a mean
-    per-token TV: ``detectable_by`` says so and lists every test's promise)."""
+    """The two-sample result of the text mode as the sequence audit's report, with its verdict
+    (:func:`hsd_core.twosample.two_sample_sequences`' own, given ``max_detectable_tv``: a
+    "lossless-consistent" needs the first-token homogeneity test to detect that TV);
+    ``detectable_tv`` is that test's TV (on the re-encoded first token's law per prompt, not a mean
+    per-token TV: ``detectable_by`` says so and lists every test's promise). ``max_detectable_tv``
+    must be the one ``ts`` was judged with (``ts.max_detectable_tv``; ``ValueError`` otherwise):
+    the report restates that verdict and does not judge again."""
+    if ts.do_sample and ts.max_detectable_tv != max_detectable_tv:
+        raise ValueError(f"the two-sample report was judged with max_detectable_tv {ts.max_detectable_tv}, not "
+                         f"{max_detectable_tv}: pass max_detectable_tv to two_sample_sequences")
     first = next((q.detectable for q in ts.powers if q.test == "first-token homogeneity"), None)
     said = "; ".join(f"{q.test}: {q.unit} {q.detectable:.3g}" for q in ts.powers if q.detectable is not None)
     by = ("text mode, two-sample tests against the target's own texts (re-encoded): TV of the first token's law in "
           "every prompt" + (f"; {said}" if said else ""))
     verdict, reason = ts.verdict, f"text mode (two samples of texts): {ts.reason}"
-    if verdict == "lossless-consistent" and ts.do_sample and max_detectable_tv is not None \
-            and (first is None or first > max_detectable_tv):
-        verdict = "inconclusive"
-        reason = (f"text mode: no test rejects, but the first-token homogeneity test detects only TV "
-                  f"{'n/a' if first is None else f'{first:.3g}'}, above max_detectable_tv {max_detectable_tv:.3g}: "
-                  "more sequences are needed")
     return SequenceAuditReport(
         verdict=verdict, reason=reason, n=ts.n_a, tokens=tokens, max_new_tokens=max_new_tokens, alpha=ts.alpha,
         power=ts.power, seed=seed, m=ts.m, tests=ts.tests, holm_rejected=ts.holm_rejected, skipped=ts.skipped,

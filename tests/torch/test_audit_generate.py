@@ -304,3 +304,25 @@ def test_a_plan_without_power_says_so(pair: Any) -> None:
                          progress=said.append)
     assert said and "no TV below 1 can be promised at this size" in said[0], said
     assert rep.detectable_tv is None and rep.verdict == "inconclusive"
+
+
+def test_the_verdict_is_decides_answer_with_this_audits_doubts(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """audit_generate gives no verdict of its own: hsd_core's ``decide`` is called once (by
+    ``audit_sampler``) and its answer is the report's; the coarse cells' mass and max_detectable_tv
+    are among the doubts it was handed (at n = 100 the promise is above 0.1, as in
+    test_a_weak_promise_is_inconclusive), and the report's detectable TV is the core's plus that mass."""
+    import hsd_core.audit as core_audit
+
+    target, tt, *_ = pair
+    calls: list[list[Any]] = []
+
+    def fake(family: Any, *, failures: Any = (), doubts: Any = (), promise: Any) -> tuple[str, str]:
+        calls.append(list(doubts))
+        return "inconclusive", "the recorded verdict"
+    monkeypatch.setattr(core_audit, "decide", fake)
+    rep = audit_generate(functools.partial(hsd_sampler, pair, method="ar"), target, tt, PROMPT, n=100, top_k=TOP_K,
+                         seed=2)
+    assert (rep.verdict, rep.reason) == ("inconclusive", "the recorded verdict") and len(calls) == 1
+    said = [d() for d in calls[0]]
+    assert any(r is not None and "above max_detectable_tv 0.1" in r for r in said), said
+    assert rep.core.detectable_tv is not None and rep.detectable_tv == rep.core.detectable_tv + rep.coarse_mass

@@ -269,3 +269,34 @@ def test_greedy_files_are_audited_for_identity(pair: Any, drafter: Any, tmp_path
     bad = audit_samples(off, target, tok, baseline=plain)
     assert bad.verdict == "lossy" and bad.two_sample is not None and bad.two_sample.verdict == "lossy"
     assert "first at position 2" in bad.two_sample.greedy_mismatch[0]
+
+
+def test_the_verdict_is_the_combination_rules(pair: Any, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """audit_samples gives no verdict of its own: each file's parts are combined once by
+    ``combine_parts``, the file, its null control and the two-sample test once by
+    ``combine_with_control`` (hsd_core.stats.combine, whose truth tables are in
+    tests/stats/test_verdicts.py), and the report's verdict and reason are their answers."""
+    import hsd_torch.engine_audit as ea
+
+    target, tok = pair
+    parts: list[list[Any]] = []
+    calls: list[tuple[Any, ...]] = []
+
+    def fake_parts(p: Any) -> tuple[str, str]:
+        parts.append(list(p))
+        return "inconclusive", "recorded parts"
+
+    def fake_control(audited: Any, control: Any, two_sample: Any, *, speculative: bool = True) -> tuple[str, str]:
+        calls.append((audited, control, two_sample, speculative))
+        return "lossless-consistent", "the recorded verdict"
+    monkeypatch.setattr(ea, "combine_parts", fake_parts)
+    monkeypatch.setattr(ea, "combine_with_control", fake_control)
+    alone = audit_samples(files["plain"], target, tok, context_bugs=None)
+    assert (alone.verdict, alone.reason) == ("lossless-consistent", "the recorded verdict")
+    assert alone.audited.verdict == "inconclusive" and calls == [("inconclusive", None, None, False)]
+    assert len(parts) == 1 and parts[0][0][0] == "sequence audit" and len(parts[0]) == 1 + len(alone.audited.first_token)
+    calls.clear()
+    both = audit_samples(files["hot"], target, tok, baseline=files["plain"], context_bugs=None)
+    assert (both.verdict, both.reason) == ("lossless-consistent", "the recorded verdict") and len(parts) == 3
+    assert both.two_sample is not None
+    assert calls == [("inconclusive", "inconclusive", (both.two_sample.verdict, both.two_sample.reason), True)]

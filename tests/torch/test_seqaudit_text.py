@@ -119,3 +119,19 @@ def test_prompt_ids_and_refusals(pair: Any) -> None:
     with pytest.raises(ValueError, match="with text=True the sampler's texts"):
         audit_sequences(lambda p, s: "x", target, tt, PROMPTS, n=2, max_new_tokens=2, text=True,
                         length_mismatch="prefix")
+
+
+def test_the_verdict_is_the_two_sample_audits_decision(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text mode gives no verdict of its own: the two-sample audit's ``decide`` is called once,
+    max_detectable_tv among its doubts, and the report restates its answer."""
+    import hsd_core.twosample as twosample
+
+    calls: list[list[Any]] = []
+
+    def fake(family: Any, *, failures: Any = (), doubts: Any = (), promise: Any) -> tuple[str, str]:
+        calls.append(list(doubts))
+        return "inconclusive", "the recorded verdict"
+    monkeypatch.setattr(twosample, "decide", fake)
+    rep = audit(pair, texts_of(pair, "ar"), max_detectable_tv=0.1)
+    assert rep.verdict == "inconclusive" and rep.reason == "text mode (two samples of texts): the recorded verdict"
+    assert len(calls) == 1 and any("above max_detectable_tv 0.1" in (d() or "") for d in calls[0])

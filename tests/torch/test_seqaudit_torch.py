@@ -263,3 +263,19 @@ def test_a_prompt_fed_twice_is_caught_by_its_aimed_test(pair: Any) -> None:
     assert name not in {t.name for t in rep0.tests} and not any("context bug" in f.family for f in rep0.families)
     with pytest.raises(ValueError, match="unknown context bug"):
         audit_sequences(None, target, tt, PROMPTS, n=2, sample_batch_fn=twice, context_bugs=["prompt_twice"])
+
+
+def test_the_verdict_is_decides_answer(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PyTorch sequence audit gives no verdict of its own: hsd_core's ``decide`` is called once
+    (by the sequence audit's statistics) and the report's verdict and reason are its answer."""
+    import hsd_core.stats.seqtests as seqtests
+
+    target, tt, *_ = pair
+    calls: list[Any] = []
+
+    def fake(family: Any, *, failures: Any = (), doubts: Any = (), promise: Any) -> tuple[str, str]:
+        calls.append(family)
+        return "inconclusive", "the recorded verdict"
+    monkeypatch.setattr(seqtests, "decide", fake)
+    rep = audit_sequences(None, target, tt, PROMPTS, n=20, max_new_tokens=4, sample_batch_fn=batched(pair, "ar", budget=4))
+    assert (rep.verdict, rep.reason) == ("inconclusive", "the recorded verdict") and len(calls) == 1
