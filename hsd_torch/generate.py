@@ -56,7 +56,7 @@ import torch
 
 from hsd_core.methods.resync import Resync
 
-from .validation import ConflictingArguments, WrongType, as_int
+from .validation import ConflictingArguments, WrongType, as_int, check_seed
 from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
 from .laws import Processing, check_temperature, process_logits
@@ -64,7 +64,7 @@ from .methods import METHODS, Method, make
 from .methods.slem import retokenize
 from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
 from .prompts import Prompts, _as_rows, check_prompts, from_ids, render
-from .rounds import GenerateOutput, Generation, RowStats, seed_sequence
+from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, logit_width, refuse_meta
 from .text import TokenText, check_tokenizer
 
@@ -162,8 +162,8 @@ def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: 
     ``lookahead``, an int >= 1) and ``Generation``'s keyword options that need no model:
     ``max_new_tokens`` (an int >= 1), ``greedy``, ``mask_textless``, both models' processing
     (``process``, ``d_process``: :class:`hsd_torch.laws.Processing`; ``drafter_temperature`` replaces
-    the drafter's temperature) and ``seed``, already the root of the rows' streams
-    (:func:`hsd_torch.rounds.seed_sequence`); the flags are checked by :func:`_check_flags`. In this
+    the drafter's temperature) and ``seed``, checked (:func:`hsd_torch.validation.check_seed`; a
+    ``torch.Generator`` is drawn from only once the work starts); the flags are checked by :func:`_check_flags`. In this
     order, so the first bad argument is the one reported, and all of it before any model is read."""
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
@@ -173,8 +173,9 @@ def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: 
         check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
+    check_seed(seed)
     return m, {"max_new_tokens": max_new_tokens, "greedy": not do_sample, "mask_textless": mask_textless,
-               "process": process, "d_process": d_process, "seed": seed_sequence(seed)}
+               "process": process, "d_process": d_process, "seed": seed}
 
 
 def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, method: Method, target: Any,

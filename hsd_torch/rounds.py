@@ -149,10 +149,18 @@ def end_ids(config: Any, tt: TokenText) -> frozenset[int]:
 def seed_sequence(seed: int | torch.Generator | np.random.SeedSequence | None) -> np.random.SeedSequence:
     """``generate``'s ``seed`` as the root of the rows' streams: an int >= 0 (numpy integers too),
     a ``torch.Generator`` (one int drawn from it), None (fresh entropy) or a ``SeedSequence``
-    (itself: already converted at the boundary); else ``ValueError``."""
+    (itself); else :class:`hsd_torch.validation.OutOfRange` (a ``ValueError``)."""
+    if not isinstance(seed, np.random.SeedSequence):
+        check_seed(seed)
+    return _root(seed)
+
+
+def _root(seed: int | torch.Generator | np.random.SeedSequence | None) -> np.random.SeedSequence:
+    """:func:`seed_sequence` for a seed already checked (``generate`` checks it at its boundary,
+    before any work; a ``torch.Generator`` is drawn from here, once the call is under way, so a
+    refused call leaves it as it was)."""
     if isinstance(seed, np.random.SeedSequence):
         return seed
-    check_seed(seed)
     if isinstance(seed, torch.Generator):
         return np.random.SeedSequence(int(torch.randint(0, 2**62, (1,), generator=seed).item()))
     if seed is None:
@@ -199,7 +207,7 @@ class Generation(_Services):
     (:mod:`hsd_torch.methods`, which owns its options), set up here once the spaces exist; it sees
     this object as a :class:`hsd_torch.round_state.RoundView` and the shared machinery as an
     :class:`hsd_torch.round_state.EngineState`. ``process`` and ``d_process``: the target's and the
-    drafter's processing; ``seed``: the root of the rows' streams (:func:`seed_sequence`)."""
+    drafter's processing; ``seed``: what :func:`seed_sequence` takes, already checked."""
 
     def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str] | Prompts, target_tokenizer: Any,
                  drafter_tokenizer: Any, *, max_new_tokens: int, greedy: bool, process: Processing,
@@ -239,7 +247,7 @@ class Generation(_Services):
         self.emitted: list[list[int]] = [[] for _ in range(batch)]
         self.finished = [False] * batch
         self.stats = [RowStats() for _ in range(batch)]
-        self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
+        self.rngs = [np.random.default_rng(s) for s in _root(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
         # greedy under reduced precision: near ties decided again in float32 (hsd_torch._precision)

@@ -89,7 +89,12 @@ def test_the_kinds_are_distinct_and_keep_their_builtin_bases() -> None:
 
 def test_a_valid_seed_passes_the_boundary_and_methods_are_defined_once() -> None:
     validation.check_seed(np.int64(3))
-    validation.check_seed(torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    state = g.get_state().clone()
+    validation.check_seed(g)
+    with pytest.raises(UnknownChoice):
+        call(method="bogus", seed=g)
+    assert torch.equal(g.get_state(), state)  # a checked or refused call draws nothing from the caller's generator
     validation.check_seed(None)
     ss = np.random.SeedSequence(5)
     assert seed_sequence(ss) is ss  # converted once at the boundary, passed on as it is
