@@ -31,8 +31,7 @@ from typing import Any
 
 from ..engine.laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 
-METHODS = ("ar", "sd", "tli", "slem", "slrs")
-"""``hsd_torch.generate``'s methods (``--method``)."""
+from ..engine.validation import METHODS as METHODS
 
 ArgType = Callable[[str], int]
 
