@@ -1,5 +1,5 @@
 """A zoo of real-world speculative-decoding bugs, as deliberately lossy variants of
-:func:`hsd_torch.generate` (issue 20, section 2).
+:func:`hsd_torch.generate` (docs/auditing.md, "A zoo of real-world bugs").
 
 Each variant is a one-line departure from the correct code, modelled on a bug class seen in public
 SD implementations, applied for the duration of a ``with variant.patch():`` block (it replaces one

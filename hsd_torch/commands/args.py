@@ -1,4 +1,4 @@
-"""Argument checks shared by ``hsd generate`` and ``hsd audit --impl`` (issue 22): every bad value
+"""Argument checks shared by ``hsd generate`` and ``hsd audit --impl``: every bad value
 is refused with one line that names the argument and the fix, exit status 2, before any model is
 loaded.
 

@@ -15,7 +15,7 @@ each under :mod:`hsd_torch.methods`, each opening with its ``hsd_core`` twin's g
 - ``"slrs"`` (:mod:`~hsd_torch.methods.slrs`): at ``lookahead=1`` (default ``proposal_map``) the
   paper's one-token SLRS, verified against psi(t), the drafter's mass on the ids whose text's first
   target id is t; with ``proposal_map="longest_prefix"`` and ``min_path_prob=tau`` (any lookahead)
-  the bounded SLRS of issue 11, psi computed level by level with one batched drafter pass per
+  the bounded SLRS of docs/slrs.md, psi computed level by level with one batched drafter pass per
   level; ``max_tokens=m`` (None: the budget) proposes up to m target ids per round, position ``j``
   verified against psi conditioned on the first ``j``. Deeper lookaheads without them are refused
   (``NotImplementedError``: psi would enumerate every drafter path).

@@ -1,5 +1,5 @@
 """SLRS: string-level rejection sampling, over a batch (``hsd_core.methods.slrs``): the paper's
-one-token SLRS at lookahead 1 (:class:`SLRS`) and the bounded procedure of issue 11
+one-token SLRS at lookahead 1 (:class:`SLRS`) and the bounded procedure of docs/slrs.md
 (:class:`BoundedSLRSMethod`, psi level by level: :mod:`.psi`, over the byte trie of :mod:`.trie`,
 with the tree's drafter passes of :mod:`.tree`).
 

@@ -1,4 +1,4 @@
-"""Bounded SLRS over real vocabularies (issue 11, section 2): psi level by level, one batched
+"""Bounded SLRS over real vocabularies (docs/slrs.md, "On real tokenizer pairs"): psi level by level, one batched
 drafter pass per level.
 
 The procedure is ``hsd_core``'s bounded one, ``SLRS(lookahead=k, min_path_prob=tau,
