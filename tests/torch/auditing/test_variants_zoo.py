@@ -175,8 +175,8 @@ def test_the_zoo_scripts_patch_through_the_one_helper() -> None:
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    for path in (root / "hsd_torch" / "variants.py", root / "bench" / "zoo.py"):
+    root = Path(__file__).resolve().parents[3]
+    for path in (root / "hsd_torch" / "auditing" / "variants.py", root / "bench" / "zoo.py"):
         tree = ast.parse(path.read_text())
         helper = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "patch_seam"
                   for n in ast.walk(f)}
