@@ -191,7 +191,6 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
 
 #: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
 KNOWN_OVERSIZED = {
-    "auditing/sequences.py": "510 lines, audit_sequences 190 lines: the audits' statistics rework",
     "engines/vllm_audit.py": "run 87 lines: the vLLM adapter's owner",
 }
 
