@@ -1,6 +1,6 @@
 """Helpers both audits share (:mod:`hsd_torch.auditing.first_tokens`,
 :mod:`hsd_torch.auditing.sequences`): a target's end ids, its logit width, and a sampler's output
-checked as a list of its ids."""
+checked as a list of its ids, and the columns of the law they test against."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 from hsd_core.seqaudit import as_ids
 
 from ..engine.genconfig import end_ids_of
+from ..engine.laws import TextSpace
+from ..vocab.text import TokenText
 
 
 def _eos_ids(target: Any, tokenizer: Any) -> frozenset[int]:
@@ -38,3 +40,13 @@ def _as_ids(out: Any, what: str, width: int | None) -> list[int]:
             if not 0 <= t < width:
                 raise ValueError(f"{what} id {t}, outside the target's {width} ids")
     return items
+
+
+def _law_columns(tokenizer: Any, width: int, eos: frozenset[int], mask_textless: bool) -> torch.Tensor:
+    """The columns of the reference law (a ``[width]`` bool mask): every id, or with
+    ``mask_textless=True`` those of ``hsd_torch.generate(mask_textless=True)``'s law (ids with
+    text, EOS and the end ids ``eos``)."""
+    if not mask_textless:
+        return torch.ones(width, dtype=torch.bool)
+    space = TextSpace.law(TokenText.get(tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
+    return ~space.drop_mask()

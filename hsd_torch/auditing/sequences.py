@@ -60,69 +60,34 @@ from hsd_core.seqaudit import (
 
 from ..engine._args import as_int
 from ..engine._head import HeadTap
-from ..engine.laws import TextSpace, check_processing, process_logits
+from ..engine.laws import check_processing
 from ..engine.prompts import target_context
 from ..engine.runner import check_model, refuse_meta
 from ..methods.tli import resync_ids
 from ..vocab import VocabBridge
 from ..vocab.text import TokenText
-from ._ids import _as_ids, _eos_ids, _width
+from ._ids import _as_ids, _eos_ids, _law_columns, _width
+from .forced_laws import FIT_POSITIONS, _drafter_block, _Fit, _law_block, _one_more
 from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
 from .reference import LawProvider, ProvidedLaw
 from .text_sequences import audit_text_sequences
 
 __all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
 
-FIT_POSITIONS = 256
-"""Positions (at most; a seeded subsample) on which a lossy report's processing fit is computed."""
-
 SampleBatchFn = Callable[[list[str], list[int]], Sequence[Sequence[int]]]
 
 
-def _law_block(blk: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
-    """The processed law (float64) of the logits ``blk [b, V]`` (greedy: the one-hot argmax over
-    ``mask``, ties to the lowest id)."""
-    blk = blk.double()
-    m = mask.to(blk.device)
-    if not greedy:
-        return process_logits(blk, m, **process)
-    blk = blk.masked_fill(~m, float("-inf"))
-    law = torch.zeros_like(blk)
-    law[torch.arange(blk.shape[0]), blk.argmax(-1)] = 1.0
-    return law
-
-
 def audit_sequences(
-    sample_fn: Callable[[str, int], Sequence[int]] | None,
-    target: Any,
-    target_tokenizer: Any,
-    prompts: str | Sequence[str],
-    n: int = 200,
-    max_new_tokens: int = 32,
-    do_sample: bool = True,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    alpha: float = 1e-3,
-    seed: int = 0,
-    drafter: Any = None,
-    drafter_tokenizer: Any = None,
-    *,
-    sample_batch_fn: SampleBatchFn | None = None,
-    mask_textless: bool = False,
-    power: float = 0.99,
-    bins: int = DEFAULT_BINS,
-    positions: int = DEFAULT_POSITIONS,
-    max_detectable_tv: float | None = 0.1,
-    power_steps: int = DEFAULT_POWER_STEPS,
-    batch_size: int = 16,
-    progress: Callable[[str], None] | None = None,
-    name: str | None = None,
+    sample_fn: Callable[[str, int], Sequence[int]] | None, target: Any, target_tokenizer: Any,
+    prompts: str | Sequence[str], n: int = 200, max_new_tokens: int = 32, do_sample: bool = True,
+    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, alpha: float = 1e-3,
+    seed: int = 0, drafter: Any = None, drafter_tokenizer: Any = None, *, sample_batch_fn: SampleBatchFn | None = None,
+    mask_textless: bool = False, power: float = 0.99, bins: int = DEFAULT_BINS, positions: int = DEFAULT_POSITIONS,
+    max_detectable_tv: float | None = 0.1, power_steps: int = DEFAULT_POWER_STEPS, batch_size: int = 16,
+    progress: Callable[[str], None] | None = None, name: str | None = None,
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
-    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
-    length_mismatch: str = "error",
-    reference: LawProvider | ProvidedLaw | None = None,
-    text: bool = False,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None, length_mismatch: str = "error",
+    reference: LawProvider | ProvidedLaw | None = None, text: bool = False,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -171,13 +136,7 @@ def audit_sequences(
     if not callable(fn):
         raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
     width = _width(target)
-    if prompt_ids is not None:
-        given = _prompt_ids(prompt_ids, width)
-        if prompts is None:
-            prompts = [target_tokenizer.decode(r) for r in given]
-    plist = _prompts(prompts)
-    if prompt_ids is not None and len(given) != len(plist):
-        raise ValueError(f"prompt_ids has {len(given)} rows for {len(plist)} prompts: give one per prompt")
+    plist, given = _prompt_lists(prompts, prompt_ids, width, target_tokenizer)
     n = as_int("n", n, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
     batch_size = as_int("batch_size", batch_size, 1)
@@ -189,52 +148,94 @@ def audit_sequences(
         raise TypeError("give both drafter and drafter_tokenizer, or neither")
     if text:
         return _text_mode(locals())
-    eos = _eos_ids(target, target_tokenizer)
-    lengths = LengthCheck(length_mismatch, max_new_tokens, eos)
-    if mask_textless:
-        space = TextSpace.law(TokenText.get(target_tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
-        mask = ~space.drop_mask()
-    else:
-        mask = torch.ones(width, dtype=torch.bool)
-    processing = ("argmax" if not do_sample else f"temperature {process['temperature']}, top_k {top_k}, top_p {top_p}")
-    if mask_textless:
-        processing += ", ids without text removed (mask_textless)"
-    if prompt_ids is not None:
-        contexts = given
-    else:
-        t_text = TokenText.get(target_tokenizer, width)
-        contexts = [target_context(t_text, p) for p in plist]
-    bridge = d_mask = None
-    d_contexts: list[list[int]] = []
-    tt = dt = None
-    if drafter is not None:
-        refuse_meta(check_model(drafter, "drafter"), "drafter")
-        d_width = _width(drafter)
-        bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=width, drafter_vocab_size=d_width,
-                             device=next(drafter.parameters()).device)
-        tt, dt = TokenText.get(target_tokenizer, width), TokenText.get(drafter_tokenizer, d_width)
-        d_mask = torch.ones(d_width, dtype=torch.bool)
-        d_contexts = [[int(i) for i in drafter_tokenizer(p)["input_ids"]] for p in plist]
-        for p, d in zip(plist, d_contexts):
-            if not d:
-                raise ValueError(f"prompt {p!r} encodes to no drafter ids: the drafter has no law before the first "
-                                 "token (give a longer prompt, or no drafter)")
-    top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
-    bugs = _context_bugs(context_bugs) if do_sample else ()
-    ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=int(seed),
-                          drafter=drafter is not None, extra=top_extra, do_sample=do_sample, power_steps=power_steps,
-                          expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
-    seeds = sequence_seeds(int(seed), n)
-    t_sample = t_force = 0.0
-    forced: Any = target if reference is None else \
-        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
-    forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
-                     d_mask, d_contexts, int(seed))
-    forcer.fit = _Fit(process, do_sample, int(seed), n * max_new_tokens)
-    drafter_print = model_fingerprint(drafter) if drafter is not None else None
+    run = _SequenceAudit(
+        target, target_tokenizer, plist, given, width, n, max_new_tokens, do_sample, process, top_k, top_p,
+        mask_textless=mask_textless, drafter=drafter, drafter_tokenizer=drafter_tokenizer, context_bugs=context_bugs,
+        length_mismatch=length_mismatch, reference=reference, seed=int(seed),
+        evidence=dict(alpha=alpha, power=power, bins=bins, positions=positions, power_steps=power_steps))
     for c0 in range(0, n, batch_size):
-        idx = list(range(c0, min(n, c0 + batch_size)))
-        t0 = time.perf_counter()
+        run.chunk(list(range(c0, min(n, c0 + batch_size))), sample_fn, sample_batch_fn, progress)
+    return run.report(name or str(getattr(fn, "__qualname__", "") or type(fn).__name__), max_detectable_tv)
+
+
+def _prompt_lists(prompts: str | Sequence[str] | None, prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+                  width: int, tokenizer: Any) -> tuple[list[str], list[list[int]] | None]:
+    """The prompts (:func:`~hsd_torch.auditing.forcing._prompts`; without them, the decoded text
+    of each ``prompt_ids`` row) and the checked ``prompt_ids`` rows, one per prompt (``ValueError``
+    otherwise; None when not given)."""
+    given = None
+    if prompt_ids is not None:
+        given = _prompt_ids(prompt_ids, width)
+        if prompts is None:
+            prompts = [tokenizer.decode(r) for r in given]
+    plist = _prompts(prompts)
+    if given is not None and len(given) != len(plist):
+        raise ValueError(f"prompt_ids has {len(given)} rows for {len(plist)} prompts: give one per prompt")
+    return plist, given
+
+
+def _drafter_side(drafter: Any, drafter_tokenizer: Any, target_tokenizer: Any, width: int, plist: list[str]
+                  ) -> tuple[VocabBridge | None, Any, Any, torch.Tensor | None, list[list[int]]]:
+    """What :class:`_Forcer` needs of a drafter (all None and no contexts without one): the bridge
+    onto target ids, both text spaces, the drafter's columns and its own encoding of each prompt
+    (``ValueError`` for a prompt it encodes to no ids)."""
+    if drafter is None:
+        return None, None, None, None, []
+    refuse_meta(check_model(drafter, "drafter"), "drafter")
+    d_width = _width(drafter)
+    bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=width, drafter_vocab_size=d_width,
+                         device=next(drafter.parameters()).device)
+    tt, dt = TokenText.get(target_tokenizer, width), TokenText.get(drafter_tokenizer, d_width)
+    d_mask = torch.ones(d_width, dtype=torch.bool)
+    d_contexts = [[int(i) for i in drafter_tokenizer(p)["input_ids"]] for p in plist]
+    for p, d in zip(plist, d_contexts):
+        if not d:
+            raise ValueError(f"prompt {p!r} encodes to no drafter ids: the drafter has no law before the first "
+                             "token (give a longer prompt, or no drafter)")
+    return bridge, tt, dt, d_mask, d_contexts
+
+
+class _SequenceAudit:
+    """One audit of the ids mode, its arguments checked: the evidence, the teacher forcing, the
+    chunks of sampled sequences (:meth:`chunk`) and the timings, then :meth:`report`."""
+
+    def __init__(self, target: Any, target_tokenizer: Any, plist: list[str], given: list[list[int]] | None,
+                 width: int, n: int, max_new_tokens: int, do_sample: bool, process: dict[str, Any],
+                 top_k: int | None, top_p: float | None, *, mask_textless: bool, drafter: Any, drafter_tokenizer: Any,
+                 context_bugs: Sequence[str] | None, length_mismatch: str, reference: LawProvider | ProvidedLaw | None,
+                 seed: int, evidence: dict[str, Any]) -> None:
+        self.plist, self.width, self.n, self.max_new_tokens, self.drafter = plist, width, n, max_new_tokens, drafter
+        eos = _eos_ids(target, target_tokenizer)
+        self.lengths = LengthCheck(length_mismatch, max_new_tokens, eos)
+        mask = _law_columns(target_tokenizer, width, eos, mask_textless)
+        self.processing = ("argmax" if not do_sample else
+                           f"temperature {process['temperature']}, top_k {top_k}, top_p {top_p}")
+        if mask_textless:
+            self.processing += ", ids without text removed (mask_textless)"
+        if given is not None:
+            self.contexts = given
+        else:
+            t_text = TokenText.get(target_tokenizer, width)
+            self.contexts = [target_context(t_text, p) for p in plist]
+        d_side = _drafter_side(drafter, drafter_tokenizer, target_tokenizer, width, plist)
+        top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
+        bugs = _context_bugs(context_bugs) if do_sample else ()
+        self.ev = SequenceEvidence(seed=seed, drafter=drafter is not None, extra=top_extra, do_sample=do_sample,
+                                   expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs], **evidence)
+        self.seeds = sequence_seeds(seed, n)
+        self.t_sample = self.t_force = 0.0
+        forced: Any = target if reference is None else \
+            reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+        self.forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, self.contexts, drafter, *d_side,
+                              seed)
+        self.forcer.fit = _Fit(process, do_sample, seed, n * max_new_tokens)
+        self.drafter_print = model_fingerprint(drafter) if drafter is not None else None
+
+    def _sample(self, idx: list[int], sample_fn: Callable[[str, int], Sequence[int]] | None,
+                sample_batch_fn: SampleBatchFn | None) -> list[Any]:
+        """The sampler's outputs for sequences ``idx`` (``ValueError`` when a batched sampler returns
+        another number of rows)."""
+        plist, seeds = self.plist, self.seeds
         if sample_batch_fn is not None:
             outs = list(sample_batch_fn([plist[i % len(plist)] for i in idx], [seeds[i] for i in idx]))
             if len(outs) != len(idx):
@@ -242,46 +243,68 @@ def audit_sequences(
         else:
             assert sample_fn is not None
             outs = [sample_fn(plist[i % len(plist)], seeds[i]) for i in idx]
-        t_sample += time.perf_counter() - t0
-        if drafter_print is not None and (print_ := model_fingerprint(drafter)) != drafter_print:
+        return outs
+
+    def _check_drafter(self, idx: list[int]) -> None:
+        """``ValueError`` when sampling the sequences ``idx`` changed the drafter the audit reads."""
+        if self.drafter_print is not None and (print_ := model_fingerprint(self.drafter)) != self.drafter_print:
             raise ValueError(
-                f"the sampler changed the drafter the audit reads ({_changed(drafter_print, print_)}) while sampling "
-                f"sequences {idx[0]}-{idx[-1]}: transformers' sampled assisted generation prunes and re-indexes its "
-                "assistant in place. Give the sampler its own copy (copy.deepcopy(drafter) before the audit) and the "
-                "audit the untouched drafter")
-        t0 = time.perf_counter()
+                f"the sampler changed the drafter the audit reads ({_changed(self.drafter_print, print_)}) while "
+                f"sampling sequences {idx[0]}-{idx[-1]}: transformers' sampled assisted generation prunes and "
+                "re-indexes its assistant in place. Give the sampler its own copy (copy.deepcopy(drafter) before the "
+                "audit) and the audit the untouched drafter")
+
+    def _force(self, idx: list[int], outs: list[Any]) -> None:
+        """Add the evidence of the sampled sequences ``idx`` (their outputs ``outs``): an id outside
+        the target's is a malformed draw, the lengths are checked, the rest teacher-forced."""
+        plist, seeds, width = self.plist, self.seeds, self.width
         rows, seqs = [], []
         for i, out in zip(idx, outs):
             what = f"the sampler (sequence {i}, prompt {plist[i % len(plist)]!r}, seed {seeds[i]}) returned"
             ids = _as_ids(out, what, None)  # an id outside the target's is evidence, reported below
             bad = [t for t in ids if not 0 <= t < width]
             if bad:
-                ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {width} ids")
+                self.ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {width} ids")
                 continue
-            ctx = contexts[i % len(plist)]
-            ids = lengths.take(ev, i, ids, ctx, f"the sampler (prompt {plist[i % len(plist)]!r}, seed {seeds[i]})")
+            ctx = self.contexts[i % len(plist)]
+            ids = self.lengths.take(self.ev, i, ids, ctx,
+                                    f"the sampler (prompt {plist[i % len(plist)]!r}, seed {seeds[i]})")
             if ids:
                 rows.append(ctx + ids)
                 seqs.append((i, ids))
         if rows:
-            forcer.run(ev, rows, seqs)
-        t_force += time.perf_counter() - t0
+            self.forcer.run(self.ev, rows, seqs)
+
+    def chunk(self, idx: list[int], sample_fn: Callable[[str, int], Sequence[int]] | None,
+              sample_batch_fn: SampleBatchFn | None, progress: Callable[[str], None] | None) -> None:
+        """Sample the sequences ``idx`` and add their evidence; ``progress`` gets the estimated cost
+        after the first chunk and the time so far and left after every chunk."""
+        t0 = time.perf_counter()
+        outs = self._sample(idx, sample_fn, sample_batch_fn)
+        self.t_sample += time.perf_counter() - t0
+        self._check_drafter(idx)
+        t0 = time.perf_counter()
+        self._force(idx, outs)
+        self.t_force += time.perf_counter() - t0
         if progress is not None:
-            done = idx[-1] + 1
-            spent = t_sample + t_force
-            if c0 == 0 and done < n:
-                progress(_estimate(ev, done, n, t_sample, t_force, max_new_tokens))
-            progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {t_sample:.1f} s, teacher forcing "
-                     f"{t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
-    label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
-    t0 = time.perf_counter()
-    rep = ev.report(n=n, max_new_tokens=max_new_tokens, max_detectable_tv=max_detectable_tv, name=label,
-                    processing=processing, cost={})
-    reason = rep.reason
-    if rep.verdict == "lossy" and (fit := forcer.fit.best()) is not None:
-        reason += f"; of a few processings, the tokens fit best {fit}"
-    cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
-    return dataclasses.replace(rep, reason=reason, cost=cost)
+            n, done = self.n, idx[-1] + 1
+            spent = self.t_sample + self.t_force
+            if idx[0] == 0 and done < n:
+                progress(_estimate(self.ev, done, n, self.t_sample, self.t_force, self.max_new_tokens))
+            progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {self.t_sample:.1f} s, teacher forcing "
+                     f"{self.t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
+
+    def report(self, label: str, max_detectable_tv: float | None) -> SequenceAuditReport:
+        """The evidence's report (:mod:`hsd_core.seqaudit`), with the processing the tokens fit best
+        when lossy and the seconds spent sampling, teacher forcing and on the statistics."""
+        t0 = time.perf_counter()
+        rep = self.ev.report(n=self.n, max_new_tokens=self.max_new_tokens, max_detectable_tv=max_detectable_tv,
+                             name=label, processing=self.processing, cost={})
+        reason = rep.reason
+        if rep.verdict == "lossy" and (fit := self.forcer.fit.best()) is not None:
+            reason += f"; of a few processings, the tokens fit best {fit}"
+        cost = {"sampling": self.t_sample, "teacher forcing": self.t_force, "statistics": time.perf_counter() - t0}
+        return dataclasses.replace(rep, reason=reason, cost=cost)
 
 
 def _text_mode(a: dict[str, Any]) -> SequenceAuditReport:
@@ -412,72 +435,12 @@ class _Forcer:
             self.fit.add(t_logits[sl], self.mask, x[sl], law)
 
 
-class _Fit:
-    """Which of a few processings the audited tokens fit best (module docstring): the
-    log-likelihood of each on a seeded subsample of at most :data:`FIT_POSITIONS` positions."""
-
-    def __init__(self, claimed: dict[str, Any], do_sample: bool, seed: int, expected_steps: int) -> None:
-        t = claimed["temperature"]
-        free = {"top_k": None, "top_p": None}
-        cands = {"the claimed processing": dict(claimed),
-                 "temperature 1 without top-k / top-p": {"temperature": 1.0, **free},
-                 f"temperature {t} without top-k / top-p": {"temperature": t, **free}}
-        for f in (0.8, 0.9, 1.1, 1.25):
-            cands[f"the claimed processing at temperature {t * f:.4g}"] = dict(claimed, temperature=t * f)
-        self.cands = {k: v for i, (k, v) in enumerate(cands.items()) if i == 0 or v != dict(claimed)}
-        self.on = do_sample
-        self.rate = min(1.0, FIT_POSITIONS / max(1, expected_steps))
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
-        self.ll = dict.fromkeys(self.cands, 0.0)
-        self.m = 0
-
-    def add(self, logits: torch.Tensor, mask: torch.Tensor, x: np.ndarray, law: np.ndarray) -> None:
-        """Add the positions of a block picked for the subsample: ``logits [b, V]`` and the
-        claimed ``law [b, V]`` of the sampled ids ``x [b]``."""
-        if not self.on:
-            return
-        pick = np.flatnonzero(self.rng.random(len(x)) < self.rate)
-        if not pick.size:
-            return
-        self.m += pick.size
-        xs = torch.as_tensor(x[pick])
-        with np.errstate(divide="ignore"):
-            for name, proc in self.cands.items():
-                pr = (law[pick, x[pick]] if name == "the claimed processing" else
-                      _law_block(logits[torch.as_tensor(pick)], mask, proc, False)
-                      .gather(1, xs[:, None].to(logits.device))[:, 0].cpu().numpy())
-                self.ll[name] += float(np.log(pr).sum())
-
-    def best(self) -> str | None:
-        """The best-fitting processing, in words, when it is not the claimed one (None otherwise,
-        or when none gives every picked token mass)."""
-        if not self.m or len(self.cands) < 2:
-            return None
-        top = max(self.ll, key=lambda k: self.ll[k])
-        if top == "the claimed processing" or self.ll[top] == -math.inf:
-            return None
-        return (f"{top} (log-likelihood {self.ll[top]:.1f} against the claimed {self.ll['the claimed processing']:.1f}, "
-                f"on {self.m} positions)")
-
-
 _BLOCK = 1 << 21  # entries of a [positions, V] float64 block (16 MB: glibc's heap reuses it; a larger one is mmap'ed afresh)
 
 
 def _block_rows(*widths: int) -> int:
     """How many positions one block holds: :data:`_BLOCK` entries of the widest vocabulary."""
     return max(1, _BLOCK // max(1, *widths))
-
-
-def _drafter_block(bridge: VocabBridge, lg: torch.Tensor, d_mask: torch.Tensor, process: dict[str, Any],
-                   greedy: bool, p_law: np.ndarray) -> np.ndarray:
-    """The drafter's law before each new target id of a block (``[b, V]`` over target ids, rows as
-    ``p_law``'s) from its logits ``lg``: processed, restricted to the shared strings, renormalized,
-    pushed; where it has no mass there, the target's own law (no evidence either way)."""
-    restricted = bridge.restrict(_law_block(lg, d_mask, process, greedy).to(bridge.device))
-    pushed: np.ndarray = bridge.push(restricted.law).cpu().numpy()
-    none = (restricted.mass <= 0).cpu().numpy()
-    pushed[none] = p_law[none]
-    return pushed
 
 
 def _aimed_logits(target: Any, bug: ContextBug, contexts: list[list[int]], seqs: list[list[int]]
@@ -496,15 +459,3 @@ def _aimed_logits(target: Any, bug: ContextBug, contexts: list[list[int]], seqs:
     lg = _forced_logits(target, [wrong[k] + seqs[k] for k in live],
                         [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live])
     return lg, src
-
-
-def _one_more(raw: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """At each position, the probability that a law with one token more than the processed ``p``
-    (top-k plus one, or top-p keeping the next token) gives that token: the tempered, untruncated
-    law ``raw`` restricted to ``p``'s support plus the most likely id outside it, renormalized."""
-    outside = np.where(p > 0, -1.0, raw)
-    j = outside.argmax(1)
-    extra = np.clip(outside[np.arange(len(j)), j], 0.0, None)
-    kept = np.where(p > 0, raw, 0.0).sum(1)
-    out: np.ndarray = np.where(extra > 0, extra / (kept + extra), 0.0)
-    return out

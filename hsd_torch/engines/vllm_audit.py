@@ -396,6 +396,27 @@ def open_laws(prompt_ids: list[int], ids: list[int]) -> np.ndarray:
     return _OPEN[-1](prompt_ids, ids)
 
 
+def _sample_files(args: argparse.Namespace, python: str, folder: str, runs: list[tuple[str, Any, list[int]]],
+                  prompt_ids: list[int], out_dir: str, n: int) -> dict[str, str]:
+    """:func:`run`'s sampling: for each ``(label, speculative config or None, seeds)`` of ``runs``,
+    ``args.prompt`` sampled once per seed (``n`` of them) by vLLM into ``out_dir/<label>.jsonl`` (one
+    engine at a time), with a line printed per file (draws, seconds, vLLM's acceptance counters); the
+    files' paths by label. A worker that fails raises :class:`VllmUnavailable`, after the lines of the
+    files sampled before it."""
+    paths = {}
+    for label, sp, sd in runs:
+        paths[label] = out = os.path.join(out_dir, f"{label}.jsonl")
+        entry = file_entry([prompt_ids], [args.prompt], sd, out, do_sample=not args.greedy, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+        summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype,
+                                             patch_vllm_cpu_expand=args.patch_vllm_cpu_expand))[0]
+        acc = (summary.get("spec_stats") or {}).get("acceptance_rate")
+        print(f"vllm {summary['version']} {label}: {n} draws, {summary['tokens']} tokens in {summary['generate_s']:.1f} s "
+              f"(engine start {summary['init_s']:.1f} s)" + ("" if acc is None else f", acceptance {acc:.3f}")
+              + f"; {out}")
+    return paths
+
+
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]],
         engine_run: Callable[[argparse.Namespace], int]) -> int:
     """``hsd audit --impl vllm``: sample the speculative file and its null control (the same
@@ -448,22 +469,12 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     prompt_ids = [int(t) for t in tt(args.prompt)["input_ids"]]
     seeds = sequence_seeds(args.seed, n)
     folder = model_folder(args.target)
-    paths = {}
     runs = [(method, spec, seeds)] + ([("none", None, baseline_seeds(args.seed, n, seeds))]
                                       if spec is not None and not args.no_null_control else [])
-    for label, sp, sd in runs:
-        paths[label] = out = os.path.join(out_dir, f"{label}.jsonl")
-        entry = file_entry([prompt_ids], [args.prompt], sd, out, do_sample=not args.greedy, temperature=args.temperature,
-                           top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
-        try:
-            summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype,
-                                                 patch_vllm_cpu_expand=args.patch_vllm_cpu_expand))[0]
-        except VllmUnavailable as e:
-            return error(str(e))
-        acc = (summary.get("spec_stats") or {}).get("acceptance_rate")
-        print(f"vllm {summary['version']} {label}: {n} draws, {summary['tokens']} tokens in {summary['generate_s']:.1f} s "
-              f"(engine start {summary['init_s']:.1f} s)" + ("" if acc is None else f", acceptance {acc:.3f}")
-              + f"; {out}")
+    try:
+        paths = _sample_files(args, python, folder, runs, prompt_ids, out_dir, n)
+    except VllmUnavailable as e:
+        return error(str(e))
     ns = argparse.Namespace(**vars(args))
     for k, v in dict(impl=None, samples_file=paths[method], baseline_file=paths.get("none") if spec is not None else None, prompt=None, samples=None,
                      greedy=False, temperature=1.0, top_k=None, top_p=None, max_new_tokens=32, speculative=None,

@@ -93,35 +93,36 @@ class _Sweep:
         return value
 
 
-def train_unigram(words: Sequence[tuple[str, int]], n_pieces: int, *, max_piece_length: int = 12,
-                  seed_factor: int = 8, shrinking_factor: float = 0.75,
-                  sub_iterations: int = 2) -> list[tuple[str, float]]:
-    """``[(piece, log-probability), ...]``, at most ``n_pieces`` of them, by decreasing score
-    (ties by piece), for a Unigram LM over ``words`` (``(word, count)`` pairs, e.g. Metaspace
-    pre-tokenized text). Every character of the words is a piece, unless there are more than
-    ``n_pieces`` characters (then the most frequent ones). Deterministic (module docstring)."""
-    if n_pieces < 1:
-        raise ValueError(f"n_pieces must be >= 1, got {n_pieces}")
-    words = sorted((w, int(c)) for w, c in words if w and c > 0)
+def _frequent_chars_only(words: list[tuple[str, int]], n_pieces: int) -> list[tuple[str, int]]:
+    """``words`` (sorted ``(word, count)`` pairs) split at their characters outside the ``n_pieces``
+    most frequent ones (ties by character), the parts counted and sorted; ``words`` itself when they
+    have at most ``n_pieces`` characters."""
     all_chars: Counter[str] = Counter()
     for w, c in words:
         for ch in w:
             all_chars[ch] += c
-    if len(all_chars) > n_pieces:  # only the most frequent characters: split words at the others
-        kept = set(sorted(all_chars, key=lambda s: (-all_chars[s], s))[:n_pieces])
-        parts: Counter[str] = Counter()
-        for w, c in words:
-            part = ""
-            for ch in w:
-                if ch in kept:
-                    part += ch
-                    continue
-                if part:
-                    parts[part] += c
-                part = ""
+    if len(all_chars) <= n_pieces:
+        return words
+    kept = set(sorted(all_chars, key=lambda s: (-all_chars[s], s))[:n_pieces])
+    parts: Counter[str] = Counter()
+    for w, c in words:
+        part = ""
+        for ch in w:
+            if ch in kept:
+                part += ch
+                continue
             if part:
                 parts[part] += c
-        words = sorted(parts.items())
+            part = ""
+        if part:
+            parts[part] += c
+    return sorted(parts.items())
+
+
+def _seed_pieces(words: list[tuple[str, int]], n_pieces: int, max_piece_length: int,
+                 seed_factor: int) -> tuple[list[str], int, FloatArray]:
+    """Step 1 (module docstring): the seed pieces (the characters first, then the candidate
+    substrings), how many of them are characters, and their initial log-probabilities."""
     chars: Counter[str] = Counter()
     subs: Counter[str] = Counter()
     for w, c in words:
@@ -132,66 +133,90 @@ def train_unigram(words: Sequence[tuple[str, int]], n_pieces: int, *, max_piece_
     char_list = sorted(chars, key=lambda s: (-chars[s], s))[:n_pieces]
     cands = sorted((s for s, f in subs.items() if f >= 2), key=lambda s: (-subs[s] * len(s), s))
     cands = cands[:max(0, seed_factor * n_pieces - len(char_list))]
-    pieces = char_list + cands
-    n_all = len(pieces)
-    is_char = np.zeros(n_all, dtype=bool)
-    is_char[:len(char_list)] = True
     freq = [float(chars[s]) for s in char_list] + [float(subs[s]) for s in cands]
     logp: FloatArray = np.log(np.array(freq)) - math.log(math.fsum(freq))
-    index = {s: k for k, s in enumerate(pieces)}
+    return char_list + cands, len(char_list), logp
 
-    # the lattice: an edge per (word, start, end) whose substring is a piece; node = offset + position
-    starts_l: list[int] = []
-    ends_l: list[int] = []
-    pieces_l: list[int] = []
-    words_l: list[int] = []
-    offsets_l: list[int] = []
-    n_nodes = 0
-    for wi, (w, _) in enumerate(words):
-        offsets_l.append(n_nodes)
-        n = len(w)
-        for i in range(n):
-            for j in range(i + 1, min(n, i + max_piece_length) + 1):
-                k = index.get(w[i:j])
-                if k is not None:
-                    starts_l.append(i)
-                    ends_l.append(j)
-                    pieces_l.append(k)
-                    words_l.append(wi)
-        n_nodes += n + 1
-    offsets = np.array(offsets_l, dtype=np.int64)
-    last = offsets + np.array([len(w) for w, _ in words], dtype=np.int64)
-    weight = np.array([float(c) for _, c in words])
-    start, end = np.array(starts_l, dtype=np.int64), np.array(ends_l, dtype=np.int64)
-    piece, word = np.array(pieces_l, dtype=np.int64), np.array(words_l, dtype=np.int64)
-    node_start, node_end = offsets[word] + start, offsets[word] + end
-    forward_order = np.lexsort((word, end))       # by end position, then word
-    backward_order = np.lexsort((word, -start))   # by start position, descending, then word
-    alive = np.ones(n_all, dtype=bool)
 
-    def sweeps() -> tuple[_Sweep, _Sweep, IntArray]:
-        live = alive[piece]
-        fo, bo = forward_order[live[forward_order]], backward_order[live[backward_order]]
-        return (_Sweep(end, word, node_start, node_end, piece, fo),
-                _Sweep(start, word, node_end, node_start, piece, bo), np.flatnonzero(live))
+class _Lattice:
+    """Every word's lattice of pieces: an edge per (word, start, end) whose substring is a piece;
+    node = the word's offset + position. :meth:`expected_counts` is the E-step over it."""
 
-    def expected_counts() -> FloatArray:
-        fw, bw, live = sweeps()
-        alpha = np.full(n_nodes, -np.inf)
-        alpha[offsets] = 0.0
+    def __init__(self, words: list[tuple[str, int]], pieces: list[str], max_piece_length: int) -> None:
+        index = {s: k for k, s in enumerate(pieces)}
+        self.n_all = len(pieces)
+        starts_l: list[int] = []
+        ends_l: list[int] = []
+        pieces_l: list[int] = []
+        words_l: list[int] = []
+        offsets_l: list[int] = []
+        n_nodes = 0
+        for wi, (w, _) in enumerate(words):
+            offsets_l.append(n_nodes)
+            n = len(w)
+            for i in range(n):
+                for j in range(i + 1, min(n, i + max_piece_length) + 1):
+                    k = index.get(w[i:j])
+                    if k is not None:
+                        starts_l.append(i)
+                        ends_l.append(j)
+                        pieces_l.append(k)
+                        words_l.append(wi)
+            n_nodes += n + 1
+        self.n_nodes = n_nodes
+        self.offsets = offsets = np.array(offsets_l, dtype=np.int64)
+        self.last = offsets + np.array([len(w) for w, _ in words], dtype=np.int64)
+        self.weight = np.array([float(c) for _, c in words])
+        self.start, self.end = np.array(starts_l, dtype=np.int64), np.array(ends_l, dtype=np.int64)
+        self.piece, self.word = np.array(pieces_l, dtype=np.int64), np.array(words_l, dtype=np.int64)
+        self.node_start, self.node_end = offsets[self.word] + self.start, offsets[self.word] + self.end
+        self.forward_order = np.lexsort((self.word, self.end))       # by end position, then word
+        self.backward_order = np.lexsort((self.word, -self.start))   # by start position, descending, then word
+
+    def _sweeps(self, alive: npt.NDArray[np.bool_]) -> tuple[_Sweep, _Sweep, IntArray]:
+        live = alive[self.piece]
+        fo = self.forward_order[live[self.forward_order]]
+        bo = self.backward_order[live[self.backward_order]]
+        return (_Sweep(self.end, self.word, self.node_start, self.node_end, self.piece, fo),
+                _Sweep(self.start, self.word, self.node_end, self.node_start, self.piece, bo), np.flatnonzero(live))
+
+    def expected_counts(self, alive: npt.NDArray[np.bool_], logp: FloatArray) -> FloatArray:
+        """Each piece's expected count over the words (weighted by their counts), by forward-backward
+        over the edges of the ``alive`` pieces under the log-probabilities ``logp``."""
+        fw, bw, live = self._sweeps(alive)
+        alpha = np.full(self.n_nodes, -np.inf)
+        alpha[self.offsets] = 0.0
         alpha = fw.run(alpha, logp)
-        beta = np.full(n_nodes, -np.inf)
-        beta[last] = 0.0
+        beta = np.full(self.n_nodes, -np.inf)
+        beta[self.last] = 0.0
         beta = bw.run(beta, logp)
-        s, e, k, w = node_start[live], node_end[live], piece[live], word[live]
-        post = np.exp(alpha[s] + logp[k] + beta[e] - alpha[last][w])
-        counts: FloatArray = np.asarray(np.bincount(k, weights=weight[w] * post, minlength=n_all), dtype=np.float64)
+        s, e, k, w = self.node_start[live], self.node_end[live], self.piece[live], self.word[live]
+        post = np.exp(alpha[s] + logp[k] + beta[e] - alpha[self.last][w])
+        counts: FloatArray = np.asarray(np.bincount(k, weights=self.weight[w] * post, minlength=self.n_all),
+                                        dtype=np.float64)
         return counts
 
+
+def train_unigram(words: Sequence[tuple[str, int]], n_pieces: int, *, max_piece_length: int = 12,
+                  seed_factor: int = 8, shrinking_factor: float = 0.75,
+                  sub_iterations: int = 2) -> list[tuple[str, float]]:
+    """``[(piece, log-probability), ...]``, at most ``n_pieces`` of them, by decreasing score
+    (ties by piece), for a Unigram LM over ``words`` (``(word, count)`` pairs, e.g. Metaspace
+    pre-tokenized text). Every character of the words is a piece, unless there are more than
+    ``n_pieces`` characters (then the most frequent ones). Deterministic (module docstring)."""
+    if n_pieces < 1:
+        raise ValueError(f"n_pieces must be >= 1, got {n_pieces}")
+    words = _frequent_chars_only(sorted((w, int(c)) for w, c in words if w and c > 0), n_pieces)
+    pieces, n_chars, logp = _seed_pieces(words, n_pieces, max_piece_length, seed_factor)
+    n_all = len(pieces)
+    is_char = np.zeros(n_all, dtype=bool)
+    is_char[:n_chars] = True
+    lattice = _Lattice(words, pieces, max_piece_length)
+    alive = np.ones(n_all, dtype=bool)
     while True:
         counts = np.zeros(n_all)
         for _ in range(sub_iterations):
-            counts = expected_counts()
+            counts = lattice.expected_counts(alive, logp)
             alive &= is_char | (np.round(counts, 6) >= 0.5)
             live = np.flatnonzero(alive).tolist()
             total = digamma(math.fsum(counts[live].tolist()))

@@ -190,12 +190,7 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
 # --- the whole of hsd_torch: cycles through type-checking imports, sizes, README's layout ---
 
 #: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
-KNOWN_OVERSIZED = {
-    "auditing/first_tokens.py": "685 lines, audit_generate 178 lines: the audits' statistics rework",
-    "auditing/sequences.py": "510 lines, audit_sequences 190 lines: the audits' statistics rework",
-    "models/_unigram.py": "train_unigram 118 lines (a test fixture's trainer)",
-    "engines/vllm_audit.py": "run 87 lines: the vLLM adapter's owner",
-}
+KNOWN_OVERSIZED: dict[str, str] = {}
 
 
 def _edges(g: dict[str, set[str]]) -> dict[str, set[str]]:
