@@ -71,7 +71,7 @@ def cache_dir() -> Path:
     env = os.environ.get("HSD_TOKENIZER_CACHE")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / ".cache" / "real-tokenizers"
+    return Path(__file__).resolve().parents[2] / ".cache" / "real-tokenizers"
 
 
 def _site_file(module: str, *parts: str) -> Path:

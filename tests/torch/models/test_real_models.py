@@ -443,3 +443,15 @@ def test_sampled_first_tokens_on_the_real_pair(target_name: str, method: str, kw
     rep = audit_generate(lambda _p, _s: next(it), target, tt, prompt, n=AUDIT_N, top_k=8, alpha=1e-3, seed=1)
     assert rep.detectable_tv is not None and rep.detectable_tv < 0.06, rep.reason
     assert rep.verdict == "lossless-consistent", rep.reason
+
+
+def test_real_tokenizers_default_cache_is_the_repository_roots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``$HSD_TOKENIZER_CACHE`` the tokenizer cache is ``<repo>/.cache/real-tokenizers``, the folder
+    ``tests/torch/fetch_real_tokenizers.sh`` fills when run from the repository root (a module moved one
+    folder deeper once looked in ``hsd_torch/.cache`` and every real-tokenizer test skipped)."""
+    from hsd_torch.models import real_tokenizers
+
+    monkeypatch.delenv("HSD_TOKENIZER_CACHE", raising=False)
+    root = Path(__file__).resolve().parents[3]
+    assert (root / "tests" / "torch" / "fetch_real_tokenizers.sh").is_file()
+    assert real_tokenizers.cache_dir() == root / ".cache" / "real-tokenizers"
