@@ -125,7 +125,7 @@ def _provider(spec: str) -> Any:
 
 
 def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any, Any]:
-    from hsd_core.endpoint import sample_endpoint
+    from hsd_core.endpoint import check_endpoint, sample_endpoint
     from hsd_core.samples import Sampling, write_samples
     from hsd_core.seqaudit import sequence_seeds
 
@@ -139,6 +139,10 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     kw = dict(model=args.model, allow_remote=args.allow_remote, max_requests=args.max_requests,
               timeout=args.request_timeout, time_budget=args.time_budget, target=args.target,
               concurrency=args.concurrency)
+    if args.baseline_endpoint is not None:  # two servers, one engine: one label (their URLs differ, at least by port)
+        kw["engine"] = {"name": "openai-compatible endpoints",
+                        "version": f"{check_endpoint(args.endpoint, True)} with speculation, "
+                                   f"{check_endpoint(args.baseline_endpoint, True)} without"}
     files: list[Any] = []
     for url, s, sp, name in ((args.endpoint, args.seed, spec, "endpoint"),
                              (args.baseline_endpoint, args.seed + 1, None, "baseline")):

