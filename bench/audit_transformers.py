@@ -1,11 +1,11 @@
 """Audit the installed transformers' universal assisted generation (different tokenizers) with
-``hsd_torch.audit.audit_generate``: a control without assistant, greedy, do_sample=True unpatched,
+``hsd_torch.auditing.first_tokens.audit_generate``: a control without assistant, greedy, do_sample=True unpatched,
 the translator-cache crash, and do_sample=True with ``bench/transformers_uag_patch.py``.
 
     python bench/audit_transformers.py [N] [--positions P] [--runs RUNS] [--report-dir DIR]
         [--real TARGET,DRAFTER] [--top-k K] [--prompt TEXT]
 
-``--real smollm2-135m-instruct,gemma-3-270m``: the real pair (``hsd_torch.real_models``) in place of
+``--real smollm2-135m-instruct,gemma-3-270m``: the real pair (``hsd_torch.models.real``) in place of
 the tiny one (a fresh copy of the loaded assistant per run); ``--top-k K``: every sampled run (and
 its reference) processed with top-k K (a small support gives power at a small N on a large
 vocabulary); ``--prompt``: another prompt.
@@ -19,7 +19,7 @@ lm_head). Sampling is over the full vocabulary (``top_k=0``: transformers' defau
 unless the run says top3; the reference is the target's plain law (transformers removes no id).
 
 transformers caches its vocabulary translator by the two tokenizer objects (root cause 2 in
-docs/auditing-transformers.md), and hsd_torch.tiny returns the same tokenizer objects each time:
+docs/auditing-transformers.md), and hsd_torch.models.tiny returns the same tokenizer objects each time:
 each unpatched sampled run other than ``crash`` therefore starts with that cache cleared, as a
 fresh process would have it.
 """
@@ -37,8 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers.generation import candidate_generator as cg
 
-from hsd_torch import tiny
-from hsd_torch.audit import audit_generate
+from hsd_torch.models import tiny
+from hsd_torch.auditing.first_tokens import audit_generate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformers_uag_patch  # noqa: E402
@@ -48,7 +48,7 @@ RUNS = ("control", "greedy", "sample", "sample-top3", "crash", "patched", "patch
 
 
 REAL: dict[str, Any] = {}
-"""With ``--real TARGET,DRAFTER``: the two real models (``hsd_torch.real_models``), loaded once."""
+"""With ``--real TARGET,DRAFTER``: the two real models (``hsd_torch.models.real``), loaded once."""
 
 
 def uag_sampler(do_sample: bool, top_k: int | None = None, assistant: bool = True
@@ -114,7 +114,7 @@ def main() -> None:
         PROMPT = sys.argv[sys.argv.index("--prompt") + 1]
     torch.set_num_threads(1)
     if "--real" in sys.argv:
-        from hsd_torch import real_models
+        from hsd_torch.models import real as real_models
 
         tname, dname = sys.argv[sys.argv.index("--real") + 1].split(",")
         (REAL["target"], REAL["tt"]), (REAL["drafter"], REAL["dt"]) = real_models.load(tname), real_models.load(dname)

@@ -11,11 +11,11 @@ What it is, plainly:
   benchmark's prompts are HumanEval's (never read here) and the first paragraphs of the docstrings of
   ``json``, ``argparse``, ``textwrap`` and ``statistics`` (``bench/acceptance_real.py``), whose files
   (``json/``, ``argparse.py``, ``textwrap.py``, ``statistics.py``) are not read either.
-- **The target's continuations**: Gemma-3-270M (``hsd_torch.real_models``, float32) continues each
+- **The target's continuations**: Gemma-3-270M (``hsd_torch.models.real``, float32) continues each
   seed with ``--new`` tokens through transformers' ``generate``, in batches of ``--batch``, one batch
   greedy and the next sampled at temperature 1 over the full law (seeded), ``--samples`` seeds in
   all. They are saved as they come (``samples.jsonl``; a rerun resumes).
-- **Tokenizer**: a byte-level BPE of ``--vocab`` ids (``hsd_torch.tiny.train_byte_bpe``) trained on the
+- **Tokenizer**: a byte-level BPE of ``--vocab`` ids (``hsd_torch.models.tiny.train_byte_bpe``) trained on the
   seeds and continuations: not Gemma's (262,144 ids) nor SmolLM2's.
 - **Model**: GPT-2 architecture, ``--layers`` x ``--width`` (defaults 4 x 256, about 4.3M parameters
   with the tied head), trained from scratch (``bench/pair.py``'s ``train``: AdamW, warm-up, cosine;
@@ -98,7 +98,7 @@ def sample(out: Path, seed_texts: list[str], *, new: int, batch: int, seed: int,
     """Gemma's continuations of ``seed_texts`` (``samples.jsonl`` under ``out``, resumed)."""
     import torch
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     path = out / "samples.jsonl"
     done: list[dict[str, Any]] = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -140,8 +140,8 @@ def build(out: Path, *, samples: int, new: int, batch: int, vocab: int, layers: 
     import torch
 
     import pair as pairmod
-    from hsd_torch import real_models
-    from hsd_torch.tiny import train_byte_bpe
+    from hsd_torch.models import real as real_models
+    from hsd_torch.models.tiny import train_byte_bpe
 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

@@ -17,7 +17,7 @@
 
 A first run builds the synthetic pair (``bench/pair.py``: about 60 minutes on 2 quiet cores; cached
 in ``.cache/bench_pair``, announced before it starts); ``--pair real`` needs no build: Gemma-3-270M
-target, SmolLM2-135M-Instruct drafter (``hsd_torch.real_models``, the README's real-model extra; no
+target, SmolLM2-135M-Instruct drafter (``hsd_torch.models.real``, the README's real-model extra; no
 SD, as no drafter shares Gemma's vocabulary; ``--pair real-reverse``: the roles swapped), prompts
 from HumanEval and English prose (``bench/acceptance_real.py``'s), mode ``chat`` (temperature 0.7,
 top-p 0.9) beside greedy and sampling. ``--pair qwen``: Qwen2.5-Coder-1.5B-Instruct target (the
@@ -312,7 +312,7 @@ SD_DRAFTERS = {"qwen": "qwen2.5-coder-0.5b-instruct"}
 """``--pair`` -> the SD drafter (the target's tokenizer), where the pair has one."""
 CODE_ONLY = ("qwen",)
 """Pairs benchmarked on HumanEval prompts alone (a code model)."""
-"""``--pair`` -> (target, drafter): ``hsd_torch.real_models`` names, or bench/distill_drafter.py's build."""
+"""``--pair`` -> (target, drafter): ``hsd_torch.models.real`` names, or bench/distill_drafter.py's build."""
 
 
 def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real"
@@ -325,7 +325,7 @@ def load_real(dtype: Any, device: str, n_prompts: int, drafter_kind: str = "real
     real pair the other way round: SmolLM2-135M-Instruct target, Gemma-3-270M drafter)."""
     import acceptance_real
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     target_name, drafter_name = REAL_PAIRS[drafter_kind]
     target, tt = real_models.load(target_name, dtype=dtype)

@@ -12,7 +12,7 @@ On the first CUDA device (or the CPU when there is none, to check the script its
    prompt per method, 20,000 by default, in chunks of ``--chunk`` rows: rows are independent
    samples, row i seeded by ``(seed, i)``, each chunk its own seed), processed with top-k 8
    (``--top-k``; 0: the full vocabulary, with far less power per sample): the first two new tokens
-   against the target's own law of them (:func:`hsd_torch.audit.audit_generate`, alpha 1e-3 per
+   against the target's own law of them (:func:`hsd_torch.auditing.first_tokens.audit_generate`, alpha 1e-3 per
    method; each line prints the TV detectable with power 0.99: 0.036 at 20,000 samples and top-k
    8). This runs the device's sampling paths (draws, residuals, pushforwards, batched caches with
    masks and dropped rows). A lossy control (TLI drafting and verifying at temperature 1.5,
@@ -40,9 +40,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from hsd_torch import generate, tiny  # noqa: E402
-from hsd_torch.audit import audit_generate  # noqa: E402
-from hsd_torch.mirror import target_greedy  # noqa: E402
+from hsd_torch import generate  # noqa: E402
+from hsd_torch.models import tiny  # noqa: E402
+from hsd_torch.auditing.first_tokens import audit_generate  # noqa: E402
+from hsd_torch.models.mirror import target_greedy  # noqa: E402
 generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
 
 PROMPTS = ["def foo(x):\n", "Hello", "import os\n", "naïve café", "x", "for i in range(3):\n    "]

@@ -1,4 +1,4 @@
-"""Speed of hsd_torch.kernels: against hsd_core run row by row, and against one pass over the data.
+"""Speed of hsd_torch.engine.kernels: against hsd_core run row by row, and against one pass over the data.
 
 For every B in {1, 8, 64}, K in {4, 8}, V in {4k, 50k, 150k} (float32 laws, the usual model
 dtype) it times, in one run and on one thread:
@@ -40,7 +40,7 @@ from bench_record import save  # noqa: E402
 from hsd_core.laws import Law, as_law  # noqa: E402
 from hsd_core.methods.base import RejectionVerifier  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
-from hsd_torch.kernels import exact_match_verify, rejection_verify  # noqa: E402
+from hsd_torch.engine.kernels import exact_match_verify, rejection_verify  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> tuple[float, float]:

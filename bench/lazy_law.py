@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python bench/lazy_law.py [--repeats 10] [--top-p 0.9] [--temperature 0.7] [--json F]
 
-Gemma-3-270M's own logits (``hsd_torch.real_models``, float32) at every position of a few
+Gemma-3-270M's own logits (``hsd_torch.models.real``, float32) at every position of a few
 teacher-forced texts, in rounds of lookahead 4 (five positions), as ``generate`` verifies them:
 the drafts are the texts' next ids, their proposal law the target's own unprocessed law at
 temperature 1 (so a draft passes about as often as a good drafter's), the uniforms fixed.
@@ -29,9 +29,10 @@ import torch  # noqa: E402
 from bench_record import provenance, save  # noqa: E402
 from top_p import TEXTS  # noqa: E402
 
-from hsd_torch import kernels, real_models  # noqa: E402
-from hsd_torch.laws import TextSpace, space_law  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.engine import kernels  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
+from hsd_torch.engine.laws import TextSpace, space_law  # noqa: E402
+from hsd_torch.vocab.text import TokenText  # noqa: E402
 
 
 

@@ -1,6 +1,6 @@
 """Peak memory of a batched ``generate`` call on a real target (docs/generate.md, "How it runs").
 
-Each measurement runs in a fresh subprocess: load the pair (``hsd_torch.real_models``), note the
+Each measurement runs in a fresh subprocess: load the pair (``hsd_torch.models.real``), note the
 resident set, run one batched call (``--rows`` copies of a prompt of about ``--prompt-tokens``
 target tokens, ``--method``, ``--max-new-tokens``) after a one-row warm-up call (which pages the
 memory-mapped weights in), and report the peak resident set of that
@@ -19,7 +19,7 @@ Prompts of several lengths (``--mixed``: row ``i`` gets the first ``--prompt-tok
 the case where keeping the union of the rows' read columns for every row grew as rows x distinct
 lengths x vocabulary; ``--batches 1,8,32`` sweeps the batch size, each with ``--compare``'s two runs,
 where the second now means that union (``--union``: the head at every row's read columns for every
-row, ``logits_to_keep`` alone, what ``generate`` did before ``hsd_torch._head`` steered it per row).
+row, ``logits_to_keep`` alone, what ``generate`` did before ``hsd_torch.engine._head`` steered it per row).
 ``--tiny-vocab N`` runs a tiny random Llama with an ``N``-id head (hidden size 64) instead of the
 real models, AR, in seconds::
 
@@ -71,12 +71,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process (the child)."""
     import torch
 
-    from hsd_torch import generate, real_models
-    from hsd_torch.runner import Runner
+    from hsd_torch import generate
+    from hsd_torch.models import real as real_models
+    from hsd_torch.engine.runner import Runner
 
     torch.set_num_threads(args.threads)
     if args.tiny_vocab:
-        from hsd_torch import tiny
+        from hsd_torch.models import tiny
 
         tt = tiny.tiny_tokenizer("byte_bpe")
         target = tiny.tiny_llama(tt, vocab_size=args.tiny_vocab, max_position_embeddings=4096, dtype=torch.float32)
@@ -85,7 +86,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         target, tt = real_models.load(args.target)
         drafter, dt = real_models.load(args.drafter) if args.method != "ar" else (None, None)
     if args.union:
-        from hsd_torch._head import HeadTap
+        from hsd_torch.engine._head import HeadTap
 
         HeadTap.usable = property(lambda self: False)  # type: ignore[method-assign,assignment]
     if args.full_logits:

@@ -5,7 +5,7 @@ tiny models or the real pair; bench/RESULTS.md records both).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py --pair real [--top-p 0.9 --temperature 0.7]
 
 ``--pair real``: target Gemma-3-270M (262,144 ids), drafter SmolLM2-135M-Instruct (49,152 ids),
-both from ``hsd_torch.real_models`` (float32; installed with the README's real-model extra); no SD
+both from ``hsd_torch.models.real`` (float32; installed with the README's real-model extra); no SD
 (no drafter shares Gemma's vocabulary). ``--top-p`` / ``--temperature``: both models' processing
 (the chat-style setting measured in bench/RESULTS.md is ``--temperature 0.7 --top-p 0.9``).
 
@@ -19,7 +19,7 @@ method and repeat:
 
     overhead per round = (generate's wall time - time inside both models' forward calls) / rounds
 
-(the part spent in ``hsd_torch.kernels`` shown apart), reported as a ratio to one target forward pass
+(the part spent in ``hsd_torch.engine.kernels`` shown apart), reported as a ratio to one target forward pass
 of one token with a KV cache at a context of 64, measured 10 times at the start of every repeat:
 "ratio" divides by the median of those 10 (the typical cost of a forward pass under the repeat's
 load, as the overhead is an average over the repeat's rounds), "vs best fwd" by their minimum (the
@@ -44,7 +44,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from hsd_torch import generate, kernels, tiny  # noqa: E402
+from hsd_torch import generate  # noqa: E402
+from hsd_torch.engine import kernels  # noqa: E402
+from hsd_torch.models import tiny  # noqa: E402
 
 PROMPT = "def parse(self, text):\n    "
 REAL_PROMPT = ("Write a short Python function that parses a date in the format YYYY-MM-DD and returns the "
@@ -121,7 +123,7 @@ def setup() -> tuple[Any, Any, Any, Any, Any]:
 
 def setup_real() -> tuple[Any, Any, Any, Any, Any]:
     """The real pair: (Gemma's tokenizer, SmolLM2's, Gemma-3-270M, SmolLM2-135M-Instruct, None)."""
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     target, tt = real_models.load("gemma-3-270m")
     drafter, dt = real_models.load("smollm2-135m-instruct")

@@ -38,7 +38,7 @@ def load_base(rev: str, into: Path) -> Any:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     (into / "hsd_torch").rename(into / "hsd_torch_base")
     sys.path.insert(0, str(into))
-    return importlib.import_module("hsd_torch_base.generate").generate
+    return importlib.import_module("hsd_torch_base").generate  # the package's function, in either layout
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     import overhead  # the same models and forward timer as bench/overhead.py
 
-    new_g = importlib.import_module("hsd_torch.generate").generate
+    new_g = importlib.import_module("hsd_torch.engine.entry").generate
     with tempfile.TemporaryDirectory() as tmp:
         base_g = load_base(args.base, Path(tmp))
         tt, dt, target, drafter, same = overhead.setup_real() if args.pair == "real" else overhead.setup()

@@ -205,7 +205,7 @@ def build(out: Path, *, fast: bool = False, log: Any = print, reuse_target: bool
     saved in ``out`` (built by this recipe: same target, shape and steps; its recorded time is added)."""
     import torch
 
-    from hsd_torch.tiny import train_byte_bpe
+    from hsd_torch.models.tiny import train_byte_bpe
 
     torch.set_num_threads(int(os.environ.get("HSD_BENCH_THREADS", "1")))
     dev = "cuda" if torch.cuda.is_available() and os.environ.get("HSD_BUILD_DEVICE", "cuda") == "cuda" else "cpu"

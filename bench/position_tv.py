@@ -1,6 +1,6 @@
 """How much do position ids move a target's law? The measure behind the zoo's one miss at any size.
 
-``positions_not_reset`` (``hsd_torch.variants``) gives the target's new tokens position ids that run
+``positions_not_reset`` (``hsd_torch.auditing.variants``) gives the target's new tokens position ids that run
 ahead of their place by the number of drafts rejected so far. On a target whose law barely depends
 on positions, no audit can see it: this script measures by how much. For ``--n`` sequences of the
 variant (TLI, lookahead 3, the zoo's two prompts, 32 new tokens), each new token's law is read by
@@ -32,9 +32,9 @@ from bench_record import save  # noqa: E402
 from zoo import L, models, variant_kw  # noqa: E402
 
 from hsd_core.context_bugs import AimedStats  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
-from hsd_torch.runner import logit_width  # noqa: E402
-from hsd_torch.variants import VARIANTS, generate_with  # noqa: E402
+from hsd_torch.vocab.text import TokenText  # noqa: E402
+from hsd_torch.engine.runner import logit_width  # noqa: E402
+from hsd_torch.auditing.variants import VARIANTS, generate_with  # noqa: E402
 
 SHIFTS = (1, 4, 16)
 LEVEL = 1e-3 / 11

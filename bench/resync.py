@@ -7,7 +7,7 @@ generation grows; each round computes the drafter's context with
 ``hsd_core.methods.resync.drafter_context_ids`` over bytes, as ``hsd_torch`` does
 (``TokenText.encode(free=True)``), once with ``Resync(None)`` (the whole text every round) and once
 with the default ``Resync()`` (a memo carried across rounds), for each real tokenizer
-(``hsd_torch.real_models``). Prints the mean time per round (min and median over the repeats) and
+(``hsd_torch.models.real``). Prints the mean time per round (min and median over the repeats) and
 whether the two rules gave the same ids at every round. One thread.
 """
 
@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from hsd_core.methods.resync import Resync, ResyncMemo, drafter_context_ids  # noqa: E402
-from hsd_torch import real_models  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
+from hsd_torch.vocab.text import TokenText  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python bench/slrs_multi_parse.py [--repeats 3] [--lookahead 4] [--tau 0.05] [--json F]
 
 The first round (``hsd_torch.slrs.first_round_multi``, sampling, ``max_tokens=None``, budget 8) on
-Gemma-3-270M <- SmolLM2-135M-Instruct (``hsd_torch.real_models``, float32) for a code and a prose
+Gemma-3-270M <- SmolLM2-135M-Instruct (``hsd_torch.models.real``, float32) for a code and a prose
 prompt, timed interleaved in one process: as ``generate`` runs it (past the root level, only the
 children whose proposal can share the row's first id, or that may grow, are parsed:
 ``MultiTokenRound.needs_parse``) and with every child parsed (the code before). Asserts the same
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_record import provenance, save  # noqa: E402
 
-from hsd_torch import real_models  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
 from hsd_torch import slrs as tslrs  # noqa: E402
 from hsd_torch.methods.slrs import psi_multi  # noqa: E402
 

@@ -3,8 +3,8 @@
     nice .venv/bin/python bench/slrs_real.py [--quick] > /tmp/slrs_real.md
 
 Prints the Markdown tables of docs/slrs.md ("On real tokenizer pairs") and bench/RESULTS.md.
-Models are tiny random-init GPT-2s with peaked heads (``hsd_torch.tiny``, float32, CPU, one
-thread) over real tokenizers (``hsd_torch.real_tokenizers``) and the locally trained ones, so
+Models are tiny random-init GPT-2s with peaked heads (``hsd_torch.models.tiny``, float32, CPU, one
+thread) over real tokenizers (``hsd_torch.models.real_tokenizers``) and the locally trained ones, so
 acceptance is that of two *unrelated* random models: low, and not a forecast for trained models.
 The costs (drafter rows, wall time) do not depend on training.
 
@@ -42,11 +42,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
-from hsd_torch import generate, real_tokenizers, tiny  # noqa: E402
-from hsd_torch.laws import process_with_drop  # noqa: E402
-from hsd_torch.runner import Runner, logit_width  # noqa: E402
+from hsd_torch import generate  # noqa: E402
+from hsd_torch.models import real_tokenizers, tiny  # noqa: E402
+from hsd_torch.engine.laws import process_with_drop  # noqa: E402
+from hsd_torch.engine.runner import Runner, logit_width  # noqa: E402
 from hsd_torch.slrs import BoundedSLRS, TargetTrie, TreeCache  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.vocab.text import TokenText  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n    ", "import numpy as np\n\n", "The quick brown fox", "class Stack:\n    def push(self, x):\n",

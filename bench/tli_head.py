@@ -3,8 +3,8 @@
     HF_HUB_OFFLINE=1 python bench/tli_head.py [--target gemma-3-270m --drafter smollm2-135m-instruct]
         [--repeats 200] [--context 64] [--temperature 1.0] [--json bench/tli_head.json]
 
-One drafting step of TLI at batch 1, as ``hsd_torch.drafting.draft_tokens`` runs it: the drafter
-(``hsd_torch.real_models``, float32) fed one id after a cached context of ``--context`` ids, then its
+One drafting step of TLI at batch 1, as ``hsd_torch.engine.drafting.draft_tokens`` runs it: the drafter
+(``hsd_torch.models.real``, float32) fed one id after a cached context of ``--context`` ids, then its
 law on the intersection's columns: with the whole head and ``laws.space_law`` sliced to those
 columns (what TLI ran before), and with the head computing the shared ids' logits alone and
 ``laws.restricted_law`` of them (what it runs now). The two are timed interleaved in one process
@@ -26,11 +26,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from bench_record import provenance, save  # noqa: E402
 
-from hsd_torch import real_models  # noqa: E402
-from hsd_torch.laws import TextSpace, restricted_law, space_law  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
+from hsd_torch.engine.laws import TextSpace, restricted_law, space_law  # noqa: E402
 from hsd_torch.methods.tli import tli_columns  # noqa: E402
-from hsd_torch.runner import Runner, logit_width  # noqa: E402
-from hsd_torch.text import TokenText  # noqa: E402
+from hsd_torch.engine.runner import Runner, logit_width  # noqa: E402
+from hsd_torch.vocab.text import TokenText  # noqa: E402
 from hsd_torch.vocab import VocabBridge  # noqa: E402
 
 TEXT = ("def day_of_week(date):\n    year, month, day = map(int, date.split('-'))\n    return (day + 13 * (month + 1) "

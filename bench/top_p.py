@@ -2,9 +2,9 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/top_p.py [--repeats 30] [--top-p 0.9] [--temperature 0.7]
 
-Gemma-3-270M's own logits (``hsd_torch.real_models``, float32) at every position of a few
+Gemma-3-270M's own logits (``hsd_torch.models.real``, float32) at every position of a few
 teacher-forced texts are processed as a verification round of lookahead 4 processes them: five
-positions at once, ``hsd_torch.laws.process_with_drop`` with the temperature and top-p given. Timed
+positions at once, ``hsd_torch.engine.laws.process_with_drop`` with the temperature and top-p given. Timed
 twice in one process, interleaved: as ``generate`` runs it (``laws.top_p_keep`` sorting the
 largest ``TOP_P_FIRST_K`` values first, growing while needed) and with the first head as wide as the
 vocabulary (the full sort the code used before). The two must give equal laws bit for bit on every
@@ -24,7 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from hsd_torch import laws, real_models  # noqa: E402
+from hsd_torch.engine import laws  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
 
 TEXTS = [
     "def day_of_week(date):\n    year, month, day = map(int, date.split('-'))\n    return",

@@ -18,7 +18,7 @@ E. ``max_new_tokens=1``: how many calls draft at all (the last new token is neve
 
 ``--patched`` installs ``bench/transformers_uag_patch.py`` first; ``--top-k K`` samples with top-k K
 in B (default 0: the full vocabulary). ``--real``: the real pair instead (SmolLM2-135M-Instruct
-target, Gemma-3-270M assistant, ``hsd_torch.real_models``), parts A and B only, and in B where the
+target, Gemma-3-270M assistant, ``hsd_torch.models.real``), parts A and B only, and in B where the
 draft law, the acceptance test's q and the target's p put their mass: why the installed sampler's
 permuted q leaves no trace at top-k 8 there (docs/auditing-transformers.md, "The real pair").
 """
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers.generation import candidate_generator as cg
 
-from hsd_torch import tiny
+from hsd_torch.models import tiny
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformers_uag_patch  # noqa: E402
@@ -49,7 +49,7 @@ REAL = "--real" in sys.argv
 def fresh_drafter(dt: Any) -> Any:
     """A fresh assistant (building a pruning translator prunes its head in place)."""
     if REAL:
-        from hsd_torch import real_models
+        from hsd_torch.models import real as real_models
 
         return real_models.load("gemma-3-270m")[0]
     return tiny.tiny_gpt2(dt, seed=1)
@@ -57,7 +57,7 @@ def fresh_drafter(dt: Any) -> Any:
 
 def fresh_pair() -> tuple[Any, Any, Any, Any]:
     if REAL:
-        from hsd_torch import real_models
+        from hsd_torch.models import real as real_models
 
         target, tt = real_models.load("smollm2-135m-instruct")
         drafter, dt = real_models.load("gemma-3-270m")
@@ -171,7 +171,7 @@ def order_study(target: Any, tt: Any, p: np.ndarray, col_law: np.ndarray, col_to
     """The unpatched TV depends on get_vocab()'s hash order, which changes from process to process:
     the exact first-token TV over k random column orders (this process's laws), and how often the
     audit at n draws, positions=1, misses the lowest-TV 1% of them."""
-    from hsd_torch.audit import audit_generate
+    from hsd_torch.auditing.first_tokens import audit_generate
 
     rng = np.random.default_rng(0)
     d = np.zeros(len(p))
@@ -276,7 +276,7 @@ def main() -> None:
         return
 
     # C. the translator cache: B's generate calls built a translator for B's assistant, keyed by the two
-    # tokenizer objects (the same objects here: hsd_torch.tiny caches its tokenizers); now a fresh assistant
+    # tokenizer objects (the same objects here: hsd_torch.models.tiny caches its tokenizers); now a fresh assistant
     tr_first = cg.AssistantVocabTranslatorCache.get_translator(tt, dt, vsize, assistant_model=drafter,
                                                                assistant_prune_lm_head=True)
     fresh = tiny.tiny_gpt2(dt, seed=1)

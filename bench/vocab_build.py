@@ -6,9 +6,9 @@ Times a cold build (``clear_cache()`` first; both byte tables, the maps, the inv
 tokenizers are loaded, R times per pair, and prints min / median seconds as a Markdown table
 (recorded in bench/RESULTS.md, "Vocabulary bridge build time"): a synthetic byte-level vocabulary
 of 150,000 random strings against a copy of itself, and the real tokenizers that are available
-(``hsd_torch.real_tokenizers``; ``tests/torch/fetch_real_tokenizers.sh`` fetches them).
+(``hsd_torch.models.real_tokenizers``; ``tests/torch/fetch_real_tokenizers.sh`` fetches them).
 
-Speed is measured here, not in the tests: ``tests/torch/test_vocab.py::test_build_cost_is_per_id_c_calls``
+Speed is measured here, not in the tests: ``tests/torch/vocab/test_vocab.py::test_build_cost_is_per_id_c_calls``
 guards the cost by counting calls (no Python function call per id, a few C calls per id), which
 does not depend on the machine's load.
 """
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from hsd_torch import real_tokenizers as rt
+    from hsd_torch.models import real_tokenizers as rt
 
     torch.set_num_threads(1)
     pairs: list[tuple[str, Any, Any]] = []

@@ -5,8 +5,8 @@
 prints Markdown tables (the ones in docs/vocab.md): per tokenizer its size, kind and out-of-band
 ids; per unordered pair the number of shared byte strings (EOS not counted), the mapped ids in
 each direction (duplicates make them differ) and the build time of the bridge. Real tokenizers
-come from hsd_torch.real_tokenizers (run tests/torch/fetch_real_tokenizers.sh first); missing ones
-are listed and left out. Local ones are trained on hsd_torch.tiny.stdlib_corpus(200_000).
+come from hsd_torch.models.real_tokenizers (run tests/torch/fetch_real_tokenizers.sh first); missing ones
+are listed and left out. Local ones are trained on hsd_torch.models.tiny.stdlib_corpus(200_000).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from hsd_torch import real_tokenizers as rt
-from hsd_torch import tiny
+from hsd_torch.models import real_tokenizers as rt
+from hsd_torch.models import tiny
 from hsd_torch.vocab import VocabBridge, clear_cache, token_bytes
 
 

@@ -1,4 +1,4 @@
-"""The zoo of real-world SD bugs (hsd_torch.variants) against both audits, on the tiny pair.
+"""The zoo of real-world SD bugs (hsd_torch.auditing.variants) against both audits, on the tiny pair.
 
 For each variant: does it change the output at all (tokens that differ from the correct run over 6
 seeds x 4 rows x 32 tokens, same seeds), the verdict of ``audit_generate`` (first two tokens,
@@ -7,7 +7,7 @@ sequences of 32 tokens (batched 16 per call), with the smallest p-value and the 
 Writes a JSON file and prints the markdown table recorded in ``docs/auditing.md``.
 
     python bench/zoo.py --json bench/zoo.json                  # about 10 minutes on one thread
-    python bench/zoo.py --sharp --json bench/zoo_sharp.json    # the target sharpened (hsd_torch.tiny.sharpen)
+    python bench/zoo.py --sharp --json bench/zoo_sharp.json    # the target sharpened (hsd_torch.models.tiny.sharpen)
     python bench/zoo.py --table bench/zoo.json bench/zoo_sharp.json bench/zoo_trained.json   # docs/auditing.md's table
     python bench/zoo.py --only cache_cropped_short --generate-n 200 --sizes 200
     python bench/zoo.py --trained --json bench/zoo_trained.json   # bench/pair.py's trained pair (built first)
@@ -54,10 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_record import provenance, save  # noqa: E402
 
-from hsd_torch import generate, kernels, tiny
-from hsd_torch.tiny import sharpen
-from hsd_torch.audit import audit_generate, audit_sequences
-from hsd_torch.variants import VARIANTS, Variant, generate_with
+from hsd_torch import generate
+from hsd_torch.engine import kernels
+from hsd_torch.models import tiny
+from hsd_torch.models.tiny import sharpen
+from hsd_torch.auditing.first_tokens import audit_generate, audit_sequences
+from hsd_torch.auditing.variants import VARIANTS, Variant, generate_with
 
 PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
@@ -120,7 +122,7 @@ def _emitted(q: torch.Tensor, a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 def _standard(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The first token's law when the draft ``x ~ q`` is tested and corrected against ``p`` as
-    ``hsd_torch.kernels`` does (the residual ``r`` after a rejection)."""
+    ``hsd_torch.engine.kernels`` does (the residual ``r`` after a rejection)."""
     return _emitted(q, _accept(p, q), _residual(p, q))
 
 
@@ -244,8 +246,8 @@ def variant_kw(v: Variant, tt: Any, dt: Any) -> dict[str, Any]:
 def context_tv(target: Any, tt: Any, drafter: Any, dt: Any, prompts: list[str], n: int, seed: int) -> dict[str, Any]:
     """``--context-tv`` (module docstring): the per-token TV between the target's law after the right
     context and after the prompt's last id doubled, along ``n`` sequences of ``prompt_token_twice``."""
-    from hsd_torch.runner import logit_width
-    from hsd_torch.text import TokenText
+    from hsd_torch.engine.runner import logit_width
+    from hsd_torch.vocab.text import TokenText
 
     v = VARIANTS["prompt_token_twice"]
     kw = variant_kw(v, tt, dt)
@@ -298,7 +300,7 @@ def main() -> None:
     ap.add_argument("--context-tv", action="store_true",
                     help="prompt_token_twice's per-token TV against the audit's promise (module docstring), and stop")
     ap.add_argument("--sharp", action="store_true",
-                    help="sharpen the target (hsd_torch.tiny.sharpen): its law then depends on positions")
+                    help="sharpen the target (hsd_torch.models.tiny.sharpen): its law then depends on positions")
     a = ap.parse_args()
     if a.table:
         if len(a.table) not in (2, 3):

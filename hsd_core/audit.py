@@ -39,7 +39,11 @@ Verdicts: ``"lossy"`` when Holm rejects any test; else ``"inconclusive"`` when t
 chi-square test cannot be run (:class:`~hsd_core.stats.InvalidTest`: too sparse), when
 ``detectable_tv`` is None (no power), or when ``eps`` was given and ``detectable_tv > eps``; else
 ``"lossless-consistent"``. A position or text test that cannot be run is listed in ``skipped``
-and does not change the verdict.
+and does not change the verdict. A caller's ``doubts`` (an audit built on this one, such as the
+PyTorch backend's, whose cells hide mass of their own) are asked after these, in order: each returns
+why the audit cannot promise what it set out to ("inconclusive" with that reason) or None; its
+``promise`` replaces the reason of "lossless-consistent". Every verdict is
+:func:`~hsd_core.stats.decide`'s, called once.
 
 Two-sample mode (``law_or_reference`` is a list of samples): the joint, positional and text laws
 are compared with :func:`~hsd_core.stats.chi_square_two_sample` (and the joint law also with
@@ -136,6 +140,8 @@ def audit_sampler(
     executor: Executor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     prefixes: Sequence[Sequence[int]] = (),
+    doubts: Sequence[Callable[[], str | None]] = (),
+    promise: Callable[[], str] | None = None,
 ) -> AuditReport:
     """Draw ``n`` outputs with ``sample_fn()`` and test them against an exact law or reference samples.
 
@@ -163,15 +169,14 @@ def audit_sampler(
     ``prefixes``: for each given prefix (a tuple of ids), one more chi-square test of the law of
     the next token given that the output starts with the prefix and goes on (exact mode; the
     conditional law is read off the law). Those outputs' next tokens are i.i.d. from it given
-    their number, so the test is valid as it stands.
+    their number, so the test is valid as it stands. ``doubts``, ``promise``: an audit built on
+    this one adds its own doubts and promise to the verdict (module docstring, "Verdicts").
 
     Everything is checked before the first draw. Raises :class:`~hsd_core.stats.InvalidTest` for
     out-of-range arguments (alpha, power, eps, n < 1; numpy numbers are fine), a law that is not a
     probability law (sum not 1, negative, NaN, empty), or an ``n`` the sizing would pick above
     ``max_n``; ``TypeError`` for law keys, reference outputs or sampler outputs that are not tuples
-    (or lists) of int token ids.
-    """
-
+    (or lists) of int token ids."""
     alpha, power, eps, n, max_n, name = _checked_args(sample_fn, alpha, power, eps, n, max_n, name)
     ref = _Reference.of(law_or_reference)
     law, two_sample = ref.law, ref.two_sample
@@ -181,13 +186,11 @@ def audit_sampler(
     a_test = alpha / m
     if n is None:
         n, eps = _sample_size(ref, eps, a_test, power, alpha, k, max_n)
-
     counts, rng_note = _draw(sample_fn, n, seed, executor, chunk_size, rng_note)
-
     family = TestFamily(alpha, m)
     joint_invalid = _run_family(family, ref, counts, n_positions, pre_list, text)
     plan = _two_sample_plan(counts, ref.counts, a_test, power) if two_sample else _joint_plan(law, n, a_test, power)
-    verdict, reason = _verdict(family, joint_invalid, plan, ref, n, eps, a_test, power, k)
+    verdict, reason = _verdict(family, joint_invalid, plan, ref, n, eps, a_test, power, k, doubts, promise)
     pos_det = [] if two_sample else _position_detectables(law, n, n_positions, a_test, power)
     expected = {s: n * float(p) for s, p in ref.law_or_empirical.items()}
     over, under = _deviations(expected, counts)
@@ -369,8 +372,10 @@ def _run_family(family: TestFamily, ref: _Reference, counts: Mapping[Output, int
 
 
 def _verdict(family: TestFamily, joint_invalid: str | None, plan: _Plan, ref: _Reference, n: int,
-             eps: float | None, a_test: float, power: float, k: int) -> tuple[Verdict, str]:
-    """The verdict (:func:`hsd_core.stats.decide`) with this audit's doubts (module docstring, "Verdicts")."""
+             eps: float | None, a_test: float, power: float, k: int, doubts: Sequence[Callable[[], str | None]] = (),
+             promise: Callable[[], str] | None = None) -> tuple[Verdict, str]:
+    """The verdict (:func:`hsd_core.stats.decide`) with this audit's doubts (module docstring, "Verdicts"),
+    then the caller's ``doubts``; ``promise`` (when given) is the reason of "lossless-consistent"."""
     detectable = plan.detectable
 
     def cannot_run() -> str | None:
@@ -389,9 +394,9 @@ def _verdict(family: TestFamily, joint_invalid: str | None, plan: _Plan, ref: _R
         return (f"under-powered: detecting TV {eps:.4g} with power {power} needs n >= {need}, got n={n} "
                 f"(detectable TV {detectable:.4g})")
 
-    return decide(family, doubts=[cannot_run, no_power, under_powered], promise=lambda: (
+    return decide(family, doubts=[cannot_run, no_power, under_powered, *doubts], promise=promise or (lambda: (
         f"no test rejects at family-wise alpha {family.family_wise_alpha:.3g}; any law at TV >= {detectable:.4g} "
-        f"would be caught with probability >= {power} ({plan.by})"))
+        f"would be caught with probability >= {power} ({plan.by})")))
 
 
 def _deviations(expected: Mapping[Output, float], counts: Mapping[Output, int]

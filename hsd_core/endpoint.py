@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,7 +39,53 @@ class EndpointError(ValueError):
 
 
 class _BudgetSpent(Exception):
-    """The time budget ran out before or during a request (turned into an :class:`EndpointError`)."""
+    """The time budget ran out before or during a request (turned into an :class:`EndpointError`
+    that says how many draws, ``done``, were made)."""
+
+    done = 0
+
+
+def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling) -> dict[str, Any]:
+    """The completions request of one draw: the prompt as ids, the seed, the ids asked back
+    (``return_tokens_as_token_ids`` with ``logprobs``, and ``return_token_ids``), greedy as
+    temperature 0, top-k / top-p only when set."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens, "n": 1,
+                            "seed": seed, "logprobs": 1, "return_tokens_as_token_ids": True,
+                            "return_token_ids": True, "stream": False}
+    if sampling.do_sample:
+        body["temperature"] = sampling.temperature
+        if sampling.top_k is not None:
+            body["top_k"] = sampling.top_k
+        if sampling.top_p is not None:
+            body["top_p"] = sampling.top_p
+    else:
+        body["temperature"] = 0.0
+    return body
+
+
+def _run_all(one: Callable[[int], Draw], n: int, concurrency: int) -> list[Draw]:
+    """``[one(0), ..., one(n - 1)]``, with at most ``concurrency`` calls running at once, in index
+    order whatever order they finish in. The first failure (in index order) is raised and the
+    calls not yet started are cancelled; a :class:`_BudgetSpent` says how many calls had succeeded."""
+    if concurrency <= 1:
+        out = []
+        for i in range(n):
+            try:
+                out.append(one(i))
+            except _BudgetSpent as e:
+                e.done = i
+                raise
+        return out
+    with ThreadPoolExecutor(max_workers=int(concurrency)) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        try:
+            return [f.result() for f in futures]
+        except BaseException as e:
+            for f in futures:
+                f.cancel()
+            if isinstance(e, _BudgetSpent):
+                e.done = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)
+            raise
 
 
 def check_endpoint(url: str, allow_remote: bool = False) -> str:
@@ -147,19 +193,8 @@ def sample_endpoint(
         if left <= 0:
             raise _BudgetSpent
         pid = [int(t) for t in prompt_ids[i % len(prompt_ids)]]
-        body: dict[str, Any] = {"model": model, "prompt": pid, "max_tokens": sampling.max_new_tokens, "n": 1,
-                                "seed": int(seeds[i]), "logprobs": 1, "return_tokens_as_token_ids": True,
-                                "return_token_ids": True, "stream": False}
-        if sampling.do_sample:
-            body["temperature"] = sampling.temperature
-            if sampling.top_k is not None:
-                body["top_k"] = sampling.top_k
-            if sampling.top_p is not None:
-                body["top_p"] = sampling.top_p
-        else:
-            body["temperature"] = 0.0
         try:
-            ans = _post(base + "/completions", body, min(timeout, left))
+            ans = _post(base + "/completions", _body(str(model), pid, int(seeds[i]), sampling), min(timeout, left))
         except EndpointError as e:
             if left < timeout and str(e).endswith("(timeout)"):
                 raise _BudgetSpent from None
@@ -168,28 +203,11 @@ def sample_endpoint(
         return Draw(ids=tuple(ids), seed=int(seeds[i]), prompt=prompts[i % len(prompts)], prompt_ids=tuple(pid),
                     finish_reason=fr)
 
-    def spent(done: int) -> EndpointError:
-        return EndpointError(f"the time budget of {time_budget:g} s ran out after {done} of {len(seeds)} draws")
-
-    draws: list[Draw] = []
-    if concurrency <= 1:
-        for i in range(len(seeds)):
-            try:
-                draws.append(one(i))
-            except _BudgetSpent:
-                raise spent(i) from None
-    else:
-        with ThreadPoolExecutor(max_workers=int(concurrency)) as pool:
-            futures = [pool.submit(one, i) for i in range(len(seeds))]
-            try:
-                draws = [f.result() for f in futures]
-            except BaseException as e:
-                for f in futures:
-                    f.cancel()
-                if isinstance(e, _BudgetSpent):
-                    raise spent(sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)) \
-                        from None
-                raise
+    try:
+        draws = _run_all(one, len(seeds), concurrency)
+    except _BudgetSpent as e:
+        raise EndpointError(f"the time budget of {time_budget:g} s ran out after {e.done} of {len(seeds)} draws") \
+            from None
     eng = engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"}
     lines = [format_draw(d, engine=eng, sampling=sampling, speculative=speculative, target=target) for d in draws]
     return parse_samples(lines, f"<{base}>")

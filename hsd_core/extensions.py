@@ -16,12 +16,12 @@ and ``hsd_lossless`` with an exact law never import torch.
     names may share one object, whose options are then added once).
 ``hsd.model_audits``
     ``NAME = "module:attr"``, a function ``(sample_fn, target, tokenizer, prompt, *, n, alpha, seed,
-    **kw) -> report`` (the report as ``hsd_torch.audit.audit_generate``'s): what ``hsd_lossless``
+    **kw) -> report`` (the report as ``hsd_torch.auditing.first_tokens.audit_generate``'s): what ``hsd_lossless``
     runs for a target that is not an exact law (``Mapping``); the first one registered.
 
 ``hsd.sequence_audits``
     ``NAME = "module:attr"``, a function ``(sample_fn, target, tokenizer, prompts, *, n, alpha,
-    seed, **kw) -> report`` (as ``hsd_torch.audit.audit_sequences``): what ``hsd_lossless(...,
+    seed, **kw) -> report`` (as ``hsd_torch.auditing.sequences.audit_sequences``): what ``hsd_lossless(...,
     sequences=True)`` runs for a model target; the first one registered.
 
 An extension that is registered but does not import (torch missing), or a name that nothing

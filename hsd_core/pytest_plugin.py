@@ -12,7 +12,7 @@ that installs hsd gets the ``hsd_lossless`` fixture::
   output from a ``numpy.random.Generator``; :func:`hsd_core.audit.audit_sampler` runs with
   ``seed`` (chunked ``SeedSequence`` spawns, so the failure is reproducible from the seed);
 * otherwise a Hugging Face target model: ``sample_fn(prompt, seed)`` returns new target ids, and
-  ``tokenizer=`` and ``prompt=`` are required; :func:`hsd_torch.audit.audit_generate` runs (other
+  ``tokenizer=`` and ``prompt=`` are required; :func:`hsd_torch.auditing.first_tokens.audit_generate` runs (other
   keywords pass through: ``positions``, ``do_sample``, ``temperature``, ``top_k``, ...). It is
   found through the ``hsd.model_audits`` entry point (:mod:`hsd_core.extensions`), so this module
   imports nothing from hsd_torch; without torch, an ``ImportError`` says what to install.
@@ -21,7 +21,7 @@ With ``sequences=True`` every token of whole sequences is audited against its co
 instead (:mod:`hsd_core.seqaudit`): ``sample_fn(prompt, seed)`` returns new target ids; for an
 ``hsd_core`` model (it has ``next_probs``) :func:`hsd_core.seqaudit.audit_sequences` runs with
 ``prompts=`` (a str or a list); for a Hugging Face target the ``hsd.sequence_audits`` entry point
-(:func:`hsd_torch.audit.audit_sequences`) runs with ``tokenizer=`` and ``prompts=`` (``n``
+(:func:`hsd_torch.auditing.sequences.audit_sequences`) runs with ``tokenizer=`` and ``prompts=`` (``n``
 defaults to 200 sequences there, ``max_new_tokens`` 32; ``drafter=`` adds the directional test).
 
 The test fails unless the verdict is "lossless-consistent" ("inconclusive" fails too: an audit

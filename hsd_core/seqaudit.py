@@ -4,7 +4,7 @@
 ending at the target's EOS) from a black-box sampler, runs each back through the target by
 teacher forcing, and tests every token ``x_t`` against the target's conditional law ``p_t =
 p(. | prompt, x_<t)``. The statistics live in :class:`SequenceEvidence`, which the PyTorch backend
-(:func:`hsd_torch.audit.audit_sequences`) feeds with its own teacher-forced laws, so both audits
+(:func:`hsd_torch.auditing.sequences.audit_sequences`) feeds with its own teacher-forced laws, so both audits
 share one implementation of the tests and of the power statement.
 
 **Why every token is evidence.** Order the target ids by decreasing ``p_t`` (ties by lower id) and

@@ -260,6 +260,9 @@ class TwoSampleReport:
     name_a: str = "A"
     name_b: str = "B"
     greedy_mismatch: tuple[str, ...] = ()
+    max_detectable_tv: float | None = None
+    """The TV the first-token homogeneity test had to detect for a "lossless-consistent" verdict
+    (None: no such requirement)."""
 
     def to_markdown(self, title: str | None = None) -> str:
         """The report as a markdown section."""
@@ -330,6 +333,7 @@ def two_sample_sequences(
     do_sample: bool = True,
     name_a: str = "A",
     name_b: str = "B",
+    max_detectable_tv: float | None = None,
 ) -> TwoSampleReport:
     """Test that sequences ``seqs_a`` (e.g. with speculation) and ``seqs_b`` (without) share one law
     within each stratum (``strata_a[i]``: the prompt of ``seqs_a[i]``, any hashable; the same for
@@ -337,15 +341,19 @@ def two_sample_sequences(
     one per sequence of B), any fixed function of a sequence (and its prompt). Only strata present
     in both samples are compared. Returns a :class:`TwoSampleReport`: "lossy" when Holm rejects
     (or, greedy, a draw differs from a deterministic output), "inconclusive" when no test could
-    run, else "lossless-consistent" with the detectable departures stated."""
+    run, or (sampling, ``max_detectable_tv`` given) when the first-token homogeneity test cannot
+    detect a TV of ``max_detectable_tv`` (a verdict never hides a weak promise), else
+    "lossless-consistent" with the detectable departures stated; by :func:`hsd_core.stats.decide`."""
     alpha, power = _check_alpha(alpha), _check_power(power)
     ga, gb = _group(strata_a, seqs_a), _group(strata_b, seqs_b)
     common = [s for s in ga if s in gb]
     base: dict[str, Any] = dict(n_a=len(seqs_a), n_b=len(seqs_b), strata=len(common), alpha=alpha, power=power, name_a=name_a,
-                name_b=name_b, do_sample=do_sample)
+                name_b=name_b, do_sample=do_sample, max_detectable_tv=max_detectable_tv)
     if not common:
-        return TwoSampleReport(verdict="inconclusive", reason="no prompt occurs in both samples: nothing to compare",
-                               m=1, tests=(), holm_rejected=(), skipped=(), powers=(), **base)
+        verdict, reason = decide(None, doubts=[lambda: "no prompt occurs in both samples: nothing to compare"],
+                                 promise=lambda: "")
+        return TwoSampleReport(verdict=verdict, reason=reason, m=1, tests=(), holm_rejected=(), skipped=(), powers=(),
+                               **base)
     if not do_sample:
         verdict, reason, mism = _greedy(seqs_a, seqs_b, ga, gb, common)
         return TwoSampleReport(verdict=verdict, reason=reason, m=1, tests=(), holm_rejected=(), skipped=(), powers=(),
@@ -361,7 +369,16 @@ def two_sample_sequences(
         raise ValueError("no test to run: give prefix_lengths or scores")
     family = TestFamily(alpha, m)
     powers = _run_family(family, seqs_a, seqs_b, [(ga[s], gb[s]) for s in common], ks, scores, power)
-    verdict, reason = decide(family, promise=lambda: (
+
+    def too_weak() -> str | None:
+        first = next((q.detectable for q in powers if q.test == "first-token homogeneity"), None)
+        if max_detectable_tv is None or (first is not None and first <= max_detectable_tv):
+            return None
+        return (f"no test rejects, but the first-token homogeneity test detects only TV "
+                f"{'n/a' if first is None else f'{first:.3g}'}, above max_detectable_tv {max_detectable_tv:.3g}: "
+                "more sequences are needed")
+
+    verdict, reason = decide(family, doubts=[too_weak], promise=lambda: (
         f"no test rejects at family-wise alpha {alpha:.3g}; caught with probability >= {power}: "
         + (", ".join(f"{q.test}: {q.unit} {q.detectable:.3g}" for q in powers if q.detectable is not None)
            or "nothing (too few draws)")))

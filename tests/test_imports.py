@@ -99,7 +99,7 @@ def test_importing_hsd_core_imports_neither_torch_nor_hsd_torch() -> None:
 def test_hsd_torch_exposes_its_contract_names() -> None:
     pytest.importorskip("torch")
     import hsd_torch
-    from hsd_torch.kernels import Verified, exact_match_verify, rejection_verify, sample
+    from hsd_torch.engine.kernels import Verified, exact_match_verify, rejection_verify, sample
     from hsd_torch.vocab import VocabBridge
 
     assert hsd_torch.sample is sample and hsd_torch.rejection_verify is rejection_verify

@@ -6,7 +6,7 @@ transformers float32 law; writes the samples files, a JSON record and prints a t
         --out bench/engines/audit_vllm.json --samples-dir bench/engines/samples
 
 Configurations (``--only`` picks some by label): targets SmolLM2-135M-Instruct and Gemma-3-270M
-(hsd_torch.real_models), modes ``none`` (the null control), ``ngram``, ``draft_model`` (a drafter
+(hsd_torch.models.real), modes ``none`` (the null control), ``ngram``, ``draft_model`` (a drafter
 with the target's vocabulary: SmolLM2 drafting for itself, vLLM's greedy drafts), ``tli`` (vLLM's
 ``use_heterogeneous_vocab=True``: Gemma <- SmolLM2 and SmolLM2 <- Gemma), and two controls that
 are not lossless-by-claim: ``draft_model`` with ``rejection_sample_method="synthetic"`` (vLLM's
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench_record import provenance  # noqa: E402
 
 from hsd_core.seqaudit import sequence_seeds  # noqa: E402
-from hsd_torch import real_models  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
 from hsd_torch.engines import vllm_audit as va  # noqa: E402
 
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"

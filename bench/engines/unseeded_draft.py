@@ -1,5 +1,5 @@
 """vLLM's draft_model (SmolLM2-135M-Instruct drafting for itself), temperature 1, 40 draws **without
-per-request seeds**, audited with :func:`hsd_torch.engine_audit.audit_samples` (transformers'
+per-request seeds**, audited with :func:`hsd_torch.auditing.samples.audit_samples` (transformers'
 law, no aimed test): whether the sampled-speculation loss of docs/auditing-engines.md needs the
 seeded generators. Writes bench/engines/samples/smol-draft-t1-unseeded.jsonl.
 
@@ -16,8 +16,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from hsd_core.seqaudit import sequence_seeds  # noqa: E402
-from hsd_torch import real_models  # noqa: E402
-from hsd_torch.engine_audit import audit_samples  # noqa: E402
+from hsd_torch.models import real as real_models  # noqa: E402
+from hsd_torch.auditing.samples import audit_samples  # noqa: E402
 from hsd_torch.engines import vllm_audit as va  # noqa: E402
 
 SMOL = "smollm2-135m-instruct"

@@ -47,7 +47,9 @@ The package holds every statistic of hsd's audits, one concept per module:
   :func:`assert_law_matches`), :mod:`~hsd_core.stats.homogeneity` (two-sample tests),
   :mod:`~hsd_core.stats.sizing`;
 * how an audit combines its tests and reaches its verdict, the same for every audit:
-  :mod:`~hsd_core.stats.family` (:class:`TestFamily`, Holm / Bonferroni, :func:`decide`);
+  :mod:`~hsd_core.stats.family` (:class:`TestFamily`, Holm / Bonferroni, :func:`decide`); an
+  audit made of audits (an engine's file, its null control and the two-sample test) combines their
+  verdicts by :mod:`~hsd_core.stats.combine` (:func:`combine_parts`, :func:`combine_with_control`);
 * the audit of a sampler against an exact law or reference samples (:mod:`hsd_core.audit`): its
   outputs and cells (:mod:`~hsd_core.stats.outputs`), its sizing and promise
   (:mod:`~hsd_core.stats.promise`), its report (:mod:`~hsd_core.stats.report`);
@@ -67,6 +69,7 @@ from .checks import Law as Law
 from .checks import Prob as Prob
 from .checks import Samples as Samples
 from .checks import TestName as TestName
+from .combine import combine_parts, combine_with_control
 from .counts import counts_of, empirical_law, total_variation
 from .family import TestFamily, Verdict, bonferroni, decide, holm
 from .gof import assert_law_matches, chi_square_gof, g_test_gof, gof_test, tv_test
@@ -76,7 +79,8 @@ from .sizing import min_num_samples_for_tv, min_tv_detectable, power_chi2
 
 __all__ = [
     "FLOAT_TOL", "OTHER", "InvalidTest", "TestFamily", "TestResult", "Verdict", "decide", "gof_test",
-    "assert_law_matches", "bonferroni", "chi_square_gof", "chi_square_two_sample", "counts_of",
+    "assert_law_matches", "bonferroni", "chi_square_gof", "chi_square_two_sample", "combine_parts",
+    "combine_with_control", "counts_of",
     "empirical_law", "g_test_gof", "holm", "min_num_samples_for_tv", "min_tv_detectable",
     "pool_cells", "power_chi2", "total_variation", "tv_test", "tv_two_sample",
 ]

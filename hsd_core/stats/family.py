@@ -7,7 +7,9 @@ skipped and counts as not rejected, which is conservative), and reads the correc
 ``alpha``). :func:`decide` then turns the family, the audit's exact checks and its doubts about
 its own power into the verdict. The sampler audit (:mod:`hsd_core.audit`), the sequence audit
 (:mod:`hsd_core.seqaudit`) and the two-sample audit (:mod:`hsd_core.twosample`) all go through
-these two, so changing how audits combine their tests is a change here.
+these two, so changing how audits combine their tests is a change here; the audits built on them
+(the PyTorch backend's) hand their own doubts to these audits, and audits made of audits (the engine
+audits) combine verdicts by :mod:`hsd_core.stats.combine`, which decides by :func:`decide` too.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ vLLM pins its own torch and transformers, so it lives in its own venv
   engine without speculation, independent seeds), each audited against the reference (the
   target's transformers law, or ``--reference vllm``: the engine's own law).
 
-The audit of a file is :func:`audit_file`: the samples-file audit of :mod:`hsd_torch.engine_audit`
-where it is installed, else :func:`hsd_torch.audit.audit_sequences` with the recorded draws
+The audit of a file is :func:`audit_file`: the samples-file audit of :mod:`hsd_torch.auditing.samples`
+where it is installed, else :func:`hsd_torch.auditing.sequences.audit_sequences` with the recorded draws
 replayed in order (every token against the target's teacher-forced law; the reference is then
 transformers' float32 law only).
 """
@@ -70,9 +70,9 @@ def find_python(given: str | None = None) -> str:
 
 
 def model_folder(name_or_path: str) -> str:
-    """A checkpoint folder vLLM can load: a real model's name (:mod:`hsd_torch.real_models`,
+    """A checkpoint folder vLLM can load: a real model's name (:mod:`hsd_torch.models.real`,
     converted to safetensors first if needed), else the path itself."""
-    from .. import real_models
+    from ..models import real as real_models
 
     if (name := real_models.named(name_or_path)) is not None:
         return str(real_models.folder(name))
@@ -314,14 +314,14 @@ class _Replay:
 def audit_file(path: str, target: Any, tokenizer: Any, prompts: Sequence[str], *, seed: int, alpha: float,
                drafter: Any = None, drafter_tokenizer: Any = None, max_detectable_tv: float | None = 0.1,
                context_bugs: Sequence[str] | None = None, name: str | None = None) -> Any:
-    """The sequence audit (:func:`hsd_torch.audit.audit_sequences`, transformers' float32 law of
+    """The sequence audit (:func:`hsd_torch.auditing.sequences.audit_sequences`, transformers' float32 law of
     ``target``) of a samples file made by :func:`sample` from :func:`build_job` with
     ``seeds = hsd_core.seqaudit.sequence_seeds(seed, n)`` and ``prompts``: its draws are replayed
     in order (each checked to have the prompt and seed the audit expects). Greedy files are audited
     for identity. Returns the :class:`~hsd_core.seqaudit.SequenceAuditReport`."""
     from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 
-    from ..seqaudit import audit_sequences
+    from ..auditing.sequences import audit_sequences
 
     recs = read_samples_file(path)
     if not recs:
@@ -359,7 +359,7 @@ def _add(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options only ``hsd audit --impl vllm`` reads (the target, drafter, prompt, sampling,
-    alpha and seed options are :func:`hsd_torch.cli_audit.add_arguments`')."""
+    alpha and seed options are :func:`hsd_torch.commands.audit.add_arguments`')."""
     _add(p, "--vllm-python", metavar="PATH", help=f"with --impl vllm: vLLM's venv's python (default ${PYTHON_ENV}; "
                                                    f"{SETUP} builds one)")
     _add(p, "--spec", choices=SPEC_METHODS, default=None,
@@ -400,18 +400,18 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
         engine_run: Callable[[argparse.Namespace], int]) -> int:
     """``hsd audit --impl vllm``: sample the speculative file and its null control (the same
     engine without speculation, seeds disjoint) with vLLM into ``--samples-dir``, then run the
-    engine audit of the two (``engine_run``: :func:`hsd_torch.cli_engine.run`, i.e.
-    :func:`hsd_torch.engine_audit.audit_samples` with the null control as baseline: both against
+    engine audit of the two (``engine_run``: :func:`hsd_torch.commands.engine.run`, i.e.
+    :func:`hsd_torch.auditing.samples.audit_samples` with the null control as baseline: both against
     the reference, and the two-sample test), against transformers' law of the target or, with
     ``--reference vllm``, against vLLM's own teacher-forced law (a :class:`VllmLaws` worker, started
     after the samplers have exited: one engine at a time). Prints a line per sampled file (draws,
     seconds, vLLM's acceptance counters) and the engine audit's lines; its exit status (1: lossy).
     Problems before vLLM starts (no vLLM Python, a missing option) are one ``hsd audit: error:``
     line, exit status 2; so is a worker that fails. ``load(path_or_name, tokenizer_path)`` gives
-    ``(model, tokenizer)`` (:func:`hsd_torch.cli_audit.load`)."""
+    ``(model, tokenizer)`` (:func:`hsd_torch.commands.audit.load`)."""
     from hsd_core.seqaudit import sequence_seeds
 
-    from .. import cli_args as ca
+    from ..commands import args as ca
 
     def error(message: str) -> int:
         print(f"hsd audit: error: {message}", file=sys.stderr)

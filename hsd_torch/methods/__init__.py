@@ -2,7 +2,7 @@
 batch: :mod:`.ar`, :mod:`.sd`, :mod:`.tli`, :mod:`.slem`, :mod:`.slrs` (one-token and bounded
 SLRS; bounded SLRS's psi in :mod:`.slrs.psi`, its byte trie in :mod:`.slrs.trie`, its tree's
 drafter passes in :mod:`.slrs.tree`). The round loop that calls them is
-:class:`hsd_torch.rounds.Generation`; the contract is :class:`.base.Method`.
+:class:`hsd_torch.engine.rounds.Generation`; the contract is :class:`.base.Method`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from hsd_core.methods.resync import as_resync
 
-from .._args import as_int, is_int
+from ..engine._args import as_int, is_int
 from .ar import AR
 from .base import Method
 from .sd import SD

@@ -7,19 +7,19 @@ drawn from the target's processed law (greedy: its argmax, ties to the lowest id
 Steps of one round (a batch of rows at once)
     1. No drafts.
     2. One target pass over each row's pending context; the target draws its token with one
-       uniform (:func:`hsd_torch.verification.exact_match` with no proposal: only the bonus).
+       uniform (:func:`hsd_torch.engine.verification.exact_match` with no proposal: only the bonus).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..rounds import Drafts, Verdicts
-from ..verification import exact_match
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import exact_match
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["AR"]
 

@@ -1,9 +1,9 @@
-"""The contract between ``generate``'s round loop (:class:`hsd_torch.rounds.Generation`) and a
+"""The contract between ``generate``'s round loop (:class:`hsd_torch.engine.rounds.Generation`) and a
 method: one object per ``generate`` call, whose hooks the loop calls in every round, in order:
 
 1. :meth:`Method.draft`: the round's proposals (target columns) and the laws they came from;
 2. :meth:`Method.verify`: one target pass and the kernels' decisions
-   (:mod:`hsd_torch.verification`: exact match or rejection sampling, with this method's q);
+   (:mod:`hsd_torch.engine.verification`: exact match or rejection sampling, with this method's q);
 3. :meth:`Method.resync`: the drafter's context after a row emitted tokens and goes on.
 
 It mirrors ``hsd_core.methods.base.Method.step`` (drafts, verification, re-sync), over a batch.
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..rounds import Drafts, Verdicts
+from ..engine.rounds import Drafts, Verdicts
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["Method"]
 

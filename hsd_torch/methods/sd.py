@@ -13,9 +13,9 @@ Glossary
 Steps of one round
     1. Drafter context = its ids of the prompt + the emitted ids (the same ids as the target's).
     2. Draft ``x_1..x_n ~ q`` token by token, ``n = min(k, budget)``, stopping after EOS
-       (:func:`hsd_torch.drafting.draft_tokens`; a law with no mass raises ``ValueError``).
+       (:func:`hsd_torch.engine.drafting.draft_tokens`; a law with no mass raises ``ValueError``).
     3. One target pass gives ``p_1..p_{n+1}``; rejection verification with exactly those q
-       (:func:`hsd_torch.verification.rejection`).
+       (:func:`hsd_torch.engine.verification.rejection`).
     4. Re-sync: the drafter's context is extended by the emitted ids.
 Greedy mode drafts the drafter's argmax and keeps drafts while they equal the target's argmax.
 """
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..drafting import DraftColumns, draft_tokens
-from ..laws import TextSpace
-from ..rounds import Drafts, Verdicts
-from ..verification import rejection
+from ..engine.drafting import DraftColumns, draft_tokens
+from ..engine.laws import TextSpace
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import rejection
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["SD"]
 

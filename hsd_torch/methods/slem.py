@@ -13,13 +13,13 @@ Glossary
 
 Steps of one round
     1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
-       (:func:`hsd_torch.drafting.drafter_context_from_text`).
-    2. Draft ``min(k, budget)`` drafter tokens (:func:`hsd_torch.drafting.draft_tokens`), stopping
+       (:func:`hsd_torch.engine.drafting.drafter_context_from_text`).
+    2. Draft ``min(k, budget)`` drafter tokens (:func:`hsd_torch.engine.drafting.draft_tokens`), stopping
        after EOS: no round drafts more drafter tokens than it can emit target tokens.
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
        the target's EOS if the drafter ended with EOS, cut to the budget; none when the target
-       cannot encode the text (:class:`~hsd_torch.text.Unencodable`: a byte it has no token for).
-    4. Exact-match verification (:func:`hsd_torch.verification.exact_match`): the target draws its
+       cannot encode the text (:class:`~hsd_torch.vocab.text.Unencodable`: a byte it has no token for).
+    4. Exact-match verification (:func:`hsd_torch.engine.verification.exact_match`): the target draws its
        own token at every candidate position; emit while they equal the candidates, then the first
        that differs or the bonus.
 """
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 
 from hsd_core.methods.resync import Resync
 
-from ..drafting import DraftColumns, draft_tokens, drafter_context_from_text
-from ..rounds import Drafts, Verdicts
-from ..text import TokenText, Unencodable
-from ..verification import exact_match
+from ..engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import exact_match
+from ..vocab.text import TokenText, Unencodable
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["SLEM", "retokenize"]
 

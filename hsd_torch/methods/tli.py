@@ -14,7 +14,7 @@ Glossary
 
 Steps of one round
     1. Drafter context = its encoding of the prompt, then each emitted target id re-synced.
-    2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.drafting.draft_tokens`
+    2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.engine.drafting.draft_tokens`
        over the intersection's columns, the first ``n_draw`` of the drafter's space: a slice, not
        renormalized; a draw reads the mass it normalizes by); stop after EOS, or where q_cap has no
        mass (a round with no draft is plain target decoding). Without top-k / top-p for the
@@ -23,7 +23,7 @@ Steps of one round
        are never computed).
     3. Map the drafts to target ids; each draft's q is the pushforward onto target columns of
        exactly the law it was drawn from, divided by the mass its draw read (inside the kernel).
-    4. Rejection verification (:func:`hsd_torch.verification.rejection`) with exactly those laws.
+    4. Rejection verification (:func:`hsd_torch.engine.verification.rejection`) with exactly those laws.
 Greedy mode drafts the argmax of the drafter over the intersection (ties to the lowest drafter id).
 """
 
@@ -35,17 +35,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .._cache import IdentityCache
-from ..drafting import DraftColumns, draft_tokens
-from ..laws import TextSpace
-from ..rounds import Drafts, Verdicts
-from ..text import TokenText
-from ..verification import rejection
+from ..engine._cache import IdentityCache
+from ..engine.drafting import DraftColumns, draft_tokens
+from ..engine.laws import TextSpace
+from ..engine.rounds import Drafts, Verdicts
+from ..engine.verification import rejection
 from ..vocab import VocabBridge, _Push
+from ..vocab.text import TokenText
 from .base import Method
 
 if TYPE_CHECKING:
-    from ..rounds import Generation
+    from ..engine.rounds import Generation
 
 __all__ = ["TLI", "resync_ids", "tli_columns"]
 
@@ -115,7 +115,7 @@ def resync_ids(t: int, to_drafter: Sequence[int], tt: TokenText, dt: TokenText,
     """The drafter ids target id ``t`` re-syncs to: the drafter id with its string
     (``to_drafter[t] >= 0``), else the drafter's encoding of its text, memoized in ``memo``; none
     for an id without text (the target's own law keeps them). What ``TLI.resync`` appends, and what
-    :func:`hsd_torch.audit.audit_sequences` builds the drafter's context from."""
+    :func:`hsd_torch.auditing.sequences.audit_sequences` builds the drafter's context from."""
     d = to_drafter[t]
     if d >= 0:
         return [d]

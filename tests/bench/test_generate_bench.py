@@ -162,7 +162,7 @@ def test_generate_bench_real_pair_quick(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import torch
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     if set(real_models.available()) != {"gemma-3-270m", "smollm2-135m-instruct"}:
         pytest.skip("the real-model extra is not installed")
@@ -214,7 +214,7 @@ def test_distilled_drafter_fast_build(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import torch
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     if "gemma-3-270m" not in real_models.available():
         pytest.skip("the real-model extra is not installed")

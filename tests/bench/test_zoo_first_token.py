@@ -41,8 +41,8 @@ def test_first_token_laws_of_the_variants(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import torch
 
-    from hsd_torch import tiny
-    from hsd_torch.variants import VARIANTS
+    from hsd_torch.models import tiny
+    from hsd_torch.auditing.variants import VARIANTS
 
     zoo = _zoo()
     threads = torch.get_num_threads()

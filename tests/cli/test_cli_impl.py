@@ -35,7 +35,7 @@ PROMPT = "def foo(x):\n"
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hsd_torch import tiny
+    from hsd_torch.models import tiny
 
     root = tmp_path_factory.mktemp("ckpt")
     target, tt, _, dt = tiny.tiny_pair()
@@ -188,7 +188,7 @@ def test_greedy(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_lossy_exits_non_zero(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    g = sys.modules["hsd_torch.generate"]  # the module (hsd_torch.generate is also the function)
+    g = sys.modules["hsd_torch.engine.entry"]  # the module of the function hsd_torch.generate
     real = g.generate
 
     def hot(*a: Any, **kw: Any) -> Any:
@@ -214,7 +214,7 @@ def test_asks_for_one_token_more_than_it_audits(ckpt: Path, impl: str, monkeypat
 
     seen: list[int] = []
     if impl == "hsd_torch":
-        g = sys.modules["hsd_torch.generate"]
+        g = sys.modules["hsd_torch.engine.entry"]
         real = g.generate
 
         def spy(*a: Any, **kw: Any) -> Any:
@@ -271,7 +271,7 @@ def test_sequences_context_bugs_option(ckpt: Path, capsys: pytest.CaptureFixture
 
 def test_sequences_lossy_exits_non_zero(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    g = sys.modules["hsd_torch.generate"]
+    g = sys.modules["hsd_torch.engine.entry"]
     real = g.generate
 
     def hot(*a: Any, **kw: Any) -> Any:
@@ -325,8 +325,8 @@ def test_sequences_transformers_sampled(ckpt: Path, monkeypatch: pytest.MonkeyPa
     (the installed transformers is lossy where drafts can be accepted, docs/auditing-transformers.md,
     so either exit status is a verdict), the drafter the audit reads is the one loaded, untouched,
     and the cost estimate is printed after the first draws. 12 sequences of 4 tokens."""
-    from hsd_torch import audit as audit_mod
-    from hsd_torch.seqaudit import model_fingerprint
+    from hsd_torch.auditing import first_tokens as audit_mod
+    from hsd_torch.auditing.sequences import model_fingerprint
 
     seen: dict[str, Any] = {}
     real = audit_mod.audit_sequences
@@ -338,7 +338,7 @@ def test_sequences_transformers_sampled(ckpt: Path, monkeypatch: pytest.MonkeyPa
         seen["after"] = model_fingerprint(d)
         return rep
 
-    monkeypatch.setattr(sys.modules["hsd_torch.cli_audit"], "audit_sequences", spy)
+    monkeypatch.setattr(sys.modules["hsd_torch.commands.audit"], "audit_sequences", spy)
     rc = main(seq_args(ckpt, "transformers", "--samples", "12", "--max-new-tokens", "4", "--max-detectable-tv", "1"))
     out = capsys.readouterr()
     assert rc in (0, 1) and "transformers UAG: " in out.out and "hsd audit: error" not in out.err, out

@@ -30,7 +30,7 @@ from hsd_core.cli import main  # noqa: E402
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``ckpt/m``: a tiny GPT-2 with its byte-level BPE tokenizer (target and drafter alike);
     ``ckpt/empty``: a folder without a model; ``ckpt/config_only``: a model's config.json alone."""
-    from hsd_torch import tiny
+    from hsd_torch.models import tiny
 
     root = tmp_path_factory.mktemp("ckpt")
     tok = tiny.train_byte_bpe(["def foo(x):\n    return x + 1\n", "import os\nprint('hello')\n"] * 10, 300)
@@ -161,7 +161,7 @@ def test_audit_library_errors(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsy
     an AssertionError (a bug) keeps its traceback."""
     from hsd_core.stats import InvalidTest
 
-    cli_audit = importlib.import_module("hsd_torch.cli_audit")
+    cli_audit = importlib.import_module("hsd_torch.commands.audit")
 
     def raising(exc: BaseException) -> Any:
         def audit_generate(*a: Any, **kw: Any) -> Any:
@@ -230,7 +230,7 @@ def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch
                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A ValueError or NotImplementedError of hsd_torch.generate is one line, exit 2; a
     RuntimeError or a TypeError (bugs: the command line typed every value) keeps its traceback."""
-    g = importlib.import_module("hsd_torch.generate")  # the module (hsd_torch.generate is also the function)
+    g = importlib.import_module("hsd_torch.engine.entry")  # the module of the function hsd_torch.generate
 
     def raising(exc: BaseException) -> Any:
         def generate(*a: Any, **kw: Any) -> Any:
@@ -257,7 +257,7 @@ def test_generate_library_errors(gen: list[str], monkeypatch: pytest.MonkeyPatch
 def test_a_real_model_whose_package_is_missing(ckpt: Path, gen: list[str], command: str, option: str,
                                                no_loading: None, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     monkeypatch.setattr(real_models, "available", lambda: [])
     argv = gen if command == "generate" else audit(ckpt, "hsd_torch")
@@ -285,7 +285,7 @@ def test_audit_transformers_refuses_hsd_torch_options(ckpt: Path, extra: list[st
 
 def test_threads_option(ckpt: Path, gen: list[str], no_loading: None, capsys: pytest.CaptureFixture[str]) -> None:
     """``--threads``: 1 on CPU by default; a value below 1 refused while parsing, by both commands."""
-    from hsd_torch import cli_args as ca
+    from hsd_torch.commands import args as ca
 
     old = torch.get_num_threads()
     try:

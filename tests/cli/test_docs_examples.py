@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # documents whose blocks build on each other run under their own test, which also undoes what they
-# install (auditing-transformers.md monkeypatches transformers: tests/torch/test_auditing_transformers_doc.py)
+# install (auditing-transformers.md monkeypatches transformers: tests/torch/auditing/test_auditing_transformers_doc.py)
 OWN_RUNNER = {"auditing-transformers.md"}
 DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_RUNNER)]
 BLOCKS = [(p, i, b) for p in DOCS for i, b in enumerate(re.findall(r"```python\n(.*?)```", p.read_text(), re.S))]

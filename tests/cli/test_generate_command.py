@@ -1,4 +1,4 @@
-"""``hsd generate`` end to end (subprocess) on a tiny pair written by ``python -m hsd_torch.tiny``,
+"""``hsd generate`` end to end (subprocess) on a tiny pair written by ``python -m hsd_torch.models.tiny``,
 and the torch-free dispatch of ``hsd_core.cli``."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("pair")
-    res = run("-m", "hsd_torch.tiny", "--out", str(out))
+    res = run("-m", "hsd_torch.models.tiny", "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert (out / "target" / "config.json").exists() and (out / "drafter" / "tokenizer.json").exists()
     return out
@@ -43,8 +43,9 @@ def test_generate_end_to_end(pair: Path, tmp_path: Path) -> None:
     assert "tok/call" in out and "method tli" in out
     assert "3/3" in res.stderr, "the progress bar counts finished prompts"
     # greedy output equals the target's own greedy decoding (method ar)
-    ar = run("-m", "hsd_torch.cli", "--target", str(pair / "target"), "--method", "ar", "--prompt", "def foo(x):",
-             "--prompt", "Hello", "--prompt", "import os\n", "--max-new-tokens", "6", "--greedy")
+    ar = run("-m", "hsd_torch.commands.generate", "--target", str(pair / "target"), "--method", "ar",
+             "--prompt", "def foo(x):", "--prompt", "Hello", "--prompt", "import os\n", "--max-new-tokens", "6",
+             "--greedy")
     assert ar.returncode == 0, ar.stderr
     texts = out[:out.index("\n#  ")]  # the continuations, before the blank line and the stats table
     assert ar.stdout == texts
@@ -54,24 +55,25 @@ def test_generate_bounded_slrs(pair: Path) -> None:
     """Bounded SLRS from the command line (proofs/slrs_bounded.md), multi-token proposals (``--max-tokens all``):
     greedy, it is the target's greedy decoding."""
     args = ("--target", str(pair / "target"), "--prompt", "def foo(x):", "--max-new-tokens", "6", "--greedy")
-    res = run("-m", "hsd_torch.cli", *args, "--drafter", str(pair / "drafter"), "--method", "slrs",
+    res = run("-m", "hsd_torch.commands.generate", *args, "--drafter", str(pair / "drafter"), "--method", "slrs",
               "--lookahead", "3", "--proposal-map", "longest_prefix", "--min-path-prob", "0.05", "--max-tokens", "all")
     assert res.returncode == 0, res.stderr
-    ar = run("-m", "hsd_torch.cli", *args, "--method", "ar")
+    ar = run("-m", "hsd_torch.commands.generate", *args, "--method", "ar")
     assert ar.returncode == 0, ar.stderr
     assert res.stdout == ar.stdout
 
 
 def test_generate_errors_are_one_line(pair: Path) -> None:
-    res = run("-m", "hsd_torch.cli", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
+    res = run("-m", "hsd_torch.commands.generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
               "--method", "slrs", "--lookahead", "3", "--prompt", "x")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--proposal-map longest_prefix --min-path-prob TAU" in res.stderr and "issue" not in res.stderr
-    res = run("-m", "hsd_torch.cli", "--target", str(pair / "nope"), "--method", "ar", "--prompt", "x")
+    res = run("-m", "hsd_torch.commands.generate", "--target", str(pair / "nope"), "--method", "ar", "--prompt", "x")
     assert res.returncode == 2 and "is not a folder" in res.stderr
 
 
 def test_dispatch_without_torch(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "hsd_torch.cli", None)  # import fails as if torch were missing
+    for name in ("hsd_torch.commands.generate", "hsd_torch.cli"):  # an install made before the move names the old
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if torch were missing
     assert cli.main(["generate", "--target", "x"]) == 2
     assert "hsd generate needs torch" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``python -m hsd_torch.tiny --out DIR`` refuses a folder it cannot write with one ``error:``
+"""``python -m hsd_torch.models.tiny --out DIR`` refuses a folder it cannot write with one ``error:``
 line and exit status 2, before any model is built: no traceback."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hsd_torch import tiny  # noqa: E402
+from hsd_torch.models import tiny  # noqa: E402
 
 
 def never_built(*args: Any, **kwargs: Any) -> Any:
@@ -26,7 +26,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert tiny.main(argv) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m hsd_torch.tiny: error: ") and "--out" in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith("python -m hsd_torch.models.tiny: error: "), err
+    assert "--out" in lines[0], err
     assert "Traceback" not in err
     return lines[0]
 
@@ -82,8 +83,8 @@ def test_a_bad_seed_is_refused_by_argparse(seed: str, tmp_path: Path, capsys: py
 
 def test_the_module_refuses_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
-    res = subprocess.run([sys.executable, "-m", "hsd_torch.tiny", "--out", str(tmp_path / "f")],
+    res = subprocess.run([sys.executable, "-m", "hsd_torch.models.tiny", "--out", str(tmp_path / "f")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.strip() == f"python -m hsd_torch.tiny: error: --out {str(tmp_path / 'f')!r}: " \
+    assert res.stderr.strip() == f"python -m hsd_torch.models.tiny: error: --out {str(tmp_path / 'f')!r}: " \
                                  f"{str(tmp_path / 'f')!r} is a file; give a folder (created if missing)"

@@ -1,6 +1,6 @@
 """Fixtures of the vLLM tests (markers ``slow`` and ``engines``): vLLM's Python
 (``HSD_VLLM_PYTHON``, built by bench/engines/setup_vllm.sh) and SmolLM2-135M-Instruct
-(hsd_torch.real_models). Each skips with the reason when missing; ``HSD_REQUIRE_VLLM=1`` turns the
+(hsd_torch.models.real). Each skips with the reason when missing; ``HSD_REQUIRE_VLLM=1`` turns the
 skip into a failure (a machine that must run these)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def vllm_python() -> str:
 def smol() -> tuple[Any, Any]:
     import torch
 
-    from hsd_torch import real_models
+    from hsd_torch.models import real as real_models
 
     torch.set_num_threads(1)
     if SMOL not in real_models.available():

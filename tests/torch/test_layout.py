@@ -1,11 +1,15 @@
-"""The backend's layout (issue 21, section 1), checked on the source so that it cannot drift:
+"""The backend's layout, checked on the source so that it cannot drift:
 
 - no import cycle inside ``hsd_torch`` (imports at any depth of a module count, lazy ones inside
-  functions too; ``if TYPE_CHECKING:`` blocks do not, they never run);
+  functions too), and none even counting the imports under ``if TYPE_CHECKING:`` (two modules that
+  need each other, if only for their types, cannot be read apart): the cycles known today are
+  listed by name, each its own expected failure, so that the day one is broken is seen;
 - a method's file imports no other method's file, and the machinery (round loop, runner, laws,
   drafting, verification) neither imports a method nor names one;
-- the sizes the issue sets for the new files: no module over 500 lines, no class over 200, no
-  function over 80.
+- the size anchors for every module of the library (``hsd_torch`` and ``hsd_core``): no module over
+  500 lines, no class over 200, no function over 80 (known offenders listed by name, each its own
+  expected failure);
+- README's layout names every module of ``hsd_torch``, one line each, and no module that is gone.
 
 Reads files only (no torch needed).
 """
@@ -13,13 +17,12 @@ Reads files only (no torch needed).
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "hsd_torch"
-MACHINERY = ["rounds", "runner", "laws", "drafting", "verification"]
+MACHINERY = ["engine.rounds", "engine.runner", "engine.laws", "engine.drafting", "engine.verification"]
 METHOD_NAMES = ("ar", "sd", "tli", "slem", "slrs")
 
 
@@ -41,11 +44,12 @@ def _type_checking_blocks(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports(path: Path, pkg: Path = PKG) -> set[str]:
+def imports(path: Path, pkg: Path = PKG, type_checking: bool = False) -> set[str]:
     """The modules of package ``pkg`` that ``path`` imports, at any depth (absolute names; ``from .x
-    import y`` counts as ``x`` and, when ``x.y`` is a module, as ``x.y`` too)."""
+    import y`` counts as ``x`` and, when ``x.y`` is a module, as ``x.y`` too); the imports under
+    ``if TYPE_CHECKING:`` count only with ``type_checking=True``."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_blocks(tree)
+    skip = set() if type_checking else _type_checking_blocks(tree)
     me = module_name(path, pkg)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: set[str] = set()
@@ -72,8 +76,8 @@ def imports(path: Path, pkg: Path = PKG) -> set[str]:
     return out
 
 
-def graph(pkg: Path = PKG) -> dict[str, set[str]]:
-    return {module_name(p, pkg): imports(p, pkg) for p in pkg.rglob("*.py")}
+def graph(pkg: Path = PKG, type_checking: bool = False) -> dict[str, set[str]]:
+    return {module_name(p, pkg): imports(p, pkg, type_checking) for p in pkg.rglob("*.py")}
 
 
 def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
@@ -135,23 +139,11 @@ def test_methods_and_machinery_keep_apart() -> None:
     for name in MACHINERY:
         m = f"hsd_torch.{name}"
         assert not {d for d in g[m] if d.startswith("hsd_torch.methods")}, f"{m} imports a method"
-        tree = ast.parse((PKG / f"{name}.py").read_text())
+        tree = ast.parse((PKG / f"{name.replace('.', '/')}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 consts = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
                 assert not set(consts) & set(METHOD_NAMES), f"{m} branches on a method's name: {ast.unparse(node)}"
-
-
-def test_sizes_of_the_new_layout() -> None:
-    files = [PKG / "generate.py"] + [PKG / f"{n}.py" for n in MACHINERY] + sorted((PKG / "methods").rglob("*.py"))
-    for path in files:
-        text = path.read_text()
-        assert text.count("\n") <= 500, f"{path.name}: {text.count(chr(10))} lines"
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-                n = (node.end_lineno or node.lineno) - node.lineno + 1
-                limit = 200 if isinstance(node, ast.ClassDef) else 80
-                assert n <= limit, f"{path.relative_to(PKG)}: {node.name} has {n} lines (at most {limit})"
 
 
 # --- hsd_core (the core's statistics were split into concept-sized modules; this test is theirs) ---
@@ -174,24 +166,160 @@ def oversized(path: Path, root: Path) -> list[str]:
     return out
 
 
-def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anchors(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anchors(tmp_path: Path) -> None:
     """``hsd_core``: no import cycle, counting the imports under ``if TYPE_CHECKING:`` too (two modules
     that need each other, if only for their types, cannot be read apart), and every module within the
     size anchors (module <= 500 lines, class <= 200, function <= 80). The check can fail: a cycle that
     only a type-checking import closes is found, and so is an 81-line function."""
-    monkeypatch.setattr(sys.modules[__name__], "_type_checking_blocks", lambda tree: set(), raising=False)
     pkg = tmp_path / "hsd_core"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from .b import x\n")
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n")
     a, b = f"{pkg.name}.a", f"{pkg.name}.b"  # spelled so that the cited-names check does not read them
-    assert find_cycle(graph(pkg)) == [a, b, a]
+    assert find_cycle(graph(pkg, type_checking=True)) == [a, b, a]
     (pkg / "c.py").write_text("def f():\n" + "    x = 1\n" * 80)
     assert oversized(pkg / "c.py", tmp_path) == ["hsd_core/c.py: f has 81 lines (at most 80)"]
 
-    cycle = find_cycle(graph(CORE))
+    cycle = find_cycle(graph(CORE, type_checking=True))
     assert cycle is None, "import cycle in hsd_core: " + " -> ".join(cycle or [])
     bad = [b for path in sorted(CORE.rglob("*.py")) for b in oversized(path, CORE.parent)]
     assert not bad, "size anchors broken in hsd_core:\n" + "\n".join(bad)
+
+
+# --- the whole of hsd_torch: cycles through type-checking imports, sizes, README's layout ---
+
+#: cycles that close only through ``if TYPE_CHECKING:`` imports, known today (the round interface's
+#: rework breaks them): each pair is its own strict expected failure, so its mark must go the day it
+#: is broken, and any other cycle fails ``test_no_other_cycle_even_through_type_checking``.
+KNOWN_TYPE_CHECKING_CYCLES = {
+    "methods.base<->engine.rounds": ("hsd_torch.methods.base", "hsd_torch.engine.rounds"),
+    "methods.slrs.psi<->psi_one": ("hsd_torch.methods.slrs.psi", "hsd_torch.methods.slrs.psi_one"),
+    "methods.slrs.psi<->psi_multi": ("hsd_torch.methods.slrs.psi", "hsd_torch.methods.slrs.psi_multi"),
+}
+
+#: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
+KNOWN_OVERSIZED = {
+    "engine/kernels.py": "643 lines: the draw kernels move out with the round interface's rework",
+    "auditing/first_tokens.py": "685 lines, audit_generate 178 lines: the audits' statistics rework",
+    "auditing/sequences.py": "510 lines, audit_sequences 190 lines: the audits' statistics rework",
+    "auditing/samples.py": "audit_samples 93 lines: the audits' statistics rework",
+    "models/_unigram.py": "train_unigram 118 lines (a test fixture's trainer)",
+    "engines/vllm_audit.py": "run 87 lines: the vLLM adapter's owner",
+}
+
+
+def _edges(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``g`` without a package's edges to its own submodules (how packages are built, not a cycle)."""
+    return {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in g.items()}
+
+
+def reaches(g: dict[str, set[str]], a: str, b: str) -> bool:
+    """Whether ``b`` is imported from ``a``, directly or through other modules of ``g``."""
+    edges, seen, todo = _edges(g), {a}, [a]
+    while todo:
+        for d in edges.get(todo.pop(), ()):
+            if d == b:
+                return True
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return False
+
+
+def cycles(g: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of modules of ``g`` that import one another (strongly connected, more than one)."""
+    mods = sorted(_edges(g))
+    out = []
+    for m in mods:
+        group = {m} | {d for d in mods if reaches(g, m, d) and reaches(g, d, m)}
+        if len(group) > 1 and min(group) == m:  # each group once, found from its first module
+            out.append(group)
+    return out
+
+
+def test_no_other_cycle_even_through_type_checking() -> None:
+    g = graph(type_checking=True)
+    known = [set(pair) for pair in KNOWN_TYPE_CHECKING_CYCLES.values()]
+    groups = {frozenset(c) for c in cycles(g)}
+    # a group is fine only when it is made of known pairs' modules and each of its modules is in a known pair
+    other = [sorted(c) for c in groups if not any(c <= k | j for k in known for j in known)]
+    assert not other, f"import cycles through type-checking imports: {other}"
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known cycle, broken by the round interface's rework"))
+    for n in KNOWN_TYPE_CHECKING_CYCLES])
+def test_known_type_checking_cycle_is_broken(name: str) -> None:
+    a, b = KNOWN_TYPE_CHECKING_CYCLES[name]
+    g = graph(type_checking=True)
+    assert a in g and b in g, f"{a} or {b} is gone: update KNOWN_TYPE_CHECKING_CYCLES"
+    assert not (reaches(g, a, b) and reaches(g, b, a)), f"{a} and {b} import each other"
+
+
+def test_the_cycle_checks_see_type_checking_cycles(tmp_path: Path) -> None:
+    pkg = tmp_path / "hsd_torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n")
+    (pkg / "c.py").write_text("from .a import z\n")
+    a, b = f"{pkg.name}.a", f"{pkg.name}.b"  # spelled so that the cited-names check does not read them
+    assert cycles(graph(pkg)) == [] and cycles(graph(pkg, type_checking=True)) == [{a, b}]
+    assert reaches(graph(pkg, type_checking=True), b, a) and not reaches(graph(pkg), b, a)
+
+
+def _modules(pkg: Path = PKG) -> list[str]:
+    return sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py"))
+
+
+@pytest.mark.parametrize("rel", [
+    pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OVERSIZED[r])) if r in KNOWN_OVERSIZED else r
+    for r in _modules()])
+def test_size_anchors(rel: str) -> None:
+    """Every module of hsd_torch: at most 500 lines, classes at most 200, functions at most 80."""
+    bad = oversized(PKG / rel, PKG.parent)
+    assert not bad, "size anchors broken:\n" + "\n".join(bad)
+
+
+def test_known_offenders_exist() -> None:
+    assert set(KNOWN_OVERSIZED) <= set(_modules()), "a known offender moved or is gone: update KNOWN_OVERSIZED"
+
+
+README = PKG.parent / "README.md"
+
+
+def layout_names(readme: str) -> list[str]:
+    """The first word of each line of README's "Layout" section under ``hsd_torch/`` (the lines
+    indented deeper than it): a module's path in the package, or a folder's with a slash."""
+    lines = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    i = next(k for k, line in enumerate(lines) if line.strip().startswith("hsd_torch/"))
+    indent = len(lines[i]) - len(lines[i].lstrip())
+    out = []
+    for line in lines[i + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        if line.strip():
+            out.append(line.split()[0])
+    return out
+
+
+def package_names(pkg: Path = PKG) -> set[str]:
+    """Every module of ``pkg`` as README's layout names it: a subpackage as its folder (``engine/``)."""
+    out = set()
+    for rel in _modules(pkg):
+        out.add(rel[:-len("__init__.py")] if rel.endswith("/__init__.py") else rel)
+    return out
+
+
+def test_readme_layout_names_every_module(tmp_path: Path) -> None:
+    names = layout_names(README.read_text(encoding="utf-8"))
+    assert len(names) == len(set(names)), "a module named twice in README's layout"
+    assert set(names) - package_names() == set(), "README's layout names modules that do not exist"
+    assert package_names() - set(names) == set(), "README's layout misses modules"
+    # the check can fail: a package with one module more than its layout
+    (tmp_path / "p" / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        (tmp_path / "p" / f).write_text("")
+    fake = "# p\n\n## Layout\n\n    hsd_torch/   x\n      __init__.py  y\n      a.py  z\n      sub/  w\n    tests/\n"
+    assert package_names(tmp_path / "p") - set(layout_names(fake)) == {"sub/b.py"}

@@ -20,13 +20,13 @@ Glossary
 
 Steps of one round
     1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
-       (:func:`hsd_torch.drafting.drafter_context_from_text`).
-    2. One-token: one draft from the drafter's law (:func:`hsd_torch.drafting.draft_tokens`; a law
+       (:func:`hsd_torch.engine.drafting.drafter_context_from_text`).
+    2. One-token: one draft from the drafter's law (:func:`hsd_torch.engine.drafting.draft_tokens`; a law
        with no mass raises ``ValueError``); psi = the pushforward of that law along the first-target
        map (masses of drafter ids with one first target id add up). Bounded: the draft tree walked
        level by level, one batched drafter pass per level, the row's own draft drawn along it
        (:meth:`.psi.BoundedSLRS.round`, :meth:`~.psi.BoundedSLRS.round_multi`).
-    3. Rejection verification (:func:`hsd_torch.verification.rejection`) against psi.
+    3. Rejection verification (:func:`hsd_torch.engine.verification.rejection`) against psi.
 """
 
 from __future__ import annotations
@@ -38,20 +38,20 @@ from torch import Tensor
 
 from hsd_core.methods.resync import Resync
 
-from ..._args import is_int, is_real
-from ..._cache import IdentityCache
-from ...drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
-from ...laws import TextSpace, process_with_drop
-from ...rounds import Drafts, Verdicts
-from ...text import TokenText, Unencodable
-from ...verification import rejection
+from ...engine._args import is_int, is_real
+from ...engine._cache import IdentityCache
+from ...engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
+from ...engine.laws import TextSpace, process_with_drop
+from ...engine.rounds import Drafts, Verdicts
+from ...engine.verification import rejection
 from ...vocab import _Push
+from ...vocab.text import TokenText, Unencodable
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
 from .tree import TreeCache
 
 if TYPE_CHECKING:
-    from ...rounds import Generation
+    from ...engine.rounds import Generation
 
 __all__ = ["MAX_PSI_ROWS", "SLRS", "BoundedSLRSMethod", "FirstTargetMap", "psi_bound", "slrs_columns", "slrs_options"]
 
@@ -109,7 +109,7 @@ class FirstTargetMap:
     alone (:meth:`TokenText.encode`, i.e. ``hsd_core``'s ``retokenize`` with look-behind 0, so the
     map does not depend on the context and is built once); the target's EOS for the drafter's EOS;
     -1 for ids without text (they never carry mass) and for ids whose text the target cannot encode
-    (:class:`~hsd_torch.text.Unencodable`: SmolLM2 has no token for the byte 0xC0, a Gemma byte
+    (:class:`~hsd_torch.vocab.text.Unencodable`: SmolLM2 has no token for the byte 0xC0, a Gemma byte
     token), that it encodes to nothing (SmolLM2's tokenizer drops ``"\\x04"``) or whose first target
     id has no text: such an id proposes nothing (:attr:`unmappable`). psi, the law of the first
     target id of the draft's text given that there is one, is the pushforward of the drafter's law

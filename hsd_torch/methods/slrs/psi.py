@@ -3,7 +3,7 @@ drafter pass per level.
 
 The procedure is ``hsd_core``'s bounded one, ``SLRS(lookahead=k, min_path_prob=tau,
 proposal_map="longest_prefix", max_tokens=1)`` (``proofs/slrs_bounded.md``), over token byte
-strings (:class:`~hsd_torch.text.TokenText`; the mirror reads them as latin-1):
+strings (:class:`~hsd_torch.vocab.text.TokenText`; the mirror reads them as latin-1):
 
 1. The drafter's context is its encoding of (prompt + emitted text), as SLEM's.
 2. It drafts from its processed law, one token per level; after each drafted token it stops on its
@@ -42,7 +42,7 @@ token); each child's proposal is the node's settled ids followed by the parse of
 bytes). Every stopping child's proposal tuple and mass are kept; once the row's own proposal
 ``X`` is drawn, position ``j`` gets psi conditioned on ``X[:j]`` (``PsiLaw.conditional``: the
 mass of the kept tuples that start with ``X[:j]`` and go on, by their ``j``-th id), and
-``generate`` verifies the tuple with :func:`hsd_torch.kernels.rejection_verify`. Same cost bound
+``generate`` verifies the tuple with :func:`hsd_torch.engine.kernels.rejection_verify`. Same cost bound
 (every expanded node has path probability ``>= tau``), more nodes expanded (the text must settle
 several ids), and every child of every node is parsed (no first-byte shortcut).
 
@@ -60,14 +60,14 @@ from torch import Tensor
 
 from hsd_core.methods.resync import Resync, drafter_context_ids
 
-from ... import kernels
-from ...laws import process_with_drop
-from ...runner import Runner, logit_width
-from ...text import TokenText
+from ...engine import kernels
+from ...engine.laws import process_with_drop
+from ...engine.runner import Runner, logit_width
+from ...vocab.text import TokenText
 from .psi_multi import MultiRoundResult, MultiTokenRound
 from .psi_one import OneTokenRound, RoundResult
-from .trie import NEVER, DrafterBytes, TargetTrie, parse_pairs, walk_pairs
 from .tree import TreeCache
+from .trie import NEVER, DrafterBytes, TargetTrie, parse_pairs, walk_pairs
 
 __all__ = ["MAX_PSI_ROWS", "BoundedSLRS", "MultiRoundResult", "RoundResult", "first_round", "first_round_multi",
            "psi_bound"]
@@ -87,7 +87,7 @@ class _EosLast:
     increasing order with EOS moved to the end, which is ``hsd_core``'s order (its EOS is the last
     id). Inverse-CDF draws and argmax ties depend on the order, so the backend samples in this one
     (the mirror needs it). ``generate`` itself keeps its laws over text-space columns
-    (:class:`hsd_torch.laws.TextSpace`), already in this order."""
+    (:class:`hsd_torch.engine.laws.TextSpace`), already in this order."""
 
     def __init__(self, eos: int, v: int, device: torch.device) -> None:
         self.eos, self.v = eos, v
@@ -106,7 +106,7 @@ class _EosLast:
     def draw(self, x: Tensor, u: Tensor | None) -> Tensor:
         """One id per row of ``x [R, V]`` (a law over ids), read in sampling order: the argmax
         (ties to the first in that order) when ``u`` is None, else the inverse-CDF draw with
-        ``u [R]`` (:func:`hsd_torch.kernels.sample`, unchecked: a drafter's law only chooses
+        ``u [R]`` (:func:`hsd_torch.engine.kernels.sample`, unchecked: a drafter's law only chooses
         proposals; the laws that decide what is emitted are checked where they are verified)."""
         sel = self.law(x)
         return self.to_id(torch.argmax(sel, dim=-1) if u is None else kernels.sample(sel, u, check=False))

@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...runner import new_cache, window_view
+from ...engine.runner import new_cache, window_view
 
 __all__ = ["TreeCache"]
 
 
 class TreeCache:
     """Drafter contexts of the draft tree, one batched forward pass per level, on a copy of the
-    rows' KV caches (a :class:`hsd_torch.runner.Runner`'s, never modified).
+    rows' KV caches (a :class:`hsd_torch.engine.runner.Runner`'s, never modified).
 
     ``rows``: the batch rows (indices of ``runner``) whose root context the runner just fed;
     ``contexts[r]``: the full context of ``rows[r]`` (for rows that would outgrow the drafter's

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..._cache import IdentityCache
-from ...text import TokenText
+from ...engine._cache import IdentityCache
+from ...vocab.text import TokenText
 
 __all__ = ["NEVER", "DrafterBytes", "TargetTrie", "join", "pad_bytes", "pad_ids", "parse_pairs", "walk", "walk_pairs"]
 

@@ -1,0 +1,510 @@
+"""Sequence audits of any ``generate()`` against a Hugging Face target: :func:`audit_sequences`.
+
+The statistics are :mod:`hsd_core.seqaudit`'s (:class:`~hsd_core.seqaudit.SequenceEvidence`): every
+new token of ``n`` sampled sequences is tested against the target's own conditional law at its
+position, obtained by **teacher forcing**: each chunk of ``batch_size`` sequences is run through the
+target in one right-padded forward pass (prompt + new ids), and the logits before each new token
+are processed as :func:`hsd_torch.engine.entry.process_logits` does (float64; with
+``mask_textless=True`` also hsd_torch's removal of ids without text, as :func:`audit_generate`).
+With a drafter, its law at each position is read the same way: its context is its own encoding of
+the prompt, then each new target id re-synced as TLI does (the drafter id with that text, else its
+encoding of the text), so it depends on the history only; processed like the target's, restricted
+to the shared strings, renormalized and pushed onto target ids (:class:`~hsd_torch.vocab.VocabBridge`).
+For each named context bug (``context_bugs``, :mod:`hsd_core.context_bugs`), the sequences are
+teacher-forced once more through the bug's context (by default the prompt with its last id twice),
+and the laws read there give the test aimed at that bug.
+
+Float rounding: teacher forcing runs without a cache, the audited sampler with one; in float32 the
+two laws differ by ~1e-6, far below any detectable departure. In bfloat16 they differ by ~1e-2,
+which the audit would see at large n: audit a bfloat16 sampler against a float32 (or float64) copy
+of the target (``target`` here may be another copy of the model than the sampler's), and read the
+result as "lossless up to the dtype's rounding" (``docs/auditing.md``).
+
+A draw the target gives probability 0 or an id outside its vocabulary makes the verdict "lossy". A
+length mismatch (more than ``max_new_tokens`` ids, ids after an end id, fewer ids without an end
+id) is a ``ValueError`` naming it by default, or with ``length_mismatch="prefix"`` each sequence is
+audited up to its first end id and the budget and the report says how many were cut
+(:class:`hsd_core.seqaudit.LengthCheck`); either way a sequence that starts with the prompt's ids
+gets the hint "return only the new ids".
+
+The target's context for a prompt is what :func:`hsd_torch.generate` feeds
+(:func:`hsd_torch.engine.prompts.target_context`), or ``prompt_ids`` as given. The drafter the
+directional test reads must be the drafter the sampler drafts with, unchanged: the audit takes
+its fingerprint (its modules' classes, its parameters' shapes, storage and in-place version
+counters) before sampling and checks it after every chunk, and refuses (``ValueError``) a sampler
+that changed it (transformers' sampled assisted generation prunes and re-indexes its assistant in
+place): give the sampler its own copy (``copy.deepcopy(drafter)``).
+
+A lossy report also says which of a few processings (the claimed one, temperature 1 and the
+claimed temperature without top-k / top-p, the claimed processing at 0.8, 0.9, 1.1 and 1.25 times
+the temperature) the tokens fit best, by log-likelihood on a seeded subsample of at most
+:data:`FIT_POSITIONS` positions, when that is not the claimed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS, ContextBug, context_bugs as _context_bugs
+from hsd_core.seqaudit import (
+    DEFAULT_BINS, DEFAULT_POSITIONS, DEFAULT_POWER_STEPS, LengthCheck, SequenceAuditReport, SequenceEvidence,
+    pit_uniforms, sequence_seeds,
+)
+
+from ..engine._args import as_int
+from ..engine._head import HeadTap
+from ..engine.laws import TextSpace, check_processing, process_logits
+from ..engine.prompts import target_context
+from ..engine.runner import check_model, refuse_meta
+from ..methods.tli import resync_ids
+from ..vocab import VocabBridge
+from ..vocab.text import TokenText
+from ._ids import _as_ids, _eos_ids, _width
+from .forcing import _changed, _forced_logits, _prompt_ids, _prompts, _shared_logits, model_fingerprint
+from .reference import LawProvider, ProvidedLaw
+from .text_sequences import audit_text_sequences
+
+__all__ = ["FIT_POSITIONS", "audit_sequences", "model_fingerprint"]
+
+FIT_POSITIONS = 256
+"""Positions (at most; a seeded subsample) on which a lossy report's processing fit is computed."""
+
+SampleBatchFn = Callable[[list[str], list[int]], Sequence[Sequence[int]]]
+
+
+def _law_block(blk: torch.Tensor, mask: torch.Tensor, process: dict[str, Any], greedy: bool) -> torch.Tensor:
+    """The processed law (float64) of the logits ``blk [b, V]`` (greedy: the one-hot argmax over
+    ``mask``, ties to the lowest id)."""
+    blk = blk.double()
+    m = mask.to(blk.device)
+    if not greedy:
+        return process_logits(blk, m, **process)
+    blk = blk.masked_fill(~m, float("-inf"))
+    law = torch.zeros_like(blk)
+    law[torch.arange(blk.shape[0]), blk.argmax(-1)] = 1.0
+    return law
+
+
+def audit_sequences(
+    sample_fn: Callable[[str, int], Sequence[int]] | None,
+    target: Any,
+    target_tokenizer: Any,
+    prompts: str | Sequence[str],
+    n: int = 200,
+    max_new_tokens: int = 32,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    alpha: float = 1e-3,
+    seed: int = 0,
+    drafter: Any = None,
+    drafter_tokenizer: Any = None,
+    *,
+    sample_batch_fn: SampleBatchFn | None = None,
+    mask_textless: bool = False,
+    power: float = 0.99,
+    bins: int = DEFAULT_BINS,
+    positions: int = DEFAULT_POSITIONS,
+    max_detectable_tv: float | None = 0.1,
+    power_steps: int = DEFAULT_POWER_STEPS,
+    batch_size: int = 16,
+    progress: Callable[[str], None] | None = None,
+    name: str | None = None,
+    context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    length_mismatch: str = "error",
+    reference: LawProvider | ProvidedLaw | None = None,
+    text: bool = False,
+) -> SequenceAuditReport:
+    """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
+    conditional law at every position of ``n`` sequences (module docstring; the tests, the power
+    statement and the verdicts are :mod:`hsd_core.seqaudit`'s).
+
+    ``prompts``: a str or a list (sequence ``i`` uses ``prompts[i % len(prompts)]``); the target's
+    context is the prompt's ids as :func:`hsd_torch.generate` feeds them
+    (:func:`hsd_torch.engine.prompts.target_context`). ``prompt_ids`` (as :func:`audit_generate`'s: one
+    list of ids, or one per prompt) overrides them as the target's context; ``prompts`` may then be
+    None, and the sampler gets each context's decoded text. ``length_mismatch``: ``"error"`` (a
+    sequence of the wrong length raises ``ValueError`` naming it, before any statistics),
+    ``"prefix"`` (each sequence audited up to its first end id and ``max_new_tokens``, and the
+    report says so) or ``"lossy"`` (a malformed sequence: the verdict is "lossy"; the engine
+    audits' rule for recorded draws). Sequence ``i`` gets the seed
+    :func:`hsd_core.seqaudit.sequence_seeds` ``(seed, n)[i]``. Instead of ``sample_fn``, a batched
+    sampler ``sample_batch_fn(prompts, seeds) -> list of id lists`` (called with ``batch_size``
+    sequences at a time; its rows must be independent draws). ``temperature``, ``top_k``,
+    ``top_p``: the processing the sampler claims (ignored when greedy); ``drafter`` and
+    ``drafter_tokenizer``: add the directional test and the mixture family (the sampler must not
+    change this drafter: ``ValueError`` after the chunk that did; module docstring).
+    ``progress(line)`` gets, after the first chunk, the estimated cost of the whole audit and the
+    departure it should then catch, and after every chunk the time so far and the time left. ``context_bugs``:
+    names of :data:`hsd_core.context_bugs.CONTEXT_BUGS` to aim a test at (sampling only; each costs
+    one more teacher-forced pass of the target; None or empty: none). Returns a
+    :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
+    and teacher forcing.
+
+    A recorded engine's own context goes in ``prompt_ids`` (one id list per entry of ``prompts``).
+    ``reference``: a law provider
+    ``(prompt_ids, ids) -> [len(ids), V]`` raw log-probabilities (:mod:`hsd_torch.auditing.reference`), teacher
+    forced in place of ``target``'s forward passes (``target`` still gives the logit width and the end
+    ids).
+
+    ``text=True``: the sampler returns the new **text** of its ``max_new_tokens`` tokens
+    (``target_tokenizer.decode(new_ids, skip_special_tokens=True)``, as ``audit_generate(text=True)``),
+    and the audit compares it with as many texts drawn from the target itself by two-sample tests
+    (:mod:`hsd_torch.auditing.text_sequences`: a text has many tokenizations, so no per-token law of it exists
+    to test against); the report's tests are that family. Not with ``reference`` (a law provider
+    cannot be sampled here) nor a ``length_mismatch`` other than "error" (texts have no token count);
+    no aimed tests (``context_bugs`` is not used).
+    """
+    if (sample_fn is None) == (sample_batch_fn is None):
+        raise TypeError("give exactly one of sample_fn (prompt, seed) -> ids and sample_batch_fn (prompts, seeds) "
+                        "-> list of id lists")
+    fn: Any = sample_fn if sample_fn is not None else sample_batch_fn
+    if not callable(fn):
+        raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
+    width = _width(target)
+    if prompt_ids is not None:
+        given = _prompt_ids(prompt_ids, width)
+        if prompts is None:
+            prompts = [target_tokenizer.decode(r) for r in given]
+    plist = _prompts(prompts)
+    if prompt_ids is not None and len(given) != len(plist):
+        raise ValueError(f"prompt_ids has {len(given)} rows for {len(plist)} prompts: give one per prompt")
+    n = as_int("n", n, 1)
+    max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
+    batch_size = as_int("batch_size", batch_size, 1)
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    process = dict(check_processing(temperature, top_k, top_p))
+    refuse_meta(check_model(target, "target"), "target")
+    if (drafter is None) != (drafter_tokenizer is None):
+        raise TypeError("give both drafter and drafter_tokenizer, or neither")
+    if text:
+        return _text_mode(locals())
+    eos = _eos_ids(target, target_tokenizer)
+    lengths = LengthCheck(length_mismatch, max_new_tokens, eos)
+    if mask_textless:
+        space = TextSpace.law(TokenText.get(target_tokenizer, width), torch.device("cpu"), keep_all=False, ends=eos)
+        mask = ~space.drop_mask()
+    else:
+        mask = torch.ones(width, dtype=torch.bool)
+    processing = ("argmax" if not do_sample else f"temperature {process['temperature']}, top_k {top_k}, top_p {top_p}")
+    if mask_textless:
+        processing += ", ids without text removed (mask_textless)"
+    if prompt_ids is not None:
+        contexts = given
+    else:
+        t_text = TokenText.get(target_tokenizer, width)
+        contexts = [target_context(t_text, p) for p in plist]
+    bridge = d_mask = None
+    d_contexts: list[list[int]] = []
+    tt = dt = None
+    if drafter is not None:
+        refuse_meta(check_model(drafter, "drafter"), "drafter")
+        d_width = _width(drafter)
+        bridge = VocabBridge(target_tokenizer, drafter_tokenizer, target_vocab_size=width, drafter_vocab_size=d_width,
+                             device=next(drafter.parameters()).device)
+        tt, dt = TokenText.get(target_tokenizer, width), TokenText.get(drafter_tokenizer, d_width)
+        d_mask = torch.ones(d_width, dtype=torch.bool)
+        d_contexts = [[int(i) for i in drafter_tokenizer(p)["input_ids"]] for p in plist]
+        for p, d in zip(plist, d_contexts):
+            if not d:
+                raise ValueError(f"prompt {p!r} encodes to no drafter ids: the drafter has no law before the first "
+                                 "token (give a longer prompt, or no drafter)")
+    top_extra = do_sample and (top_k is not None or (top_p is not None and top_p < 1.0))
+    bugs = _context_bugs(context_bugs) if do_sample else ()
+    ev = SequenceEvidence(alpha=alpha, power=power, bins=bins, positions=positions, seed=int(seed),
+                          drafter=drafter is not None, extra=top_extra, do_sample=do_sample, power_steps=power_steps,
+                          expected_steps=n * max_new_tokens, aimed=[b.what for b in bugs])
+    seeds = sequence_seeds(int(seed), n)
+    t_sample = t_force = 0.0
+    forced: Any = target if reference is None else \
+        reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, contexts, drafter, bridge, tt, dt,
+                     d_mask, d_contexts, int(seed))
+    forcer.fit = _Fit(process, do_sample, int(seed), n * max_new_tokens)
+    drafter_print = model_fingerprint(drafter) if drafter is not None else None
+    for c0 in range(0, n, batch_size):
+        idx = list(range(c0, min(n, c0 + batch_size)))
+        t0 = time.perf_counter()
+        if sample_batch_fn is not None:
+            outs = list(sample_batch_fn([plist[i % len(plist)] for i in idx], [seeds[i] for i in idx]))
+            if len(outs) != len(idx):
+                raise ValueError(f"sample_batch_fn returned {len(outs)} sequences for {len(idx)} prompts")
+        else:
+            assert sample_fn is not None
+            outs = [sample_fn(plist[i % len(plist)], seeds[i]) for i in idx]
+        t_sample += time.perf_counter() - t0
+        if drafter_print is not None and (print_ := model_fingerprint(drafter)) != drafter_print:
+            raise ValueError(
+                f"the sampler changed the drafter the audit reads ({_changed(drafter_print, print_)}) while sampling "
+                f"sequences {idx[0]}-{idx[-1]}: transformers' sampled assisted generation prunes and re-indexes its "
+                "assistant in place. Give the sampler its own copy (copy.deepcopy(drafter) before the audit) and the "
+                "audit the untouched drafter")
+        t0 = time.perf_counter()
+        rows, seqs = [], []
+        for i, out in zip(idx, outs):
+            what = f"the sampler (sequence {i}, prompt {plist[i % len(plist)]!r}, seed {seeds[i]}) returned"
+            ids = _as_ids(out, what, None)  # an id outside the target's is evidence, reported below
+            bad = [t for t in ids if not 0 <= t < width]
+            if bad:
+                ev.add_malformed(f"sequence {i}: id {bad[0]} outside the target's {width} ids")
+                continue
+            ctx = contexts[i % len(plist)]
+            ids = lengths.take(ev, i, ids, ctx, f"the sampler (prompt {plist[i % len(plist)]!r}, seed {seeds[i]})")
+            if ids:
+                rows.append(ctx + ids)
+                seqs.append((i, ids))
+        if rows:
+            forcer.run(ev, rows, seqs)
+        t_force += time.perf_counter() - t0
+        if progress is not None:
+            done = idx[-1] + 1
+            spent = t_sample + t_force
+            if c0 == 0 and done < n:
+                progress(_estimate(ev, done, n, t_sample, t_force, max_new_tokens))
+            progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {t_sample:.1f} s, teacher forcing "
+                     f"{t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
+    label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
+    t0 = time.perf_counter()
+    rep = ev.report(n=n, max_new_tokens=max_new_tokens, max_detectable_tv=max_detectable_tv, name=label,
+                    processing=processing, cost={})
+    reason = rep.reason
+    if rep.verdict == "lossy" and (fit := forcer.fit.best()) is not None:
+        reason += f"; of a few processings, the tokens fit best {fit}"
+    cost = {"sampling": t_sample, "teacher forcing": t_force, "statistics": time.perf_counter() - t0}
+    return dataclasses.replace(rep, reason=reason, cost=cost)
+
+
+def _text_mode(a: dict[str, Any]) -> SequenceAuditReport:
+    """``audit_sequences(text=True)`` with its checked arguments ``a`` (its locals)."""
+    if a["reference"] is not None:
+        raise ValueError("text=True draws its reference texts from the target itself: a law provider (reference=) "
+                         "cannot be sampled; audit the engine's ids against it instead")
+    if a["length_mismatch"] != "error":
+        raise ValueError(f"length_mismatch={a['length_mismatch']!r} is about ids; with text=True the sampler's texts "
+                         "are compared as they come")
+    p = a["process"]
+    processing = ("argmax" if not a["do_sample"] else f"temperature {p['temperature']}, top_k {p['top_k']}, top_p "
+                  f"{p['top_p']}") + (", ids without text removed (mask_textless)" if a["mask_textless"] else "")
+    return audit_text_sequences(
+        a["sample_fn"], a["target"], a["target_tokenizer"], a["plist"], a["given"] if a["prompt_ids"] is not None
+        else None, n=a["n"], max_new_tokens=a["max_new_tokens"], do_sample=a["do_sample"], process=p,
+        alpha=a["alpha"], power=a["power"], seed=int(a["seed"]), drafter=a["drafter"],
+        drafter_tokenizer=a["drafter_tokenizer"], sample_batch_fn=a["sample_batch_fn"],
+        mask_textless=a["mask_textless"], batch_size=a["batch_size"], progress=a["progress"], name=a["name"],
+        max_detectable_tv=a["max_detectable_tv"], processing=processing)
+
+
+def _estimate(ev: SequenceEvidence, done: int, n: int, t_sample: float, t_force: float, max_new_tokens: int) -> str:
+    """The line printed after the first chunk: the whole audit's estimated cost, and the headline
+    departure it should catch (the first chunk's, shrunk as 1 / sqrt(sequences))."""
+    scale = n / done
+    first = ev.report(n=done, max_new_tokens=max_new_tokens, max_detectable_tv=None)
+    catch = ("" if first.detectable_tv is None else
+             f"; it should catch a {first.detectable_by} at mean per-token TV about "
+             f"{first.detectable_tv / math.sqrt(scale):.2g} (this chunk alone: {first.detectable_tv:.2g})")
+    return (f"estimate from the first {done} of {n} sequences: about {(t_sample + t_force) * scale:.0f} s in all "
+            f"(sampling {t_sample * scale:.0f} s, teacher forcing {t_force * scale:.0f} s){catch}")
+
+
+class _Forcer:
+    """Teacher forcing and the evidence it gives, for a batch of sampled sequences (module
+    docstring): the target's laws, the drafter's (pushed onto target ids), the one-more-token
+    probabilities under top-k / top-p, the laws under each named context bug."""
+
+    def __init__(self, target: Any, mask: torch.Tensor, process: dict[str, Any], do_sample: bool, top_extra: bool,
+                 bugs: Sequence[ContextBug], plist: list[str], contexts: list[list[int]], drafter: Any,
+                 bridge: VocabBridge | None, tt: Any, dt: Any, d_mask: torch.Tensor | None,
+                 d_contexts: list[list[int]], seed: int) -> None:
+        self.target, self.mask, self.process, self.do_sample, self.top_extra = target, mask, process, do_sample, top_extra
+        self.bugs, self.plist, self.contexts = bugs, plist, contexts
+        self.drafter, self.bridge, self.tt, self.dt, self.d_mask, self.d_contexts = (drafter, bridge, tt, dt, d_mask,
+                                                                                    d_contexts)
+        self.seed = seed
+        self.memo: dict[int, list[int]] = {}
+        self.fit = _Fit(process, do_sample, seed, 1)
+        # untruncated sampling: the drafter's law restricted to the shared ids is the softmax of their logits
+        # alone, so its head need only run on their rows (checked against the full head on first use)
+        top_p = process.get("top_p")
+        self.shared_head: bool | None = (None if do_sample and bridge is not None and process.get("top_k") is None
+                                         and (top_p is None or top_p >= 1.0) else False)
+        self.tap = HeadTap(drafter) if self.shared_head is None else None
+
+    def _drafter_logits(self, rows: list[list[int]], at: list[list[int]]) -> torch.Tensor:
+        """The drafter's logits before each new target id (:func:`_forced_logits`' layout). Where
+        only the shared ids' law is read (untruncated sampling), the head runs on the shared ids'
+        rows only (:func:`_shared_logits`; Gemma's 262,144-id head is most of a drafter pass) and the
+        other columns are -inf, which gives the same restricted, renormalized law; the first call
+        checks that against the full head and keeps the full head if they differ."""
+        assert self.bridge is not None
+        if self.shared_head is False:
+            return _forced_logits(self.drafter, rows, at)
+        ids = self.bridge.drafter_ids.to(next(self.drafter.parameters()).device)
+        assert self.tap is not None
+        sub = _shared_logits(self.drafter, self.tap, rows, at, ids)
+        if sub is not None and self.shared_head is None:
+            full = _forced_logits(self.drafter, rows[:1], at[:1])
+            self.shared_head = bool(torch.allclose(sub[:full.shape[0]], full[:, ids], rtol=1e-4, atol=1e-4))
+        if sub is None or not self.shared_head:
+            self.shared_head = False
+            return _forced_logits(self.drafter, rows, at)
+        out = torch.full((sub.shape[0], _width(self.drafter)), float("-inf"), dtype=sub.dtype, device=sub.device)
+        out[:, ids] = sub
+        return out
+
+    def run(self, ev: SequenceEvidence, rows: list[list[int]], seqs: list[tuple[int, list[int]]]) -> None:
+        """Add the evidence of ``seqs`` (sequence index, new ids; ``rows``: prompt ids + new ids) to
+        ``ev``: one teacher-forced pass per model (and per named bug), then the laws and the
+        statistics block by block of positions (:func:`_block_rows`: no float64 array over a whole
+        vocabulary at every position, which would cost more in fresh memory than in arithmetic)."""
+        plist, process, greedy = self.plist, self.process, not self.do_sample
+        t_logits = _forced_logits(self.target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
+        d_logits = None
+        if self.bridge is not None:
+            assert self.tt is not None and self.dt is not None
+            drows, dstarts = [], []
+            for i, ids in seqs:
+                d = list(self.d_contexts[i % len(plist)])
+                ends = []
+                for t in ids:
+                    ends.append(len(d))
+                    d.extend(resync_ids(t, self.bridge.to_drafter_list, self.tt, self.dt, self.memo))
+                drows.append(d)
+                dstarts.append(ends)
+            d_logits = self._drafter_logits(drows, dstarts)
+        aimed = [_aimed_logits(self.target, b, [self.contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs])
+                 for b in self.bugs]
+        cat = np.concatenate
+        x = cat([ids for _, ids in seqs])
+        pos = cat([np.arange(len(ids)) for _, ids in seqs])
+        v = cat([pit_uniforms(self.seed, i, len(ids)) for i, ids in seqs])
+        sq = cat([np.full(len(ids), i) for i, ids in seqs])
+        pr = cat([np.full(len(ids), i % len(plist)) for i, ids in seqs])
+        step = _block_rows(t_logits.shape[1], 0 if d_logits is None else d_logits.shape[1])
+        for a in range(0, x.size, step):
+            sl = slice(a, a + step)
+            law = _law_block(t_logits[sl], self.mask, process, greedy).cpu().numpy()
+            q = None
+            if d_logits is not None:
+                assert self.bridge is not None and self.d_mask is not None
+                q = _drafter_block(self.bridge, d_logits[sl], self.d_mask, process, greedy, law)
+            e = None
+            if self.top_extra:
+                e = _one_more(_law_block(t_logits[sl], self.mask, dict(process, top_k=None, top_p=None),
+                                         False).cpu().numpy(), law)
+            rs = []
+            for lg, src in aimed:  # rows the bug leaves without context: the target's own law (no evidence)
+                r = law.copy()
+                at = np.flatnonzero(src[sl] >= 0)
+                if at.size:
+                    r[at] = _law_block(lg[src[sl][at]], self.mask, process, False).cpu().numpy()
+                rs.append(r)
+            ev.add_steps(law, x[sl], pos[sl], v[sl], sq[sl], q=q, extra=e, prompt=pr[sl], aimed=rs)
+            self.fit.add(t_logits[sl], self.mask, x[sl], law)
+
+
+class _Fit:
+    """Which of a few processings the audited tokens fit best (module docstring): the
+    log-likelihood of each on a seeded subsample of at most :data:`FIT_POSITIONS` positions."""
+
+    def __init__(self, claimed: dict[str, Any], do_sample: bool, seed: int, expected_steps: int) -> None:
+        t = claimed["temperature"]
+        free = {"top_k": None, "top_p": None}
+        cands = {"the claimed processing": dict(claimed),
+                 "temperature 1 without top-k / top-p": {"temperature": 1.0, **free},
+                 f"temperature {t} without top-k / top-p": {"temperature": t, **free}}
+        for f in (0.8, 0.9, 1.1, 1.25):
+            cands[f"the claimed processing at temperature {t * f:.4g}"] = dict(claimed, temperature=t * f)
+        self.cands = {k: v for i, (k, v) in enumerate(cands.items()) if i == 0 or v != dict(claimed)}
+        self.on = do_sample
+        self.rate = min(1.0, FIT_POSITIONS / max(1, expected_steps))
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        self.ll = dict.fromkeys(self.cands, 0.0)
+        self.m = 0
+
+    def add(self, logits: torch.Tensor, mask: torch.Tensor, x: np.ndarray, law: np.ndarray) -> None:
+        """Add the positions of a block picked for the subsample: ``logits [b, V]`` and the
+        claimed ``law [b, V]`` of the sampled ids ``x [b]``."""
+        if not self.on:
+            return
+        pick = np.flatnonzero(self.rng.random(len(x)) < self.rate)
+        if not pick.size:
+            return
+        self.m += pick.size
+        xs = torch.as_tensor(x[pick])
+        with np.errstate(divide="ignore"):
+            for name, proc in self.cands.items():
+                pr = (law[pick, x[pick]] if name == "the claimed processing" else
+                      _law_block(logits[torch.as_tensor(pick)], mask, proc, False)
+                      .gather(1, xs[:, None].to(logits.device))[:, 0].cpu().numpy())
+                self.ll[name] += float(np.log(pr).sum())
+
+    def best(self) -> str | None:
+        """The best-fitting processing, in words, when it is not the claimed one (None otherwise,
+        or when none gives every picked token mass)."""
+        if not self.m or len(self.cands) < 2:
+            return None
+        top = max(self.ll, key=lambda k: self.ll[k])
+        if top == "the claimed processing" or self.ll[top] == -math.inf:
+            return None
+        return (f"{top} (log-likelihood {self.ll[top]:.1f} against the claimed {self.ll['the claimed processing']:.1f}, "
+                f"on {self.m} positions)")
+
+
+_BLOCK = 1 << 21  # entries of a [positions, V] float64 block (16 MB: glibc's heap reuses it; a larger one is mmap'ed afresh)
+
+
+def _block_rows(*widths: int) -> int:
+    """How many positions one block holds: :data:`_BLOCK` entries of the widest vocabulary."""
+    return max(1, _BLOCK // max(1, *widths))
+
+
+def _drafter_block(bridge: VocabBridge, lg: torch.Tensor, d_mask: torch.Tensor, process: dict[str, Any],
+                   greedy: bool, p_law: np.ndarray) -> np.ndarray:
+    """The drafter's law before each new target id of a block (``[b, V]`` over target ids, rows as
+    ``p_law``'s) from its logits ``lg``: processed, restricted to the shared strings, renormalized,
+    pushed; where it has no mass there, the target's own law (no evidence either way)."""
+    restricted = bridge.restrict(_law_block(lg, d_mask, process, greedy).to(bridge.device))
+    pushed: np.ndarray = bridge.push(restricted.law).cpu().numpy()
+    none = (restricted.mass <= 0).cpu().numpy()
+    pushed[none] = p_law[none]
+    return pushed
+
+
+def _aimed_logits(target: Any, bug: ContextBug, contexts: list[list[int]], seqs: list[list[int]]
+                  ) -> tuple[torch.Tensor, np.ndarray]:
+    """The target's logits before each new id under ``bug``'s context (row ``k``: prompt ids
+    ``contexts[k]``, new ids ``seqs[k]``; one teacher-forced pass over the rows the bug leaves a
+    context), and for each position of the concatenated rows its row in those logits (-1: none)."""
+    wrong = [bug.context(c) for c in contexts]
+    live = [k for k, c in enumerate(wrong) if c]
+    src = np.full(sum(len(s) for s in seqs), -1)
+    ends = np.cumsum([0] + [len(s) for s in seqs])
+    if not live:
+        return torch.zeros((0, 0)), src
+    at = np.concatenate([np.arange(ends[k], ends[k + 1]) for k in live])
+    src[at] = np.arange(at.size)
+    lg = _forced_logits(target, [wrong[k] + seqs[k] for k in live],
+                        [range(len(wrong[k]), len(wrong[k]) + len(seqs[k])) for k in live])
+    return lg, src
+
+
+def _one_more(raw: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """At each position, the probability that a law with one token more than the processed ``p``
+    (top-k plus one, or top-p keeping the next token) gives that token: the tempered, untruncated
+    law ``raw`` restricted to ``p``'s support plus the most likely id outside it, renormalized."""
+    outside = np.where(p > 0, -1.0, raw)
+    j = outside.argmax(1)
+    extra = np.clip(outside[np.arange(len(j)), j], 0.0, None)
+    kept = np.where(p > 0, raw, 0.0).sum(1)
+    out: np.ndarray = np.where(extra > 0, extra / (kept + extra), 0.0)
+    return out

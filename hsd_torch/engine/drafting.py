@@ -1,0 +1,157 @@
+"""Drafting token by token from a drafter's processed law, over a batch (SD, TLI, SLEM, one-token
+SLRS): each active row's drafter context is re-synced and fed, then up to ``k[i]`` draws, one
+drafter pass per draft position. What differs between methods is given, not branched on:
+the columns drafted from and what each proposes (:class:`DraftColumns`), and the context.
+
+Drafting uniforms: a row draws ``k[i]`` uniforms at the start of the round (one per possible
+draft) and consumes the first ``n[i]`` of them, one per draft, in order (:func:`drafting_uniforms`).
+Validity: each draw's law is checked by the mass the draw reads (NaN, infinite or zero): methods
+that must propose raise ``ValueError``, the others stop drafting that row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from hsd_core.methods.resync import Resync, drafter_context_ids
+
+from . import kernels
+from ._precision import nan_hint
+from .laws import TextSpace, restricted_law, space_law
+from .rounds import Drafts
+
+if TYPE_CHECKING:
+    from .rounds import Generation
+
+__all__ = ["DraftColumns", "draft_tokens", "drafter_context_from_text", "drafting_uniforms", "feed_drafter"]
+
+
+@dataclass
+class DraftColumns:
+    """Where drafts come from: the drafter's laws live on ``space``'s columns and drafts are drawn
+    from the first ``n_draw`` of them (TLI: the intersection's, a slice, not renormalized);
+    ``to_target[c]`` is the target column drawing column ``c`` proposes (None: the method maps
+    the drafted text itself, SLEM); ``stop_on_empty``: a law with no mass on those columns ends the
+    row's drafting (TLI, SLEM) instead of raising ``ValueError`` (SD, SLRS). ``head`` (int64, the
+    ids ``space.ids[:n_draw]`` on the drafter's device; only when the drafter's processing has no
+    top-k or top-p, whose kept sets read every logit): the drafter's head computes those ids'
+    logits alone and the law drawn from is :func:`hsd_torch.engine.laws.restricted_law` of them, the
+    processed law restricted to the drafting columns and renormalized (TLI's q_cap)."""
+
+    space: TextSpace
+    n_draw: int
+    to_target: list[int] | None
+    stop_on_empty: bool
+    head: Tensor | None = None
+
+
+def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: Resync) -> None:
+    """Each active row's drafter context becomes its ids of (prompt + emitted text) under ``resync``
+    (``hsd_core.methods.resync.drafter_context_ids``, the rule ``hsd_core``'s SLEM and SLRS use, over
+    bytes), after its special prefix (and its own chat template's ids of a conversation,
+    ``gen.d_head``): the drafter is re-synced from the accepted text (SLEM, SLRS), re-encoding
+    only the tail that can change (each row keeps a memo of its committed blocks, and its emitted
+    text is decoded once per id). What the drafter cannot encode is left out
+    (``TokenText.encode(free=True)``: its context only shapes proposals)."""
+    dt, tt = gen.dt, gen.tt
+    assert dt is not None
+
+    def encode(b: bytes) -> list[int]:
+        return dt.encode(b, free=True)
+
+    for i in range(gen.batch):
+        if not active[i]:
+            continue
+        n, text = gen.e_text[i]
+        emitted = gen.emitted[i]
+        if n > len(emitted):  # never within a generation (emitted ids only grow): start afresh
+            n, text = 0, b""
+        text += tt.decode(emitted[n:])
+        gen.e_text[i] = (len(emitted), text)
+        gen.d_ctx[i] = gen.d_start[i] + gen.d_head[i] + drafter_context_ids(gen.prompt_bytes[i] + text, encode,
+                                                                            dt.decode, resync, gen.d_memos[i])
+
+
+def drafting_uniforms(gen: Generation, k: Sequence[int]) -> list[list[float]]:
+    """``k[i]`` fresh uniforms of row ``i``'s stream (empty lists when greedy)."""
+    if gen.greedy:
+        return [[] for _ in range(gen.batch)]
+    return [gen.rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(gen.batch)]
+
+
+def feed_drafter(gen: Generation, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
+    """Re-sync each row's drafter cache to ``contexts[i]`` (None: the row is not fed) and run the
+    drafter once: its logits ``[B, Vd]`` after each fed context (zeros for rows not fed); with
+    ``head`` (int64 ids), those ids' logits alone, ``[B, len(head)]``."""
+    drun = gen.drun
+    assert drun is not None
+    blocks = [drun.sync(i, c) if c is not None else [] for i, c in enumerate(contexts)]
+    return drun.feed(blocks, [len(b) - 1 for b in blocks], None, head)
+
+
+def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
+                 ) -> tuple[Drafts, list[list[int]]]:
+    """Up to ``k[i]`` drafts for each active row from the drafter's processed law at
+    ``gen.d_ctx[i]`` followed by the drafts so far (argmax when greedy, ties to the first column),
+    stopping after the drafter's EOS. Returns the :class:`Drafts` (with ``cols`` filled when
+    ``cols.to_target`` is given) and each row's drafted drafter ids."""
+    batch, greedy, dev, dt = gen.batch, gen.greedy, gen.dev, gen.dt
+    assert dt is not None and gen.d_drop is not None
+    out = Drafts.empty(batch)
+    d_uniforms = drafting_uniforms(gen, k)
+    u_round: Tensor | None = None  # [max(k), B, 1] in the laws' dtype, made at the first draw
+    u_steps: tuple[Tensor, ...] = ()  # its [B, 1] slices, one per draft position
+    d_ctx, space, n_draw, to_target = gen.d_ctx, cols.space, cols.n_draw, cols.to_target
+    still = [k[i] > 0 for i in range(batch)]
+    drafts_d: list[list[int]] = [[] for _ in range(batch)]
+    head = cols.head
+    last = feed_drafter(gen, [d_ctx[i] if active[i] else None for i in range(batch)], head)
+    for j in range(max(k, default=0)):
+        rows = [i for i in range(batch) if still[i]]
+        if not rows:
+            break
+        if head is not None:  # the drafting columns' logits alone
+            law = restricted_law(last, gen.d_process["temperature"])
+        else:
+            law = space_law(last, space, gen.d_drop, **gen.d_process)
+            if n_draw < space.n:
+                law = law[:, :n_draw]
+        if not greedy and u_round is None:  # one host-to-device copy a round
+            u_round = kernels._host_tensor(
+                [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)
+            u_steps = u_round.unbind(0)
+        ridx = None if len(rows) == batch else torch.tensor(rows, dtype=torch.long, device=dev)
+        sub = law if ridx is None else law.index_select(0, ridx)
+        if greedy:  # the argmax (ties to the first column) and its value, as the mass check
+            picked, mass = kernels._argmax_host(sub)
+        else:
+            assert u_round is not None
+            picked, mass = kernels._draw_host(sub, u_steps[j] if ridx is None else u_round[j, ridx])
+        out.laws.append(law)
+        for r, c, m in zip(rows, picked, mass):
+            if not (0 < m < float("inf")):  # NaN, infinite or no mass on the columns drafted from
+                if not cols.stop_on_empty:
+                    hint = nan_hint(gen.drun.model) if gen.drun is not None else ""
+                    raise ValueError(f"the drafter's law at row {r}, position {j} has NaN, infinite or no "
+                                     f"mass (NaN or infinite logits?): generation cannot go on{hint}")
+                still[r] = False  # no mass on the columns drafted from: the target decodes
+                continue
+            d = space.ids[c]
+            drafts_d[r].append(d)
+            if to_target is not None:
+                out.cols[r].append(to_target[c])
+            out.mass[r].append(m)
+            out.n[r] += 1
+            if not greedy:
+                gen.record(r, d_uniforms[r][j:j + 1])
+            if d == dt.eos_id or out.n[r] >= k[r]:
+                still[r] = False
+        if not any(still):
+            break
+        last = feed_drafter(gen, [d_ctx[i] + drafts_d[i] if still[i] else None for i in range(batch)], head)
+    return out, drafts_d

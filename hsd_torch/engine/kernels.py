@@ -1,0 +1,643 @@
+"""Batched verification kernels: the decisions of ``hsd_core``'s samplers, over tensors.
+
+Every kernel here is the tensor form of one piece of ``hsd_core`` and makes **the same decisions
+on the same uniforms**:
+
+=========================  ==========================================================
+kernel                     reference it mirrors
+=========================  ==========================================================
+:func:`sample`             :func:`hsd_core.rand.inverse_cdf` (``UniformRand.categorical``)
+:func:`rejection_verify`   :meth:`hsd_core.methods.base.RejectionVerifier.verify` (SD, TLI)
+:func:`exact_match_verify` the verification loop of :meth:`hsd_core.methods.slem.SLEM.step`
+=========================  ==========================================================
+
+Shapes: ``B`` rows (independent sequences), ``K`` draft positions (ragged: row ``b`` uses its
+first ``n_drafts[b]``), ``V`` the width of the probability vectors (a model's logits may be wider
+than its tokenizer; columns of probability 0 are never emitted). Tensors may live on any device;
+the outputs live on the device of ``p``. No Python loop runs over the vocabulary: the laws are
+gathered, compared and sampled by tensor operations; the verifiers' small ``[B, K]`` decisions (the
+run of passing drafts, the cut at an EOS or a budget, the assembly of the output) are read back once
+and made on the host, where one pass over ``B x K`` booleans costs less than the two dozen tensor
+operations it replaces (``Verified`` keeps the host lists, so a caller reads them without a sync).
+
+Which uniforms a row reads, in the order the reference reads them (so that a
+``hsd_core.rand.UniformRand`` fed that list reproduces the row):
+
+* :func:`rejection_verify`: ``u_accept[b, j]`` for each draft tested (``j = 0 .. n_tested - 1``,
+  where ``n_tested = n_accepted + 1`` after a rejection, ``n_accepted`` otherwise), then
+  ``u_final[b]`` if and only if ``n_emitted > n_accepted`` (a correction or a bonus was drawn).
+  Greedy reads none.
+* :func:`exact_match_verify`: ``u[b, 0 .. n_emitted - 1]``, one per emitted token. Greedy reads none.
+* :func:`sample`: ``u[b]``.
+
+Numerics (every rule below is tested in ``tests/torch/engine/test_kernels.py``):
+
+* **Compute dtype.** float64 inputs are computed in float64; float32, float16 and bfloat16 in
+  float32 (:func:`compute_dtype`). Only the rows a decision needs are converted (the gathered
+  ``p(x)``, ``q(x)`` and the one law each row finally samples from; :func:`exact_match_verify`
+  converts every position, since it samples at every one). In float64 on the CPU the decisions are
+  bit-identical to the reference (``torch.cumsum`` accumulates left to right there, as the
+  reference does); in float32, or on CUDA whose scan adds in another order, they differ only where
+  a uniform falls within rounding of a boundary (the measured rate is in ``docs/kernels.md``).
+* **Inverse CDF.** ``cs = cumsum(probs)``; the index is the first ``i`` with
+  ``u * cs[-1] < cs[i]``; it never has probability 0 (a zero entry leaves ``cs`` unchanged). When
+  rounding pushes ``u * cs[-1]`` to ``cs[-1]`` or past it, the result is the last index of
+  positive probability, as in the reference. Rows need not be normalized.
+* **A draft whose q underflowed to 0** (it was drawn, so its true q is positive): the ratio
+  ``p/q`` is taken as ``+inf`` when ``p(x) > 0`` (accept: the exact ratio is at least
+  ``p(x) / q_min``, beyond 1 whenever the underflow was to a value below ``p(x)``), and as 0
+  when ``p(x) = 0``. A token the target gives probability 0 is never accepted.
+* **A residual ``max(p - q, 0)`` whose mass rounds to 0**: the correction is drawn from ``p``
+  (exactly as :func:`hsd_core.laws.residual` does); in exact arithmetic a rejection implies a
+  positive residual, so this is the rule that changes the law least. Residual mass lies only where
+  ``p > q >= 0``, so a correction never has target probability 0.
+* A NaN, infinite or negative entry, or no mass, in any law row a row may read (``p[b, :n+1]``,
+  ``q[b, :n]``), raises ``ValueError``: never a NaN, never a silent wrong token. The check is two
+  read-only reductions over those rows.
+* ``check=False`` (every kernel) skips the value checks (uniform ranges, ids, ragged lengths,
+  budgets, law rows) and their host synchronizations, for a caller that guarantees its inputs
+  (``hsd_torch.generate`` builds its laws with a softmax and checks them once per round); shapes,
+  dtypes and devices are still checked. On valid inputs the result is the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+
+_INF = float("inf")
+_NAN = float("nan")
+
+
+_NP = {torch.int64: np.int64, torch.float64: np.float64, torch.float32: np.float32}
+
+
+def _host_tensor(data: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.tensor(data, dtype=dtype, device=device)`` for small nested lists of Python numbers,
+    through NumPy (about twice as fast at a few elements, where the per-call cost is everything;
+    floats are rounded to ``dtype`` as ``torch.tensor`` rounds them: to nearest). Tensors of other
+    dtypes go through ``torch.tensor``."""
+    nd = _NP.get(dtype)
+    if nd is None:
+        return torch.tensor(data, dtype=dtype, device=device)
+    t = torch.from_numpy(np.array(data, dtype=nd))
+    return t if device.type == "cpu" else t.to(device)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What one verification step emitted, per row.
+
+    ``tokens``: ``LongTensor[B, K+1]``, the emitted target ids left-aligned, padded with -1.
+    ``n_accepted``: ``LongTensor[B]``, how many drafts (candidates) were kept as they were.
+    ``n_emitted``: ``LongTensor[B]``, how many ids ``tokens`` holds: ``n_accepted`` plus one
+    correction, mismatch or bonus token, or ``n_accepted`` alone when the row stopped on an
+    accepted EOS or on its budget.
+    """
+
+    tokens: Tensor
+    n_accepted: Tensor
+    n_emitted: Tensor
+    # the same, as the kernels computed them on the host: (rows(), n_accepted as a list)
+    _host: tuple[list[list[int]], list[int]] | None = field(default=None, repr=False, compare=False)
+
+    def rows(self) -> list[list[int]]:
+        """The emitted ids of every row as Python lists (no device sync: the kernels decide on the host)."""
+        if self._host is not None:
+            return [list(r) for r in self._host[0]]
+        toks = self.tokens.tolist()
+        return [r[:n] for r, n in zip(toks, self.n_emitted.tolist())]
+
+    def accepted(self) -> list[int]:
+        """``n_accepted`` as a Python list (no device sync)."""
+        if self._host is not None:
+            return list(self._host[1])
+        return [int(n) for n in self.n_accepted.tolist()]
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (float32, float16, bfloat16 inputs)."""
+    for t in tensors:
+        if not t.is_floating_point():
+            raise TypeError(f"expected a floating-point tensor of probabilities, got {t.dtype}")
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _fail_if(cond: Tensor, message: str) -> None:
+    if bool(cond.any()):
+        raise ValueError(message)
+
+
+def _check_uniforms(u: Tensor, name: str) -> None:
+    if not u.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor of uniforms in [0, 1), got {u.dtype}")
+    _fail_if(~((u >= 0) & (u < 1)), f"{name}: every uniform must lie in [0, 1)")
+
+
+def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
+    """Raise ``ValueError`` if a checked row of ``law [..., V]`` has a NaN, infinite or negative
+    entry, or no mass. ``rows`` (bool, ``law.shape[:-1]``) selects the rows to check (None: all).
+    Two read-only reductions per row, in the input dtype (sums accumulated in at least float32)."""
+    total = law.sum(-1, dtype=torch.float64 if law.dtype == torch.float64 else torch.float32)
+    bad = ~(law.amin(-1) >= 0) | ~torch.isfinite(total) | ~(total > 0)
+    if rows is not None:
+        bad = bad & rows
+    if bool(bad.any()):
+        where = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"{name}: row {where} is not a law (NaN, infinite or negative entry, or no mass)")
+
+
+def _searchsorted_draw(probs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """``(idx [N, 1], total [N, 1])``: the first index ``i`` with ``u * cs[-1] < cs[i]`` (``cs =
+    cumsum(probs)``, left to right), or ``V`` when rounding pushed ``u * cs[-1]`` to the total or
+    past it; and ``cs[-1]``. ``u``: ``[N]`` or ``[N, 1]``."""
+    cs = torch.cumsum(probs, dim=-1)
+    tot = cs[:, -1:]
+    ut = u if u.dim() == 2 else u.unsqueeze(-1)
+    return torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot, right=True), tot
+
+
+def _last_positive(probs: Tensor, rows: Tensor) -> Tensor:
+    """``[len(rows)]``: the last index of positive probability of those rows of ``probs [N, V]``."""
+    pos = probs.index_select(0, rows) > 0
+    return (probs.shape[-1] - 1) - torch.argmax(torch.flip(pos, dims=[-1]).to(torch.uint8), dim=-1)
+
+
+def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
+    idx = _searchsorted_draw(probs, u)[0].squeeze(-1)
+    past = idx >= probs.shape[-1]
+    if bool(past.any()):  # rounding pushed u * total to the total: the last index of positive probability
+        rows = torch.nonzero(past).squeeze(-1)
+        idx = idx.index_put((rows,), _last_positive(probs, rows))
+    return idx
+
+
+def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
+    """:func:`_inverse_cdf` read back to the host, with each row's total mass: draws from the rows
+    of ``probs [R, N]`` (non-negative, need not be normalized; float32 or float64) with ``u`` (a
+    host list of ``R`` uniforms, or a tensor ``[R]`` or ``[R, 1]``). A total that is not finite and
+    positive says the row was not a law (its draw is meaningless). The rounding case (an index past
+    the last column) is found on the host and replaced by the row's last index of positive
+    probability, as :func:`sample` does."""
+    ut = u if isinstance(u, Tensor) else _host_tensor([[x] for x in u], probs.dtype, probs.device)
+    idx_t, tot = _searchsorted_draw(probs, ut)
+    idx = [r[0] for r in idx_t.tolist()]
+    past = [i for i, x in enumerate(idx) if x >= probs.shape[-1]]
+    if past:
+        fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
+        for i, f in zip(past, fixed):
+            idx[i] = f
+    return idx, [r[0] for r in tot.tolist()]
+
+
+def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
+    """Inverse-CDF draws: ``LongTensor[B]``, row ``b`` drawn from ``probs[b]`` with ``u[b]``.
+
+    ``probs [B, V]`` holds non-negative weights (need not sum to 1; computed in
+    :func:`compute_dtype`), ``u [B]`` uniforms in [0, 1). The result is the index ``i`` with
+    ``cdf(i-1) <= u * total < cdf(i)``, never an index of probability zero; when rounding pushes
+    ``u * total`` past the last partial sum it is the last index of positive probability. Same rule,
+    and in float64 on the CPU the same result, as :func:`hsd_core.rand.inverse_cdf`.
+    Raises ``ValueError`` for a row with a NaN, infinite or negative entry or no mass, or a uniform
+    outside [0, 1).
+    """
+    if probs.dim() != 2 or u.dim() != 1 or u.shape[0] != probs.shape[0]:
+        raise ValueError(f"sample needs probs [B, V] and u [B], got {tuple(probs.shape)} and {tuple(u.shape)}")
+    if probs.shape[1] == 0:
+        raise ValueError("sample: empty vocabulary")
+    pr = probs if probs.dtype in (torch.float32, torch.float64) else probs.to(compute_dtype(probs))
+    if check:
+        _check_uniforms(u, "u")
+        _check_law_rows(pr, None, "probs")
+    return _inverse_cdf(pr, u if u.device == pr.device else u.to(pr.device))
+
+
+def _rows_at(x: Tensor, rows: list[int], pos: list[int]) -> Tensor:
+    """``x[rows[i], pos[i]]`` for ``x [B, P, V]``: ``[len(rows), V]``, a fresh buffer holding only those rows."""
+    p = x.shape[1]
+    idx = torch.tensor([r * p + j for r, j in zip(rows, pos)], dtype=torch.int64, device=x.device)
+    if x.is_contiguous():
+        return x.reshape(-1, x.shape[-1]).index_select(0, idx)
+    return x.flatten(0, 1).index_select(0, idx)
+
+
+class LazyLaw:
+    """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision
+    first reads it: ``process`` maps a block of source rows ``[R, W]`` (a model's logits at those
+    positions) to their laws ``[R, N]``, or, without ``process``, ``source [B, P, N]`` holds the
+    laws themselves. The verifiers read positions in order and stop at a row's first rejection or
+    mismatch, so a round processes only the positions it reads (with top-p, the softmax and sorted
+    head of a 262,144-id law cost about a millisecond a position). Each law row is a function of
+    its own source row alone (``process`` acts row by row: softmax, top-k, top-p), so the laws, and
+    every decision, are the bits that processing the whole ``[B, P]`` at once gives.
+
+    ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
+    :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``."""
+
+    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None) -> None:
+        if source.dim() != 3:
+            raise ValueError(f"a law source must be [B, P, N], got {tuple(source.shape)}")
+        self.source, self.process = source, process
+        self.batch, self.positions = source.shape[0], source.shape[1]
+        self.device = source.device
+        self.dtype = source.dtype if process is None else (
+            torch.float64 if source.dtype == torch.float64 else torch.float32)
+        self._at: dict[tuple[int, int], tuple[int, int]] = {}  # (b, j) -> (block, row in it)
+        self._blocks: list[Tensor] = []
+
+    def rows(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
+        """The laws at ``pairs`` ((row, position) each): ``[len(pairs), N]``, a fresh buffer; the
+        positions not yet read are processed together, once."""
+        missing = list(dict.fromkeys(pr for pr in pairs if pr not in self._at))
+        if missing:
+            block = _rows_at(self.source, [b for b, _ in missing], [j for _, j in missing])
+            law = block if self.process is None else self.process(block)
+            n = len(self._blocks)
+            self._blocks.append(law)
+            for r, pr in enumerate(missing):
+                self._at[pr] = (n, r)
+        where = [self._at[pr] for pr in pairs]
+        if all(w[0] == where[0][0] for w in where):
+            return self._blocks[where[0][0]].index_select(
+                0, torch.tensor([w[1] for w in where], dtype=torch.int64, device=self.device))
+        return torch.stack([self._blocks[a][r] for a, r in where])
+
+    def __getitem__(self, at: tuple[int, int]) -> Tensor:
+        return self.rows([at])[0]
+
+
+def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None:
+    if n.dim() != 1 or n.shape[0] != batch:
+        raise ValueError(f"{name} must have shape [B] = [{batch}], got {tuple(n.shape)}")
+    if n.dtype.is_floating_point or n.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {n.dtype}")
+    if check:
+        _fail_if((n < 0) | (n > k), f"{name} must lie in [0, {k}]")
+
+
+def _stop_rule(ok: list[list[bool]], tokens: list[list[int]], eos_id: int | None,
+               budget: list[int] | None) -> tuple[list[int], list[bool]]:
+    """Shared by both verifiers, on the host (``[B, K]`` is small; one pass per row beats a dozen
+    tensor ops at small batch): how many drafts are kept, and whether the row stops there.
+
+    ``ok[b][j]`` says whether position ``j`` passes its test (False beyond ``n_drafts``);
+    ``tokens[b][j]`` is the id kept there. The kept prefix is the run of passing positions, cut after
+    the first kept EOS and at ``budget[b]``; a row cut that way stops without a final token.
+    """
+    n_acc: list[int] = []
+    stopped: list[bool] = []
+    for b, row in enumerate(ok):
+        n, stop = 0, False
+        for good, t in zip(row, tokens[b]):
+            if not good:
+                break
+            n += 1
+            if t == eos_id:
+                stop = True
+                break
+        if budget is not None and n >= budget[b]:
+            n, stop = budget[b], True
+        n_acc.append(n)
+        stopped.append(stop)
+    return n_acc, stopped
+
+
+def _check_budget(budget: Tensor | None, n_drafts: Tensor, batch: int, check: bool) -> Tensor | None:
+    if budget is None:
+        return None
+    budget = budget.to(device=n_drafts.device)
+    if budget.dim() != 1 or budget.shape[0] != batch or budget.dtype.is_floating_point:
+        raise ValueError(f"budget must be an integer tensor of shape [B] = [{batch}]")
+    if check:
+        _fail_if(budget < 1, "budget must be >= 1 in every row")
+        _fail_if(n_drafts > budget, "n_drafts must not exceed budget (the reference verifies at most budget drafts)")
+    return budget
+
+
+def _assemble(rows: list[list[int]], n_acc: list[int], k1: int, device: torch.device) -> Verified:
+    """:class:`Verified` of the host decisions: ``rows[b]`` the emitted ids (the kept prefix and
+    the final token, if any), ``tokens [B, K+1]`` padded with -1; one host-to-device copy for the
+    three tensors."""
+    flat: list[int] = []
+    for row in rows:
+        flat.extend(row)
+        flat.extend([-1] * (k1 - len(row)))
+    flat.extend(n_acc)
+    flat.extend(len(r) for r in rows)
+    batch = len(rows)
+    out = torch.tensor(flat, dtype=torch.int64, device=device)
+    return Verified(out[:batch * k1].view(batch, k1), out[batch * k1:batch * (k1 + 1)], out[batch * (k1 + 1):],
+                    _host=([list(r) for r in rows], list(n_acc)))
+
+
+def rejection_verify(
+    p: Tensor,
+    q: Tensor,
+    drafts: Tensor,
+    n_drafts: Tensor,
+    u_accept: Tensor,
+    u_final: Tensor,
+    *,
+    greedy: bool = False,
+    eos_id: int | None = None,
+    budget: Tensor | None = None,
+    check: bool = True,
+) -> Verified:
+    """Standard speculative verification of drafted target ids, batched and ragged.
+
+    ``p [B, K+1, V]``: the target's laws at each draft position and after the last (row ``b``
+    reads ``p[b, :n_drafts[b] + 1]``). ``q [B, K, V]``: the laws (over target ids) the drafts were
+    *actually* drawn from. ``drafts [B, K]`` target ids; ``n_drafts [B]`` in [0, K]; ``u_accept
+    [B, K]`` and ``u_final [B]`` uniforms in [0, 1) (ignored when ``greedy``).
+
+    Draft ``j`` is accepted when ``u_accept[b, j] < min(1, p_j(x_j) / q_j(x_j))`` (greedy: when
+    ``x_j`` is the argmax of ``p_j``, ties to the lowest id); at the first rejection a correction
+    token is drawn with ``u_final`` from ``norm(max(p_j - q_j, 0))`` (greedy: the argmax of
+    ``p_j``); when every draft is accepted, a bonus token is drawn from ``p_{n}``. Optional, as in
+    the reference: ``eos_id`` stops a row after an accepted EOS, ``budget [B]`` after that many
+    accepted drafts (``n_drafts <= budget``), in both cases with no final token.
+
+    Returns :class:`Verified`. The decisions equal those of
+    :meth:`hsd_core.methods.base.RejectionVerifier.verify` fed the uniforms the row read, in the
+    order listed in this module's docstring (bit for bit in float64 on the CPU). Underflowed q,
+    empty residuals and invalid entries follow the rules of the module docstring.
+    """
+    if p.dim() != 3 or q.dim() != 3:
+        raise ValueError(f"p must be [B, K+1, V] and q [B, K, V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    batch, k1, v = p.shape
+    k = k1 - 1
+    if k < 0 or q.shape != (batch, k, v):
+        raise ValueError(f"q must have shape [B, K, V] = {(batch, k, v)} for p {tuple(p.shape)}, got {tuple(q.shape)}")
+    if drafts.shape != (batch, k) or drafts.dtype != torch.int64:
+        raise ValueError(f"drafts must be a LongTensor of shape {(batch, k)}, got {drafts.dtype} {tuple(drafts.shape)}")
+    dev = p.device
+    for name, t in (("q", q), ("drafts", drafts), ("n_drafts", n_drafts), ("u_accept", u_accept), ("u_final", u_final)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
+    _check_ragged("n_drafts", n_drafts, batch, k, check)
+    budget = _check_budget(budget, n_drafts, batch, check)
+    if not greedy:
+        if u_accept.shape != (batch, k) or u_final.shape != (batch,):
+            raise ValueError(f"u_accept must be [B, K] = {(batch, k)} and u_final [B], got "
+                             f"{tuple(u_accept.shape)} and {tuple(u_final.shape)}")
+        if check:
+            _check_uniforms(u_accept, "u_accept")
+            _check_uniforms(u_final, "u_final")
+    if check:
+        valid = torch.arange(k, device=dev).unsqueeze(0) < n_drafts.unsqueeze(1)
+        _fail_if(valid & ((drafts < 0) | (drafts >= v)), f"drafts must be ids in [0, {v})")
+        _check_law_rows(p, torch.arange(k + 1, device=dev).unsqueeze(0) <= n_drafts.unsqueeze(1), "p")
+        if not greedy:
+            _check_law_rows(q, valid, "q")
+    drafts_l: list[list[int]] = drafts.tolist()
+    rows, n_acc, _ = _rejection_host(p, q, drafts_l, n_drafts.tolist(), None if greedy else u_accept.tolist(),
+                                  None if greedy else u_final.tolist(), eos_id=eos_id,
+                                  budget=None if budget is None else budget.tolist())
+    return _assemble(rows, n_acc, k1, dev)
+
+
+def _ratio_test(u: list[float], px: list[float], qx: list[float], cdt: torch.dtype) -> list[bool]:
+    """``u < min(1, px / qx)`` elementwise, in ``cdt`` (float32 or float64) arithmetic: a ratio of
+    at least 1 accepts whatever the uniform (``u < 1`` always holds, before any rounding), else
+    ``u.to(cdt) < px / qx``. ``q = 0`` gives ``+inf`` (accept) for ``p > 0`` and NaN (reject) for
+    ``p = 0``, and a NaN ratio rejects. In float32 the quotient of two float32 values is taken in
+    double and rounded once to float32 (one NumPy cast for the list), which is the correctly rounded
+    float32 quotient (double has more than 2 x 24 + 2 bits); quotients above 2 are taken as 2 first
+    (the comparison with 1 makes them equal, and the cast cannot overflow). The ratio is compared
+    with 1 first because a float64 uniform above ``1 - 2**-25`` rounds to 1.0 in float32, and
+    ``1.0 < 1.0`` would reject a draft the target accepts with probability 1 (about 3 uniforms in
+    1e8)."""
+    ratios: list[float] = []
+    for a, b in zip(px, qx):
+        if b == 0.0:
+            r = _INF if a > 0 else _NAN
+        else:
+            r = a / b
+        ratios.append(2.0 if r > 2.0 else r)  # NaN stays NaN
+    if cdt != torch.float64:
+        ratios = np.array(ratios, dtype=np.float32).tolist()
+        u = np.array(u, dtype=np.float32).tolist()
+    return [r >= 1.0 or uu < r for uu, r in zip(u, ratios)]  # a NaN ratio fails both comparisons
+
+
+def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int]], n_drafts: list[int],
+                    u_accept: list[list[float]] | None, u_final: list[float] | None, *, eos_id: int | None,
+                    budget: list[int] | None, q_scale: list[list[float]] | None = None
+                    ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
+    """:func:`rejection_verify`'s decisions, unchecked, from host lists (``drafts[b]`` holds ``K``
+    ids, any id past ``n_drafts[b]``; ``u_accept`` None: greedy): ``(emitted ids per row,
+    n_accepted per row, bad)``. What ``generate`` calls: its drafts, counts and uniforms are on the
+    host already, so only the laws are read, position by position (``p`` a tensor or a
+    :class:`LazyLaw`: a position's laws are read only for the rows still testing there, until each
+    row's first rejection, kept EOS or budget), at the tested drafts (one gather each for ``p`` and
+    ``q`` a position) and at the one row each final token is drawn from. ``q`` may be None where no
+    row has a draft or when greedy (greedy never reads it). ``q_scale[b][j]`` (optional): ``q[b, j]`` is the
+    law times that positive factor (a TLI drafter's unnormalized restriction, pushed); the law's
+    entries are then ``q[b, j, x] / q_scale[b][j]``, each division rounded in the compute dtype
+    (the same value on the host, for the ratio test, and on the device, for a residual).
+
+    ``bad``: ``(row, position)`` of the first final token drawn from a ``p`` row that is not a law
+    (its total mass, or greedy its maximum, read back with the draw, is not finite and positive),
+    else None. A NaN or infinite logit makes the whole softmax row NaN, so its draft (if any) fails
+    the ratio test (a NaN ratio rejects) and the final token is drawn from that row: every such
+    row that a row's output depends on shows here, at no extra reduction."""
+    law = p if isinstance(p, LazyLaw) else LazyLaw(p)
+    batch, k1 = law.batch, law.positions
+    k = k1 - 1
+    cdt = torch.float64 if law.dtype == torch.float64 or (q is not None and q.dtype == torch.float64) else torch.float32
+    dev = law.device
+    ok = [[False] * k for _ in range(batch)]
+    running = [b for b in range(batch) if n_drafts[b] > 0]
+    for j in range(k):  # position by position: the rows whose drafts so far all passed
+        rows = [b for b in running if j < n_drafts[b]]
+        if not rows:
+            break
+        at = law.rows([(b, j) for b in rows])
+        if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
+            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(at)[0], rows)]
+        else:
+            assert q is not None, "drafts to test need their laws"
+            xs = [drafts[b][j] for b in rows]
+            px: list[float] = at.gather(1, _host_tensor([[x] for x in xs], torch.int64, dev)).squeeze(1).tolist()
+            qx: list[float] = torch.take(q, _host_tensor([(b * k + j) * q.shape[-1] + x for b, x in zip(rows, xs)],
+                                                         torch.int64, dev)).tolist()
+            if q_scale is not None:  # each quotient rounded once in the compute dtype, as the device divides
+                qx = [a / q_scale[b][j] for a, b in zip(qx, rows)]
+                if cdt != torch.float64:
+                    qx = np.array(qx, dtype=np.float32).tolist()
+            passed = _ratio_test([u_accept[b][j] for b in rows], px, qx, cdt)
+        running = []
+        for b, good in zip(rows, passed):
+            ok[b][j] = good
+            if good and drafts[b][j] != eos_id and (budget is None or j + 1 < budget[b]):
+                running.append(b)
+    n_acc, stopped = _stop_rule(ok, drafts, eos_id, budget)
+    has_final = [not s for s in stopped]
+    final, totals = _final_tokens(law, q, n_acc, n_drafts, has_final, u_final, cdt, q_scale)
+    bad = next(((b, n_acc[b]) for b in range(batch) if has_final[b] and not 0 < totals[b] < _INF), None)
+    return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
+
+
+def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
+                  u_final: list[float] | None, cdt: torch.dtype, q_scale: list[list[float]] | None = None
+                  ) -> tuple[list[int], list[float]]:
+    """The correction or bonus token of every row (any value where ``has_final`` is False): drawn
+    with ``u_final`` (greedy, None: the argmax) from ``p[b, n_acc[b]]``, or after a rejection
+    (``n_acc < n_drafts``, sampling) from ``norm(max(p - q, 0))`` at that position, ``p`` itself
+    when that residual's mass (summed left to right, as the reference sums) is not positive; and
+    the total mass (greedy: the maximum) of the law each was drawn from. ``q_scale``: as in
+    :func:`_rejection_host`."""
+    batch = p.batch
+    dev = p.device
+    if not any(has_final):
+        return [0] * batch, [1.0] * batch
+    if batch == 1:  # the usual case: the one row, no index tensors
+        n = n_acc[0]
+        p_sel = p.rows([(0, n)])
+        if u_final is None:
+            return _argmax_host(p_sel)
+        law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
+        if n < n_drafts[0]:
+            assert q is not None
+            q_sel = q[:, n]
+            q_sel = q_sel if q_sel.dtype == cdt else q_sel.to(cdt)
+            if q_scale is not None:
+                q_sel = q_sel / q_scale[0][n]
+            diff = torch.sub(law, q_sel).clamp_(min=0)  # max(p - q, 0)
+            mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
+            drawn = _draw_host(diff.div_(mass), u_final)
+            if 0 < drawn[1][0] < _INF:
+                return drawn
+            # the residual's mass rounded to 0 (0 / 0: no total): the correction is drawn from p
+        return _draw_host(law, u_final)
+    at = [(b, n_acc[b]) for b in range(batch)]
+    p_sel = p.rows(at).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
+    if u_final is None:
+        return _argmax_host(p_sel)
+    law = p_sel
+    rej = [b for b in range(batch) if has_final[b] and n_acc[b] < n_drafts[b]]
+    if rej:  # in place on fresh buffers: large allocations dominate on the CPU
+        assert q is not None
+        scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
+        if q_scale is not None:
+            scratch.div_(torch.tensor([[q_scale[b][n_acc[b]]] for b in rej], dtype=cdt, device=dev))
+        every = len(rej) == batch  # p_sel is then changed in place
+        if every:
+            diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)
+        else:
+            diff = p_sel.index_select(0, torch.tensor(rej, dtype=torch.int64, device=dev)).sub_(scratch).clamp_(min=0)
+        mass = torch.cumsum(diff, dim=-1, out=scratch)[:, -1:]  # left to right, as the reference sums
+        has_mass = (mass > 0).squeeze(-1).tolist()
+        if every and all(has_mass):
+            law = diff.div_(mass)
+        else:  # rows whose residual has no mass keep p itself
+            law = p.rows(at).to(cdt) if every else p_sel
+            if any(has_mass):
+                keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
+                law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
+    return _draw_host(law, u_final)
+
+
+def _argmax_host(probs: Tensor) -> tuple[list[int], list[float]]:
+    """The argmax of every row of ``probs [R, N]`` (ties to the first column) and its value, read back."""
+    top, arg = torch.max(probs, dim=-1)
+    ids: list[int] = arg.tolist()
+    vals: list[float] = top.tolist()
+    return ids, vals
+
+
+def exact_match_verify(
+    p: Tensor,
+    candidates: Tensor,
+    n_candidates: Tensor,
+    u: Tensor,
+    *,
+    greedy: bool = False,
+    eos_id: int | None = None,
+    budget: Tensor | None = None,
+    check: bool = True,
+) -> Verified:
+    """SLEM's verification: the target draws its own token at every candidate position and keeps
+    the prefix that matches the candidates, plus its own next token.
+
+    ``p [B, K+1, V]`` the target's laws after each candidate prefix; ``candidates [B, K]`` target
+    ids; ``n_candidates [B]`` in [0, K]; ``u [B, K+1]`` uniforms in [0, 1) (ignored when greedy).
+    At position ``j`` the target's token is ``y_j = sample(p_j, u_j)`` (greedy: argmax). Tokens are
+    emitted while ``y_j`` equals candidate ``j``; the first ``y_j`` that differs, or ``y_n`` after
+    all ``n`` candidates matched, is emitted last. ``eos_id`` and ``budget [B]`` stop a row after a
+    matched EOS or that many matches, with no further token, as the reference does.
+
+    Returns :class:`Verified` (``n_accepted`` = matched candidates), with the decisions of the
+    verification loop of :meth:`hsd_core.methods.slem.SLEM.step` fed ``u[b, :n_emitted[b]]``.
+    """
+    if p.dim() != 3:
+        raise ValueError(f"p must be [B, K+1, V], got {tuple(p.shape)}")
+    batch, k1, v = p.shape
+    k = k1 - 1
+    if k < 0 or candidates.shape != (batch, k) or candidates.dtype != torch.int64:
+        raise ValueError(f"candidates must be a LongTensor of shape {(batch, k)}, got "
+                         f"{candidates.dtype} {tuple(candidates.shape)}")
+    dev = p.device
+    for name, t in (("candidates", candidates), ("n_candidates", n_candidates), ("u", u)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but p is on {dev}: put every input on one device")
+    _check_ragged("n_candidates", n_candidates, batch, k, check)
+    budget = _check_budget(budget, n_candidates, batch, check)
+    if not greedy:
+        if u.shape != (batch, k1):
+            raise ValueError(f"u must be [B, K+1] = {(batch, k1)}, got {tuple(u.shape)}")
+        if check:
+            _check_uniforms(u, "u")
+    cdt = compute_dtype(p)
+    if check:
+        used = torch.arange(k1, device=dev).unsqueeze(0) <= n_candidates.unsqueeze(1)  # positions a row may read
+        _check_law_rows(p, used, "p")
+    cand_l: list[list[int]] = candidates.tolist()
+    rows, n_acc, _ = _exact_match_host(p, cand_l, n_candidates.tolist(), None if greedy else u.tolist(), eos_id=eos_id,
+                                    budget=None if budget is None else budget.tolist())
+    return _assemble(rows, n_acc, k1, dev)
+
+
+def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candidates: list[int],
+                      u: list[list[float]] | None, *, eos_id: int | None, budget: list[int] | None
+                      ) -> tuple[list[list[int]], list[int], tuple[int, int] | None]:
+    """:func:`exact_match_verify`'s decisions, unchecked, from host lists (``candidates[b]`` holds
+    ``K`` ids; ``u[b]`` ``K + 1`` uniforms, None: greedy): ``(emitted ids per row, n_accepted per
+    row, bad)``. The target draws position by position (``p`` a tensor or a :class:`LazyLaw`),
+    at each position for the rows whose draws so far all matched (one cumulative sum over those
+    rows' laws), until each row's first mismatch, matched EOS or budget: the draws that are emitted,
+    and no other; ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row
+    that is not a law (total mass, or greedy maximum, not finite and positive), else None."""
+    law = p if isinstance(p, LazyLaw) else LazyLaw(p)
+    batch, k1 = law.batch, law.positions
+    k = k1 - 1
+    cdt = torch.float64 if law.dtype == torch.float64 else torch.float32
+    y_l = [[-1] * k1 for _ in range(batch)]
+    totals: dict[tuple[int, int], float] = {}
+    running = list(range(batch))
+    for j in range(k1):
+        if not running:
+            break
+        at = law.rows([(b, j) for b in running])
+        at = at if at.dtype == cdt else at.to(cdt)
+        ys, ts = _argmax_host(at) if u is None else _draw_host(at, [u[b][j] for b in running])
+        nxt = []
+        for b, y, t in zip(running, ys, ts):
+            y_l[b][j], totals[b, j] = y, t
+            if j < n_candidates[b] and y == candidates[b][j] and y != eos_id and (budget is None or j + 1 < budget[b]):
+                nxt.append(b)
+        running = nxt
+    ok = [[j < n_candidates[b] and y_l[b][j] == candidates[b][j] for j in range(k)] for b in range(batch)]
+    n_acc, stopped = _stop_rule(ok, y_l, eos_id, budget)
+    rows = [y_l[b][:n_acc[b]] + ([y_l[b][n_acc[b]]] if not stopped[b] else []) for b in range(batch)]
+    bad = next(((b, j) for b in range(batch) for j in range(len(rows[b])) if not 0 < totals[b, j] < _INF), None)
+    return rows, n_acc, bad
