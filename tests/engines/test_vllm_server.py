@@ -7,7 +7,7 @@ server is stopped by its process group's id, and the test checks that no process
 left. Markers ``slow`` and ``engines``; skipped without vLLM's venv (tests/engines/conftest.py).
 
 SmolLM2-135M-Instruct, the prompt ``the cat sat on the mat. the cat sat on the`` (repetitive, so
-that ngram drafts often), N = 60 draws of L = 24 tokens per file, alpha 1e-3, the reference
+that ngram drafts often), N = 60 draws of L = 32 tokens per file, alpha 1e-3, the reference
 transformers' float32 law (vLLM's float32 law differs from it by a total variation below 1e-5 per
 position: test_vllm_engine.py):
 
@@ -42,7 +42,7 @@ from hsd_torch.engines.vllm_server import VllmServer, VllmServerError, group_ali
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
 SMOL = "smollm2-135m-instruct"  # the conftest's vllm_python and smol fixtures
 PROMPT = "the cat sat on the mat. the cat sat on the"
-N, L = 60, 24
+N, L = 60, 32
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 
