@@ -59,7 +59,7 @@ from hsd_torch.engine import kernels
 from hsd_torch.models import tiny
 from hsd_torch.models.tiny import sharpen
 from hsd_torch.auditing.first_tokens import audit_generate, audit_sequences
-from hsd_torch.auditing.variants import VARIANTS, Variant, generate_with
+from hsd_torch.auditing.variants import VARIANTS, Variant, generate_with, patch_seam
 
 PROMPTS = ["def foo(x):\n", "The quick brown"]
 L = 32
@@ -76,29 +76,26 @@ def first_round_laws(variant: Variant | None, target: Any, drafter: Any, prompt:
     recorded with them rewritten: ``q`` is recorded from the correct code only."""
     rec: dict[str, Any] = {}
     firsts: list[int] = []
-    orig = kernels._rejection_host
+    def make(orig: Any) -> Any:
+        def recorder(p: Any, q: Any, drafts: Any, n_drafts: Any, u_accept: Any, u_final: Any, **kw2: Any) -> Any:
+            out = orig(p, q, drafts, n_drafts, u_accept, u_final, **kw2)
+            if "first" not in rec:
+                rec["first"] = True
+                rec.setdefault("p", p[0, 0].double().clone())
+                if q is not None and q.shape[1] and n_drafts[0]:
+                    qs = kw2.get("q_scale")
+                    rec.setdefault("q", q[0, 0].double() / (qs[0][0] if qs is not None else 1.0))
+                firsts.extend(r[0] for r in out[0])
+            return out
+        return recorder
 
-    def recorder(p: Any, q: Any, drafts: Any, n_drafts: Any, u_accept: Any, u_final: Any, **kw2: Any) -> Any:
-        out = orig(p, q, drafts, n_drafts, u_accept, u_final, **kw2)
-        if "first" not in rec:
-            rec["first"] = True
-            rec.setdefault("p", p[0, 0].double().clone())
-            if q is not None and q.shape[1] and n_drafts[0]:
-                qs = kw2.get("q_scale")
-                rec.setdefault("q", q[0, 0].double() / (qs[0][0] if qs is not None else 1.0))
-            firsts.extend(r[0] for r in out[0])
-        return out
-
-    kernels._rejection_host = recorder
-    try:
+    with patch_seam(kernels, "_rejection_host", make):  # a declared seam (kernels.ZOO_SEAMS)
         for s in seeds:
             rec.pop("first", None)
             if variant is None:
                 generate(target, drafter, [prompt] * rows, max_new_tokens=1, seed=s, **kw)
             else:
                 generate_with(variant, target, drafter, [prompt] * rows, max_new_tokens=1, seed=s, **kw)
-    finally:
-        kernels._rejection_host = orig
     return rec["p"], rec.get("q", torch.zeros_like(rec["p"])), firsts
 
 

@@ -1,4 +1,4 @@
-"""Bounded SLRS over real vocabularies (issue 11), the public names in one place: the procedure's
+"""Bounded SLRS over real vocabularies (docs/slrs.md), the public names in one place: the procedure's
 round (:class:`BoundedSLRS`, psi level by level, :mod:`hsd_torch.methods.slrs.psi`), its byte trie
 and walks (:mod:`hsd_torch.methods.slrs.trie`), the tree's drafter passes
 (:mod:`hsd_torch.methods.slrs.tree`), the first round of a batch of prompts for tests and

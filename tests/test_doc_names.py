@@ -79,9 +79,7 @@ def test_the_resolver_tells_stale_from_live() -> None:
 
 @pytest.mark.parametrize("area", [
     "docs", "hsd_core", "bench", "tests",
-    pytest.param("hsd_torch", marks=pytest.mark.xfail(strict=True, reason=(
-        "hsd_torch/methods/slrs/__init__.py cites hsd_torch.generate.FirstTargetMap (now "
-        "hsd_torch.methods.slrs.FirstTargetMap); fix it there, then drop this mark"))),
+    "hsd_torch",
 ])
 def test_cited_names_resolve(area: str) -> None:
     bad = stale_names(AREAS[area])

@@ -1,5 +1,5 @@
 """A zoo of real-world speculative-decoding bugs, as deliberately lossy variants of
-:func:`hsd_torch.generate` (issue 20, section 2).
+:func:`hsd_torch.generate` (docs/auditing.md, "A zoo of real-world bugs").
 
 Each variant is a one-line departure from the correct code, modelled on a bug class seen in public
 SD implementations, applied for the duration of a ``with variant.patch():`` block (it replaces one
@@ -12,14 +12,21 @@ verdict of :func:`hsd_torch.auditing.first_tokens.audit_generate` (first two tok
 :func:`hsd_torch.auditing.sequences.audit_sequences` (200 sequences x 32 tokens), from ``bench/zoo.py``;
 ``tests/torch/auditing/test_variants_zoo.py`` asserts the sequence audit's verdicts.
 
+What a variant may replace is declared where it is defined: each module that offers a seam lists
+it in a module-level ``ZOO_SEAMS`` tuple (:mod:`hsd_torch.engine.kernels`, :mod:`hsd_torch.engine.verification`,
+:mod:`hsd_torch.engine.runner`, :mod:`hsd_torch.methods.tli`), and every patch goes through
+:func:`patch_seam`, which refuses any other name (:class:`NotASeam`).
+
 Not thread-safe: a patch changes module attributes for every caller while it is active.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -28,12 +35,32 @@ from ..engine import kernels, verification
 from ..engine.runner import Runner
 from ..methods.tli import TLI
 
-__all__ = ["VARIANTS", "Variant", "generate_with"]
+__all__ = ["VARIANTS", "NotASeam", "Variant", "generate_with", "patch_seam", "seam_name"]
+
+
+class NotASeam(LookupError):
+    """A patch of a name that its module does not declare in its ``ZOO_SEAMS``."""
+
+
+def seam_name(owner: Any, name: str) -> tuple[ModuleType, str]:
+    """The module that defines ``owner`` (a module, or a class of one) and the seam's name there:
+    ``name`` for a module, ``"Class.name"`` for a class."""
+    if isinstance(owner, ModuleType):
+        return owner, name
+    return sys.modules[owner.__module__], f"{owner.__qualname__}.{name}"
 
 
 @contextmanager
-def _replace(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """Replace ``owner.name`` by ``make(original)`` inside the block."""
+def patch_seam(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """Replace ``owner.name`` by ``make(original)`` inside the block (restored after it, also on
+    an error). ``owner`` is a module or a class; the name must be one its module declares as a seam
+    (its ``ZOO_SEAMS`` tuple: ``name``, or ``"Class.name"`` for a class's attribute), else
+    :class:`NotASeam` before anything is changed. Every patch of the zoo goes through here."""
+    module, seam = seam_name(owner, name)
+    declared: tuple[str, ...] = getattr(module, "ZOO_SEAMS", ())
+    if seam not in declared:
+        raise NotASeam(f"{module.__name__}.{seam} is not a seam of the bug zoo (the module declares "
+                       f"{declared or 'none'} in its ZOO_SEAMS): declare it there, where it is defined")
     orig = getattr(owner, name)
     setattr(owner, name, make(orig))
     try:
@@ -65,7 +92,7 @@ def _q_permuted() -> Any:
         def host(p: Any, q: Any, drafts: Any, n_drafts: Any, u_accept: Any, u_final: Any, **kw: Any) -> Any:
             return orig(p, None if q is None else q.roll(1, dims=-1), drafts, n_drafts, u_accept, u_final, **kw)
         return host
-    return _replace(kernels, "_rejection_host", make)
+    return patch_seam(kernels, "_rejection_host", make)
 
 
 def _prompt_token_twice() -> Any:
@@ -82,7 +109,7 @@ def _prompt_token_twice() -> Any:
             n = prompt_len[id(self), i]
             return list(orig(self, i, [*context[:n], context[n - 1], *context[n:]]))
         return sync
-    return _replace(Runner, "sync", make)
+    return patch_seam(Runner, "sync", make)
 
 
 def _first_draft_accepted() -> Any:
@@ -93,7 +120,7 @@ def _first_draft_accepted() -> Any:
                 u_accept = [[0.0] + r[1:] if r else r for r in u_accept]
             return orig(p, q, drafts, n_drafts, u_accept, u_final, **kw)
         return host
-    return _replace(kernels, "_rejection_host", make)
+    return patch_seam(kernels, "_rejection_host", make)
 
 
 def _residual_minus_qx() -> Any:
@@ -105,7 +132,7 @@ def _residual_minus_qx() -> Any:
                 q = torch.zeros_like(q).scatter_(-1, idx, q.gather(-1, idx))
             return orig(p, q, drafts, n_drafts, u_accept, u_final, **kw)
         return host
-    return _replace(kernels, "_rejection_host", make)
+    return patch_seam(kernels, "_rejection_host", make)
 
 
 def _unprocessed_verification() -> Any:
@@ -114,7 +141,7 @@ def _unprocessed_verification() -> Any:
         def space_law(logits: Any, space: Any, drop: Any, temperature: float, top_k: Any, top_p: Any) -> Any:
             return orig(logits, space, drop, temperature, None, None)
         return space_law
-    return _replace(verification, "space_law", make)
+    return patch_seam(verification, "space_law", make)
 
 
 def _cache_cropped_short() -> Any:
@@ -124,7 +151,7 @@ def _cache_cropped_short() -> Any:
             cols: list[int] = orig(self, i, m)
             return cols[1:] if self.name == "target" else cols
         return forget
-    return _replace(Runner, "_forget", make)
+    return patch_seam(Runner, "_forget", make)
 
 
 def _positions_not_reset() -> Any:
@@ -133,16 +160,16 @@ def _positions_not_reset() -> Any:
         def first(self: Runner, i: int) -> int:
             return self.high[i] if self.name == "target" else int(orig(self, i))
         return first
-    return _replace(Runner, "_first_position", make)
+    return patch_seam(Runner, "_first_position", make)
 
 
 def _resync_drops_token() -> Any:
     # TLI's drafter re-sync drops each round's last emitted token (lossless: the drafter's context is free)
     def make(orig: Any) -> Any:
-        def resync(self: TLI, gen: Any, i: int, out: list[int]) -> None:
-            orig(self, gen, i, out[:-1])
+        def resync(self: TLI, gen: Any, i: int, out: list[int]) -> Any:
+            return orig(self, gen, i, out[:-1])
         return resync
-    return _replace(TLI, "resync", make)
+    return patch_seam(TLI, "resync", make)
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in [

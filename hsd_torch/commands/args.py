@@ -1,4 +1,4 @@
-"""Argument checks shared by ``hsd generate`` and ``hsd audit --impl`` (issue 22): every bad value
+"""Argument checks shared by ``hsd generate`` and ``hsd audit --impl``: every bad value
 is refused with one line that names the argument and the fix, exit status 2, before any model is
 loaded.
 
@@ -31,8 +31,7 @@ from typing import Any
 
 from ..engine.laws import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 
-METHODS = ("ar", "sd", "tli", "slem", "slrs")
-"""``hsd_torch.generate``'s methods (``--method``)."""
+from ..engine.validation import METHODS as METHODS
 
 ArgType = Callable[[str], int]
 

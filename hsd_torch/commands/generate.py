@@ -1,4 +1,4 @@
-"""``hsd generate``: speculative generation over local Hugging Face checkpoints (issue 9, section 4).
+"""``hsd generate``: speculative generation over local Hugging Face checkpoints (docs/generate.md).
 
     hsd generate --target DIR --drafter DIR --method tli --prompt "def foo(x):" \\
         [--prompt ...] [--prompts-file FILE] [--max-new-tokens N] [--greedy] [--seed S] [--stats]

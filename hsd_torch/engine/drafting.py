@@ -12,9 +12,6 @@ that must propose raise ``ValueError``, the others stop drafting that row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
@@ -23,34 +20,12 @@ from hsd_core.methods.resync import Resync, drafter_context_ids
 from . import kernels
 from ._precision import nan_hint
 from .laws import TextSpace, restricted_law, space_law
-from .rounds import Drafts
-
-if TYPE_CHECKING:
-    from .rounds import Generation
+from .round_state import DraftColumns, Drafts, EngineState
 
 __all__ = ["DraftColumns", "draft_tokens", "drafter_context_from_text", "drafting_uniforms", "feed_drafter"]
 
 
-@dataclass
-class DraftColumns:
-    """Where drafts come from: the drafter's laws live on ``space``'s columns and drafts are drawn
-    from the first ``n_draw`` of them (TLI: the intersection's, a slice, not renormalized);
-    ``to_target[c]`` is the target column drawing column ``c`` proposes (None: the method maps
-    the drafted text itself, SLEM); ``stop_on_empty``: a law with no mass on those columns ends the
-    row's drafting (TLI, SLEM) instead of raising ``ValueError`` (SD, SLRS). ``head`` (int64, the
-    ids ``space.ids[:n_draw]`` on the drafter's device; only when the drafter's processing has no
-    top-k or top-p, whose kept sets read every logit): the drafter's head computes those ids'
-    logits alone and the law drawn from is :func:`hsd_torch.engine.laws.restricted_law` of them, the
-    processed law restricted to the drafting columns and renormalized (TLI's q_cap)."""
-
-    space: TextSpace
-    n_draw: int
-    to_target: list[int] | None
-    stop_on_empty: bool
-    head: Tensor | None = None
-
-
-def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: Resync) -> None:
+def drafter_context_from_text(gen: EngineState, active: Sequence[bool], resync: Resync) -> None:
     """Each active row's drafter context becomes its ids of (prompt + emitted text) under ``resync``
     (``hsd_core.methods.resync.drafter_context_ids``, the rule ``hsd_core``'s SLEM and SLRS use, over
     bytes), after its special prefix (and its own chat template's ids of a conversation,
@@ -77,14 +52,14 @@ def drafter_context_from_text(gen: Generation, active: Sequence[bool], resync: R
                                                                             dt.decode, resync, gen.d_memos[i])
 
 
-def drafting_uniforms(gen: Generation, k: Sequence[int]) -> list[list[float]]:
+def drafting_uniforms(gen: EngineState, k: Sequence[int]) -> list[list[float]]:
     """``k[i]`` fresh uniforms of row ``i``'s stream (empty lists when greedy)."""
     if gen.greedy:
         return [[] for _ in range(gen.batch)]
     return [gen.rngs[i].random(k[i]).tolist() if k[i] else [] for i in range(gen.batch)]
 
 
-def feed_drafter(gen: Generation, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
+def feed_drafter(gen: EngineState, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
     """Re-sync each row's drafter cache to ``contexts[i]`` (None: the row is not fed) and run the
     drafter once: its logits ``[B, Vd]`` after each fed context (zeros for rows not fed); with
     ``head`` (int64 ids), those ids' logits alone, ``[B, len(head)]``."""
@@ -94,7 +69,7 @@ def feed_drafter(gen: Generation, contexts: Sequence[Sequence[int] | None], head
     return drun.feed(blocks, [len(b) - 1 for b in blocks], None, head)
 
 
-def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
+def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
                  ) -> tuple[Drafts, list[list[int]]]:
     """Up to ``k[i]`` drafts for each active row from the drafter's processed law at
     ``gen.d_ctx[i]`` followed by the drafts so far (argmax when greedy, ties to the first column),
@@ -116,9 +91,9 @@ def draft_tokens(gen: Generation, active: Sequence[bool], k: Sequence[int], cols
         if not rows:
             break
         if head is not None:  # the drafting columns' logits alone
-            law = restricted_law(last, gen.d_process["temperature"])
+            law = restricted_law(last, gen.d_process.temperature)
         else:
-            law = space_law(last, space, gen.d_drop, **gen.d_process)
+            law = space_law(last, space, gen.d_drop, *gen.d_process.args())
             if n_draw < space.n:
                 law = law[:, :n_draw]
         if not greedy and u_round is None:  # one host-to-device copy a round

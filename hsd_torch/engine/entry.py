@@ -15,7 +15,7 @@ each under :mod:`hsd_torch.methods`, each opening with its ``hsd_core`` twin's g
 - ``"slrs"`` (:mod:`~hsd_torch.methods.slrs`): at ``lookahead=1`` (default ``proposal_map``) the
   paper's one-token SLRS, verified against psi(t), the drafter's mass on the ids whose text's first
   target id is t; with ``proposal_map="longest_prefix"`` and ``min_path_prob=tau`` (any lookahead)
-  the bounded SLRS of issue 11, psi computed level by level with one batched drafter pass per
+  the bounded SLRS of docs/slrs.md, psi computed level by level with one batched drafter pass per
   level; ``max_tokens=m`` (None: the budget) proposes up to m target ids per round, position ``j``
   verified against psi conditioned on the first ``j``. Deeper lookaheads without them are refused
   (``NotImplementedError``: psi would enumerate every drafter path).
@@ -29,7 +29,10 @@ over its ids with text. The machinery the methods share, each in a file named fo
   ``hsd_core``'s order, EOS last, so no draw needs a permutation and no column is masked);
 - :mod:`hsd_torch.engine.runner`: each model's batched KV cache, masks, crops and the drafter's window;
 - :mod:`hsd_torch.engine.rounds`: the round loop (draft, verify, advance, settle caches), contexts,
-  per-row randomness and statistics;
+  per-row randomness and statistics; :mod:`hsd_torch.engine.round_state`: what a method may read and
+  call (``RoundView``) and what the machinery reads (``EngineState``);
+- :mod:`hsd_torch.engine.validation`: every argument check at the boundary, one exception type per kind
+  of mistake (each a ``ValueError``, ``TypeError`` or ``NotImplementedError`` as before);
 - :mod:`hsd_torch.engine.drafting`: drafting token by token from a drafter law;
 - :mod:`hsd_torch.engine.verification`: the target pass and the kernels' decisions (exact match,
   rejection); :mod:`hsd_torch.engine.kernels` and :mod:`hsd_torch.vocab` as before.
@@ -56,14 +59,14 @@ from hsd_core.methods.resync import Resync
 from ..methods import METHODS, Method, make
 from ..methods.slem import retokenize
 from ..vocab.text import TokenText, check_tokenizer
-from ._args import as_int
 from ._precision import as_dtype, check_model_dtype
 from .genconfig import check_generation_config
-from .laws import check_processing, check_temperature, process_logits
+from .laws import Processing, check_temperature, process_logits
 from .processors import check_logits_processor, check_min_new_tokens, check_stop_strings
 from .prompts import Prompts, _as_rows, check_prompts, from_ids, render
 from .rounds import GenerateOutput, Generation, RowStats
 from .runner import check_model, logit_width, refuse_meta
+from .validation import ConflictingArguments, WrongType, as_int, check_seed
 
 __all__ = ["METHODS", "GenerateOutput", "RowStats", "generate", "process_logits", "retokenize"]
 
@@ -141,12 +144,12 @@ def generate(
     items, ids = _check_rows(prompts, input_ids, attention_mask)
     m, options = _check_options(method, len(items) if ids is None else len(ids), lookahead, max_new_tokens, do_sample,
                                 mask_textless, progress, streamer, temperature, top_k, top_p, drafter_temperature,
-                                lookbehind, min_path_prob, proposal_map, max_tokens, resync)
+                                lookbehind, min_path_prob, proposal_map, max_tokens, resync, seed)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m, dtype)
     options.update(_check_extras(target, generation_config, logits_processor, min_new_tokens, stop_strings))
     rendered = _render(items, ids, attention_mask, m, target, target_tokenizer, drafter_tokenizer)
     run = Generation(m, target, drafter if m.needs_drafter else None, rendered, target_tokenizer, drafter_tokenizer,
-                     seed=seed, record_uniforms=record_uniforms, **options)
+                     record_uniforms=record_uniforms, **options)
     run.run(progress, streamer)
     return run.output(time.perf_counter() - t_start)
 
@@ -154,22 +157,25 @@ def generate(
 def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: Any, do_sample: Any,
                    mask_textless: Any, progress: Any, streamer: Any, temperature: Any, top_k: Any, top_p: Any,
                    drafter_temperature: Any, lookbehind: Any, min_path_prob: Any, proposal_map: Any, max_tokens: Any,
-                   resync: Any) -> tuple[Method, dict[str, Any]]:
-    """The method object (:func:`hsd_torch.methods.make`, its options checked there) and
-    ``Generation``'s keyword options that need no model: ``lookahead`` and ``max_new_tokens``
-    (ints, at least 1), ``greedy``, ``mask_textless``, both models' processing (``process``,
-    ``d_process``: ``drafter_temperature`` replaces the drafter's temperature); the flags are checked
-    by :func:`_check_flags`. In this order, so the first bad argument is the one reported."""
+                   resync: Any, seed: Any) -> tuple[Method, dict[str, Any]]:
+    """The method object (:func:`hsd_torch.methods.make`, which checks its options and gives it its
+    ``lookahead``, an int >= 1) and ``Generation``'s keyword options that need no model:
+    ``max_new_tokens`` (an int >= 1), ``greedy``, ``mask_textless``, both models' processing
+    (``process``, ``d_process``: :class:`hsd_torch.engine.laws.Processing`; ``drafter_temperature`` replaces
+    the drafter's temperature) and ``seed``, checked (:func:`hsd_torch.engine.validation.check_seed`; a
+    ``torch.Generator`` is drawn from only once the work starts); the flags are checked by :func:`_check_flags`. In this
+    order, so the first bad argument is the one reported, and all of it before any model is read."""
     lookahead = as_int("lookahead", lookahead, 1)
     max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
     _check_flags(do_sample, mask_textless, progress, streamer, n_prompts)
-    process = check_processing(temperature, top_k, top_p)
-    d_process = dict(process, temperature=process["temperature"] if drafter_temperature is None
-                     else check_temperature(drafter_temperature, "drafter_temperature"))
+    process = Processing.checked(temperature, top_k, top_p)
+    d_process = process if drafter_temperature is None else process.with_temperature(
+        check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
              proposal_map=proposal_map, max_tokens=max_tokens, resync=resync)
-    return m, {"lookahead": lookahead, "max_new_tokens": max_new_tokens, "greedy": not do_sample,
-               "mask_textless": mask_textless, "process": process, "d_process": d_process}
+    check_seed(seed)
+    return m, {"max_new_tokens": max_new_tokens, "greedy": not do_sample, "mask_textless": mask_textless,
+               "process": process, "d_process": d_process, "seed": seed}
 
 
 def _render(items: list[Any], ids: list[list[int]] | None, attention_mask: Any, method: Method, target: Any,
@@ -201,10 +207,10 @@ def _check_rows(prompts: Any, input_ids: Any, attention_mask: Any) -> tuple[list
     for both prompts and ids, or a mask without ids."""
     if input_ids is None:
         if attention_mask is not None:
-            raise ValueError("attention_mask goes with input_ids; with text prompts leave it out")
+            raise ConflictingArguments("attention_mask goes with input_ids; with text prompts leave it out")
         return list(check_prompts(prompts)), None
     if not (isinstance(prompts, (tuple, list)) and len(prompts) == 0):
-        raise ValueError("give prompts or input_ids, not both")
+        raise ConflictingArguments("give prompts or input_ids, not both")
     return [], _as_rows(input_ids, "input_ids")
 
 
@@ -230,14 +236,14 @@ def _check_flags(do_sample: Any, mask_textless: Any, progress: Any, streamer: An
     (``ValueError``: a streamer takes one sequence, as transformers' do)."""
     for name, value in (("do_sample", do_sample), ("mask_textless", mask_textless)):
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+            raise WrongType(f"{name} must be True or False, got {value!r}")
     if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
+        raise WrongType(f"progress must be None or a callable taking the number of finished rows, got {progress!r}")
     if streamer is not None:
         if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-            raise TypeError(f"streamer must be None or a transformers streamer (put and end), got {type(streamer).__name__}")
+            raise WrongType(f"streamer must be None or a transformers streamer (put and end), got {type(streamer).__name__}")
         if n_prompts != 1:
-            raise ValueError(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
+            raise ConflictingArguments(f"a streamer takes one sequence (as transformers' streamers do), got {n_prompts} prompts: "
                              "call generate once per prompt to stream, or leave the streamer out")
 
 
@@ -253,7 +259,7 @@ def _check_models(target: Any, drafter: Any, target_tokenizer: Any, drafter_toke
     check_tokenizer(target_tokenizer, "target_tokenizer")
     if needs_drafter:
         if drafter is None or drafter_tokenizer is None:
-            raise ValueError(f"method {method.name!r} needs a drafter and a drafter_tokenizer")
+            raise ConflictingArguments(f"method {method.name!r} needs a drafter and a drafter_tokenizer")
         d_dev = check_model(drafter, "drafter")
         check_tokenizer(drafter_tokenizer, "drafter_tokenizer")
         if d_dev != dev:

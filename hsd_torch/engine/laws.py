@@ -12,80 +12,63 @@ the text space's order, so a law over a text space needs no permutation before a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..vocab.text import TokenText
-from ._args import is_int, is_real
 from ._cache import IdentityCache
+from .validation import TEMPERATURE_RANGE as TEMPERATURE_RANGE
+from .validation import check_temperature as check_temperature
+from .validation import check_top_k as check_top_k
+from .validation import check_top_p as check_top_p
 
-__all__ = ["TEMPERATURE_RANGE", "TextSpace", "check_processing", "check_temperature", "check_top_k",
+__all__ = ["TEMPERATURE_RANGE", "Processing", "TextSpace", "check_processing", "check_temperature", "check_top_k",
            "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
 
-TEMPERATURE_RANGE = (1e-3, 1e3)
-"""The temperatures ``generate`` (``temperature``, ``drafter_temperature``) and ``audit_generate``
-accept (:func:`check_temperature`). The processed law is ``softmax(logits / T)`` in float32 (float64
-for float64 logits), and the range keeps it computable and meaningful:
+@dataclass(frozen=True)
+class Processing:
+    """How a model's logits become its law (:func:`process_logits`): ``temperature`` (a float in
+    :data:`TEMPERATURE_RANGE`), ``top_k`` (None: off, else >= 1), ``top_p`` (None or in ``(0, 1]``).
+    Built checked by :meth:`checked`; immutable, so one object is shared by every round."""
 
-- ``T`` must be finite: ``T = inf`` turns the removed ids' ``-inf`` logits into NaN (with top-p the
-  whole row is NaN: a mid-generation "NaN or infinite logits?") and every other logit into 0, the
-  uniform law whatever the model says;
-- ``T`` must not underflow: ``1e-45`` is a float32 subnormal and ``1e-46`` rounds to 0, so
-  ``logits / T`` overflows to ``inf`` and the softmax is NaN. From ``1e-3`` up, ``logits / T`` is
-  finite in float32 for every ``|logit| < 3.4e35`` (any model's), and below it nothing is left to
-  gain: at ``T = 1e-3`` a logit gap of 0.1 is already a factor ``e^-100 = 4e-44``, under float32's
-  smallest normal, so the law is the greedy one to float32 resolution (use ``do_sample=False``);
-- at ``T = 1e3`` a logit gap of 10 (a typical spread) is a factor ``e^0.01``: the law is the uniform
-  one over the ids with text to within 1 %; a larger value adds nothing but the risk of a mistake."""
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
 
+    @classmethod
+    def checked(cls, temperature: Any, top_k: Any, top_p: Any) -> Processing:
+        """The settings checked (:func:`check_temperature`, :func:`check_top_k`, :func:`check_top_p`,
+        in that order: the first bad one is reported)."""
+        return cls(check_temperature(temperature), check_top_k(top_k), check_top_p(top_p))
 
-def check_temperature(value: Any, name: str = "temperature") -> float:
-    """``value`` as a float in :data:`TEMPERATURE_RANGE` (why that range: its docstring), for
-    ``generate``, ``audit_generate`` and the command line alike: ``TypeError`` for anything but a
-    real number (Python or numpy; not a bool), ``ValueError`` outside the range (NaN and infinities
-    included), both naming ``name`` and the range."""
-    lo, hi = TEMPERATURE_RANGE
-    msg = f"{name} must be a number in [{lo:g}, {hi:g}] (finite, and logits / {name} finite in float32), got {value!r}"
-    if not is_real(value):
-        raise TypeError(msg)
-    t = float(value)
-    if not (math.isfinite(t) and lo <= t <= hi):
-        raise ValueError(msg + (": for greedy decoding use do_sample=False" if 0 <= t < lo else ""))
-    return t
+    def with_temperature(self, temperature: float) -> Processing:
+        """The same settings with another (already checked) temperature."""
+        return replace(self, temperature=temperature)
 
+    def args(self) -> tuple[float, int | None, float | None]:
+        """``(temperature, top_k, top_p)``: the positional arguments :func:`space_law` and
+        :func:`process_with_drop` take after their mask."""
+        return self.temperature, self.top_k, self.top_p
 
-def check_top_k(value: Any) -> int | None:
-    """``value`` as None or an int >= 1 (numpy integers too, not a bool); 0 is None (off, as
-    transformers spells it); ``ValueError`` otherwise."""
-    if value is None:
-        return None
-    if not is_int(value) or value < 0:
-        raise ValueError(f"top_k must be None, 0 (off) or an int >= 1, got {value!r}")
-    return int(value) or None
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as the keyword arguments of :func:`process_logits`."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
-
-def check_top_p(value: Any) -> float | None:
-    """``value`` as None or a float in ``(0, 1]``; ``ValueError`` otherwise (NaN included),
-    ``TypeError`` for a value that is not a real number (Python or numpy; not a bool)."""
-    if value is None:
-        return None
-    msg = f"top_p must be None or a number in (0, 1], got {value!r}"
-    if not is_real(value):
-        raise TypeError(msg)
-    p = float(value)
-    if not 0 < p <= 1:
-        raise ValueError(msg)
-    return p
+    @property
+    def reads_every_logit(self) -> bool:
+        """Whether the kept set depends on every logit (a top-k, or a top-p below 1): a law over a
+        subset of the ids cannot then be computed from that subset's logits alone."""
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
 
 
 def check_processing(temperature: Any, top_k: Any, top_p: Any) -> dict[str, Any]:
-    """The processing arguments of :func:`process_logits`, checked (:func:`check_temperature`,
-    :func:`check_top_k`, :func:`check_top_p`) and as the keyword arguments it takes."""
-    return {"temperature": check_temperature(temperature), "top_k": check_top_k(top_k), "top_p": check_top_p(top_p)}
+    """The processing arguments of :func:`process_logits`, checked (:meth:`Processing.checked`) and
+    as the keyword arguments it takes."""
+    return Processing.checked(temperature, top_k, top_p).as_dict()
 
 
 def process_logits(logits: Tensor, text_mask: Tensor, temperature: float = 1.0, top_k: int | None = None,

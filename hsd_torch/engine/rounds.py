@@ -10,7 +10,9 @@ four phases that call the method object (:class:`hsd_torch.methods.base.Method`)
    still valid; finished rows leave both caches.
 
 The loop never looks at which method runs: what differs between methods is in their files
-(:mod:`hsd_torch.methods`).
+(:mod:`hsd_torch.methods`). A method sees this object as a :class:`hsd_torch.engine.round_state.RoundView`
+(read-only facts and the machinery's services) and writes none of its state: its re-sync returns the
+ids the drafter's context grows by, which :meth:`Generation.advance` appends.
 
 Contexts. A model's context is its tokenizer's special prefix (a BOS) and its encoding of the
 prompt; for a prompt that encodes to no ids with a tokenizer that adds no prefix, the tokenizer's
@@ -37,17 +39,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hsd_core.methods.resync import ResyncMemo
+from hsd_core.methods.resync import Resync, ResyncMemo
 
 from ..vocab import VocabBridge
 from ..vocab.text import TokenText
+from . import drafting, verification
 from ._cache import IdentityCache
 from ._precision import REDUCED, NearTies, model_dtype
 from .genconfig import end_ids_of
-from .laws import TextSpace
+from .laws import Processing, TextSpace
 from .processors import Processor, StopStrings
 from .prompts import Prompts, target_context
+from .round_state import DraftColumns, Drafts, EngineState, Verdicts
 from .runner import Runner, logit_width, max_positions, model_device
+from .validation import check_seed
 
 if TYPE_CHECKING:
     from ..methods.base import Method
@@ -129,38 +134,6 @@ class GenerateOutput:
 
 
 
-@dataclass
-class Drafts:
-    """One round's proposals, per row ``i``: ``n[i]`` proposals, ``cols[i]`` their target columns
-    (the target's text space). For methods that draft token by token, ``laws[j]`` is the drafter
-    law ``[B, N]`` the ``j``-th drafts were drawn from (over the drafting columns; TLI's
-    unnormalized) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for bounded
-    SLRS ``q_steps[j]`` is psi ``[B, Vt]`` (float64, over target ids) at position ``j``."""
-
-    n: list[int]
-    cols: list[list[int]]
-    laws: list[Tensor]
-    mass: list[list[float]]
-    q_steps: list[Tensor]
-
-    @classmethod
-    def empty(cls, batch: int) -> Drafts:
-        """No proposal for any of ``batch`` rows (AR's every round)."""
-        return cls([0] * batch, [[] for _ in range(batch)], [], [[] for _ in range(batch)], [])
-
-
-@dataclass
-class Verdicts:
-    """The verification of one round, per row ``i``: ``emitted[i]`` the target columns it emits
-    (accepted proposals, then at most one correction or bonus), ``accepted[i]`` how many
-    proposals it kept, ``uniforms[i]`` the verification uniforms the kernel read, in
-    ``hsd_core``'s order (empty when greedy)."""
-
-    emitted: list[list[int]]
-    accepted: list[int]
-    uniforms: list[list[float]]
-
-
 _BRIDGES: IdentityCache[VocabBridge] = IdentityCache(16)
 """The bridge of a pair of texts on a device: a :class:`TokenText` is built once per tokenizer object,
 width and state, so this skips the bridge's own check of both tokenizers' states on every call."""
@@ -173,31 +146,77 @@ def end_ids(config: Any, tt: TokenText) -> frozenset[int]:
     return frozenset([tt.eos_id] + [e for e in end_ids_of(config) if 0 <= e < tt.vocab_size])
 
 
-def seed_sequence(seed: int | torch.Generator | None) -> np.random.SeedSequence:
+def seed_sequence(seed: int | torch.Generator | np.random.SeedSequence | None) -> np.random.SeedSequence:
     """``generate``'s ``seed`` as the root of the rows' streams: an int >= 0 (numpy integers too),
-    a ``torch.Generator`` (one int drawn from it) or None (fresh entropy); else ``ValueError``."""
+    a ``torch.Generator`` (one int drawn from it), None (fresh entropy) or a ``SeedSequence``
+    (itself); else :class:`hsd_torch.engine.validation.OutOfRange` (a ``ValueError``)."""
+    if not isinstance(seed, np.random.SeedSequence):
+        check_seed(seed)
+    return _root(seed)
+
+
+def _root(seed: int | torch.Generator | np.random.SeedSequence | None) -> np.random.SeedSequence:
+    """:func:`seed_sequence` for a seed already checked (``generate`` checks it at its boundary,
+    before any work; a ``torch.Generator`` is drawn from here, once the call is under way, so a
+    refused call leaves it as it was)."""
+    if isinstance(seed, np.random.SeedSequence):
+        return seed
     if isinstance(seed, torch.Generator):
         return np.random.SeedSequence(int(torch.randint(0, 2**62, (1,), generator=seed).item()))
     if seed is None:
         return np.random.SeedSequence()
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, a torch.Generator or None, got {seed!r}")
     return np.random.SeedSequence(int(seed))
 
 
-class Generation:
+class _Services:
+    """The machinery's services a method calls through its :class:`hsd_torch.engine.round_state.RoundView`
+    (each delegates to :mod:`hsd_torch.engine.drafting` or :mod:`hsd_torch.engine.verification` with the engine's
+    state): mixed into :class:`Generation`."""
+
+    def drafting_uniforms(self: EngineState, k: Sequence[int]) -> list[list[float]]:
+        """:func:`hsd_torch.engine.drafting.drafting_uniforms` (a method's service)."""
+        return drafting.drafting_uniforms(self, k)
+
+    def feed_drafter(self: EngineState, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
+        """:func:`hsd_torch.engine.drafting.feed_drafter` (a method's service)."""
+        return drafting.feed_drafter(self, contexts, head)
+
+    def draft_tokens(self: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
+                     ) -> tuple[Drafts, list[list[int]]]:
+        """:func:`hsd_torch.engine.drafting.draft_tokens` (a method's service)."""
+        return drafting.draft_tokens(self, active, k, cols)
+
+    def drafter_context_from_text(self: EngineState, active: Sequence[bool], resync: Resync) -> None:
+        """:func:`hsd_torch.engine.drafting.drafter_context_from_text` (a method's service)."""
+        drafting.drafter_context_from_text(self, active, resync)
+
+    def exact_match(self: EngineState, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """:func:`hsd_torch.engine.verification.exact_match` (a method's service)."""
+        return verification.exact_match(self, active, budget, drafts)
+
+    def rejection(self: EngineState, active: list[bool], budget: list[int], drafts: Drafts,
+                  q_of: Callable[[int], Tensor],
+                  q_scale: list[list[float]] | None = None) -> Verdicts:
+        """:func:`hsd_torch.engine.verification.rejection` (a method's service)."""
+        return verification.rejection(self, active, budget, drafts, q_of, q_scale)
+
+
+class Generation(_Services):
     """One call of ``generate`` (its arguments checked): the models' runners and text spaces, the
     rows' contexts, randomness and statistics, and :meth:`round`. ``method`` is the method object
-    (:mod:`hsd_torch.methods`), set up here once the spaces exist."""
+    (:mod:`hsd_torch.methods`, which owns its options), set up here once the spaces exist; it sees
+    this object as a :class:`hsd_torch.engine.round_state.RoundView` and the shared machinery as an
+    :class:`hsd_torch.engine.round_state.EngineState`. ``process`` and ``d_process``: the target's and the
+    drafter's processing; ``seed``: what :func:`seed_sequence` takes, already checked."""
 
     def __init__(self, method: Method, target: Any, drafter: Any, prompts: list[str] | Prompts, target_tokenizer: Any,
-                 drafter_tokenizer: Any, *, lookahead: int, max_new_tokens: int, greedy: bool,
-                 process: dict[str, Any], d_process: dict[str, Any], seed: int | torch.Generator | None,
+                 drafter_tokenizer: Any, *, max_new_tokens: int, greedy: bool, process: Processing,
+                 d_process: Processing, seed: int | torch.Generator | np.random.SeedSequence | None,
                  record_uniforms: bool, mask_textless: bool = False, generation_config: Any = None,
                  processors: Sequence[Processor] = (), min_new_tokens: int = 0, stop_strings: Sequence[bytes] = ()
                  ) -> None:
         dev = self.dev = model_device(target)
-        self.method, self.lookahead, self.max_new_tokens, self.greedy = method, lookahead, max_new_tokens, greedy
+        self.method, self.max_new_tokens, self.greedy = method, max_new_tokens, greedy
         self.process, self.d_process, self.mask_textless = process, d_process, mask_textless
         vt = self.vt = logit_width(target)
         tt = self.tt = TokenText.get(target_tokenizer, vt)
@@ -228,7 +247,7 @@ class Generation:
         self.emitted: list[list[int]] = [[] for _ in range(batch)]
         self.finished = [False] * batch
         self.stats = [RowStats() for _ in range(batch)]
-        self.rngs = [np.random.default_rng(s) for s in seed_sequence(seed).spawn(batch)]
+        self.rngs = [np.random.default_rng(s) for s in _root(seed).spawn(batch)]
         self.used: list[list[float]] | None = [[] for _ in range(batch)] if record_uniforms else None
         self.trun = Runner(target, batch, tt.eos_id, "target")
         # greedy under reduced precision: near ties decided again in float32 (hsd_torch.engine._precision)
@@ -265,6 +284,9 @@ class Generation:
             self.drun = Runner(drafter, batch, dt.eos_id, "drafter", window=True,
                                n_prefix=[len(x) for x in self.d_start])
             self.d_space = TextSpace.text(dt, dev)
+            space = method.drafter_space(self, self.d_space)
+            if space is not self.d_space:  # the method drafts over other columns (SD: the target's)
+                self.d_space, self.d_drop = space, space.drop_mask()
         method.setup(self)
 
     def record(self, i: int, values: Sequence[float]) -> None:
@@ -325,7 +347,9 @@ class Generation:
             if ended is not None or len(self.emitted[i]) >= self.max_new_tokens:
                 self.finished[i] = True
             else:
-                self.method.resync(self, i, out)
+                grown = self.method.resync(self, i, out)
+                if grown:
+                    self.d_ctx[i].extend(grown)
 
     def settle_caches(self, active: list[bool]) -> None:
         """The target keeps exactly the verified context; the drafter what is still valid (methods

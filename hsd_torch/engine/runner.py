@@ -37,6 +37,11 @@ from ._head import HeadTap
 __all__ = ["Runner", "check_model", "common_prefix", "layer_masks", "logit_width", "max_positions", "model_device",
            "new_cache", "refuse_meta", "window_view"]
 
+ZOO_SEAMS = ("Runner.sync", "Runner._forget", "Runner._first_position")
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): the
+methods of :class:`Runner` that decide what a row's cache holds (its sync to a context, the columns
+a rollback forgets, the first position id of a fed block)."""
+
 
 def max_positions(config: Any) -> int | None:
     """A model config's number of positions (``n_positions`` or ``max_position_embeddings``), None if it has none."""

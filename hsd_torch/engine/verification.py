@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -22,12 +21,14 @@ from . import kernels
 from ._precision import nan_hint
 from .laws import space_law
 from .processors import process_target_logits
-from .rounds import Drafts, Verdicts
-
-if TYPE_CHECKING:
-    from .rounds import Generation
+from .round_state import Drafts, EngineState, Verdicts
 
 __all__ = ["TargetPass", "exact_match", "rejection", "target_pass"]
+
+ZOO_SEAMS = ("space_law",)
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): the name
+:func:`target_pass` builds the target's processed law with (a verification that ignores top-k /
+top-p)."""
 
 
 @dataclass
@@ -44,7 +45,7 @@ class TargetPass:
     budget: list[int]
 
 
-def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> TargetPass:
+def target_pass(gen: EngineState, active: list[bool], budget: list[int], drafts: Drafts) -> TargetPass:
     """One target forward pass: each active row's pending context (what its cache lacks of its
     context) followed by its proposals."""
     trun, t_space = gen.trun, gen.t_space
@@ -62,21 +63,21 @@ def target_pass(gen: Generation, active: list[bool], budget: list[int], drafts: 
         full = [gen.t_ctx[i] + [t_space.ids[c] for c in drafts_t[i]] if active[i] else None for i in range(gen.batch)]
         logits = process_target_logits(logits, full, [n + 1 for n in n_d], [len(e) for e in gen.emitted],
                                        gen.processors, gen.min_new_tokens, sorted(gen.ends))
-    process = gen.process
+    process = gen.process.args()
 
     def law(block: Tensor) -> Tensor:
-        return space_law(block, t_space, gen.t_drop, **process)
+        return space_law(block, t_space, gen.t_drop, *process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
     return TargetPass(kernels.LazyLaw(logits, law), cand, kmax, [max(b, 1) for b in budget])
 
 
-def _check(bad: tuple[int, int] | None, gen: Generation) -> None:
+def _check(bad: tuple[int, int] | None, gen: EngineState) -> None:
     if bad is not None:  # rows not fed this round read zero logits: a uniform law, never bad
         raise ValueError(f"the target's law at row {bad[0]}, position {bad[1]} has NaN, infinite or no mass "
                          f"(NaN or infinite logits?): generation cannot go on{nan_hint(gen.trun.model)}")
 
 
-def exact_match(gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+def exact_match(gen: EngineState, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
     """Exact-match verification (AR, SLEM): the target draws its own token at every proposal
     position (one uniform each, plus one for the bonus; greedy: argmax) and keeps the proposals
     while they equal its draws."""
@@ -92,7 +93,7 @@ def exact_match(gen: Generation, active: list[bool], budget: list[int], drafts: 
     return Verdicts(rows_pos, n_acc, read)
 
 
-def rejection(gen: Generation, active: list[bool], budget: list[int], drafts: Drafts,
+def rejection(gen: EngineState, active: list[bool], budget: list[int], drafts: Drafts,
               q_of: Callable[[int], Tensor], q_scale: list[list[float]] | None = None) -> Verdicts:
     """Rejection-sampling verification (SD, TLI, SLRS): proposal ``j`` of row ``i`` is accepted
     with probability ``min(1, p/q)``, a rejected one replaced by a draw from the residual, a bonus

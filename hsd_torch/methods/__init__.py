@@ -11,7 +11,7 @@ from typing import Any
 
 from hsd_core.methods.resync import as_resync
 
-from ..engine._args import as_int, is_int
+from ..engine.validation import METHODS, OPTIONS, as_int, check_method, is_int, refuse_options_not_taken
 from .ar import AR
 from .base import Method
 from .sd import SD
@@ -21,41 +21,30 @@ from .tli import TLI
 
 __all__ = ["AR", "METHODS", "OPTIONS", "SD", "SLEM", "SLRS", "TLI", "BoundedSLRSMethod", "Method", "make"]
 
-METHODS = ("ar", "sd", "tli", "slem", "slrs")
-
-
-OPTIONS = {"lookbehind": ("slem",), "resync": ("slem", "slrs"), "min_path_prob": ("slrs",), "proposal_map": ("slrs",), "max_tokens": ("slrs",)}
-"""``generate``'s method options and the methods that take them (the others refuse them when given:
-``None``, or ``max_tokens=1``, counts as not given). ``lookahead`` is not here: every method but AR
-drafts that many, and AR, which drafts nothing, accepts it too (the command line and the benches pass
-one lookahead to every method); it is checked all the same."""
 
 
 def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path_prob: Any, proposal_map: Any,
          max_tokens: Any, resync: Any = None) -> Method:
-    """The method object for ``generate``'s ``method=`` and its options (checked: ``ValueError``
-    for an unknown method, an option it does not take (:data:`OPTIONS`, naming the methods that
-    take it) or a value out of range, ``NotImplementedError`` for SLRS options whose psi would not
-    finish, :func:`.slrs.slrs_options`). ``lookahead`` is an int >= 1 already; ``lookbehind=None``
+    """The method object for ``generate``'s ``method=`` and its options, which it owns (checked
+    here, once, with :mod:`hsd_torch.engine.validation`'s kinds of error: ``UnknownChoice`` for an unknown
+    method, ``OptionNotTaken`` for an option it does not take (:data:`OPTIONS`, naming the methods
+    that take it), ``OutOfRange`` for a value out of range, ``NotSupported`` for SLRS options whose
+    psi would not finish, :func:`.slrs.slrs_options`). ``lookahead`` is an int >= 1 already; ``lookbehind=None``
     is SLEM's default, 4 (SLRS re-tokenizes with look-behind 0); ``resync`` (SLEM, SLRS) a
     :class:`hsd_core.methods.Resync` or None (the default one: the drafter's context re-synced
     incrementally, :mod:`hsd_core.methods.resync`)."""
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_method(method)
     given = {"lookbehind": lookbehind is not None, "resync": resync is not None, "min_path_prob": min_path_prob is not None,
              "proposal_map": proposal_map is not None, "max_tokens": not (is_int(max_tokens) and max_tokens == 1)}
     values = {"lookbehind": lookbehind, "resync": resync, "min_path_prob": min_path_prob, "proposal_map": proposal_map,
               "max_tokens": max_tokens}
-    for option, takers in OPTIONS.items():
-        if given[option] and method not in takers:
-            raise ValueError(f"{option} is an option of method {' or '.join(map(repr, takers))} only; method "
-                             f"{method!r} does not use it (got {option}={values[option]!r})")
+    refuse_options_not_taken(method, given, values)
     rs = as_resync(resync)
     if method == "slrs":
         if slrs_options(lookahead, min_path_prob, proposal_map, greedy, max_tokens):
             return BoundedSLRSMethod(None if min_path_prob is None else float(min_path_prob),
-                                     None if max_tokens is None else int(max_tokens), rs)
+                                     None if max_tokens is None else int(max_tokens), rs, lookahead=lookahead)
         return SLRS(rs)
     if method == "slem":
-        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs)
-    return {"ar": AR, "sd": SD, "tli": TLI}[method]()
+        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs, lookahead=lookahead)
+    return {"ar": AR, "sd": SD, "tli": TLI}[method](lookahead=lookahead)

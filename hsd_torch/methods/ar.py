@@ -12,14 +12,8 @@ Steps of one round (a batch of rows at once)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..engine.rounds import Drafts, Verdicts
-from ..engine.verification import exact_match
+from ..engine.round_state import Drafts, RoundView, Verdicts
 from .base import Method
-
-if TYPE_CHECKING:
-    from ..engine.rounds import Generation
 
 __all__ = ["AR"]
 
@@ -30,10 +24,10 @@ class AR(Method):
     name = "ar"
     needs_drafter = False
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """No proposals."""
         return Drafts.empty(gen.batch)
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """The target's own token for every active row."""
-        return exact_match(gen, active, budget, drafts)
+        return gen.exact_match(active, budget, drafts)

@@ -22,19 +22,14 @@ Greedy mode drafts the drafter's argmax and keeps drafts while they equal the ta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from ..engine.drafting import DraftColumns, draft_tokens
 from ..engine.laws import TextSpace
-from ..engine.rounds import Drafts, Verdicts
-from ..engine.verification import rejection
+from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
 from .base import Method
-
-if TYPE_CHECKING:
-    from ..engine.rounds import Generation
 
 __all__ = ["SD"]
 
@@ -45,34 +40,38 @@ class SD(Method):
     name = "sd"
     extends_drafter_context = True
 
-    def setup(self, gen: Generation) -> None:
-        """Refuse a drafter with another tokenizer; drafting column c proposes target column c."""
-        assert gen.bridge is not None and gen.d_space is not None
+    def drafter_space(self, gen: RoundView, space: TextSpace) -> TextSpace:
+        """Refuse a drafter with another tokenizer; the drafter drafts over the target's columns
+        (its text space when both keep the same ids)."""
+        assert gen.bridge is not None
         if not gen.bridge.same_tokenizer:
             raise ValueError("method 'sd' needs the drafter to use the target's tokenizer (same ids, same "
                              "text); use 'tli' or 'slem' for different tokenizers")
-        if gen.d_space.ids != gen.t_space.ids:  # the target's law keeps ids without text: so does the drafter's
-            vd = gen.d_space.v
+        if space.ids != gen.t_space.ids:  # the target's law keeps ids without text: so does the drafter's
+            vd = space.v
             if max(gen.t_space.ids) >= vd:
                 raise ValueError(
                     f"method 'sd' drafts over the target's columns, and the target's law keeps every one of its "
                     f"{gen.vt} ids (mask_textless=False) while the drafter has {vd} logit columns: pass "
                     "mask_textless=True (ids without text removed from both laws) or a drafter of the target's width")
-            gen.d_space = TextSpace(gen.t_space.ids, vd, gen.dev)
-            gen.d_drop = gen.d_space.drop_mask()
+            return TextSpace(gen.t_space.ids, vd, gen.dev)
+        return space
+
+    def setup(self, gen: RoundView) -> None:
+        """Drafting column c proposes target column c."""
+        assert gen.d_space is not None
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, list(range(gen.d_space.n)), stop_on_empty=False)
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """``min(lookahead, budget)`` drafts per active row."""
-        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
-        return draft_tokens(gen, active, k, self.cols)[0]
+        return gen.draft_tokens(active, self.depth(active, budget), self.cols)[0]
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against the drafter laws the drafts were drawn from."""
         def q_of(kmax: int) -> Tensor:
             return torch.stack(drafts.laws[:kmax], dim=1)
-        return rejection(gen, active, budget, drafts, q_of)
+        return gen.rejection(active, budget, drafts, q_of)
 
-    def resync(self, gen: Generation, i: int, out: list[int]) -> None:
+    def resync(self, gen: RoundView, i: int, out: list[int]) -> Sequence[int]:
         """The drafter's context takes the emitted ids as they are."""
-        gen.d_ctx[i].extend(out)
+        return out

@@ -27,18 +27,11 @@ Steps of one round
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 from hsd_core.methods.resync import Resync
 
-from ..engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text
-from ..engine.rounds import Drafts, Verdicts
-from ..engine.verification import exact_match
+from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
 from ..vocab.text import TokenText, Unencodable
 from .base import Method
-
-if TYPE_CHECKING:
-    from ..engine.rounds import Generation
 
 __all__ = ["SLEM", "retokenize"]
 
@@ -62,20 +55,20 @@ class SLEM(Method):
 
     name = "slem"
 
-    def __init__(self, lookbehind: int, resync: Resync = Resync()) -> None:
+    def __init__(self, lookbehind: int, resync: Resync = Resync(), *, lookahead: int = 4) -> None:
+        super().__init__(lookahead=lookahead)
         self.lookbehind, self.text_resync = lookbehind, resync
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """Drafts come from the drafter's whole text space; candidates are mapped after re-tokenizing."""
         assert gen.d_space is not None
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, None, stop_on_empty=True)
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
         assert gen.dt is not None
-        drafter_context_from_text(gen, active, self.text_resync)
-        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
-        out, drafts_d = draft_tokens(gen, active, k, self.cols)
+        gen.drafter_context_from_text(active, self.text_resync)
+        out, drafts_d = gen.draft_tokens(active, self.depth(active, budget), self.cols)
         tt, t_pos, eos_d = gen.tt, gen.t_space.pos, gen.dt.eos_id
         for i in range(gen.batch):
             if not active[i]:
@@ -92,6 +85,6 @@ class SLEM(Method):
             out.n[i] = len(out.cols[i])
         return out
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Exact match of the candidates against the target's own draws."""
-        return exact_match(gen, active, budget, drafts)
+        return gen.exact_match(active, budget, drafts)

@@ -30,24 +30,24 @@ Greedy mode drafts the argmax of the drafter over the intersection (ties to the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..engine._cache import IdentityCache
-from ..engine.drafting import DraftColumns, draft_tokens
 from ..engine.laws import TextSpace
-from ..engine.rounds import Drafts, Verdicts
-from ..engine.verification import rejection
+from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
 from ..vocab import VocabBridge, _Push
 from ..vocab.text import TokenText
 from .base import Method
 
-if TYPE_CHECKING:
-    from ..engine.rounds import Generation
-
 __all__ = ["TLI", "resync_ids", "tli_columns"]
+
+ZOO_SEAMS = ("TLI.resync",)
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): TLI's
+re-sync of the drafter's context (a lossless-on-purpose variant drops a token: the drafter's context
+is free)."""
 
 _COLUMNS: IdentityCache[Any] = IdentityCache(16)
 
@@ -79,35 +79,34 @@ class TLI(Method):
     name = "tli"
     extends_drafter_context = True
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """The intersection's columns, their target columns, the pushforward and the re-sync memo."""
         assert gen.bridge is not None and gen.dt is not None and gen.d_space is not None
         space, n_draw, dst, self.push, self.resync_memo = tli_columns(gen.bridge, gen.tt, gen.dt, gen.t_space,
                                                                       gen.d_space, gen.dev)
         # without top-k / top-p the drafter's head computes the shared ids' logits alone (q_cap needs no other)
-        top_p = gen.d_process.get("top_p")
-        whole = gen.d_process.get("top_k") is not None or (top_p is not None and top_p < 1.0)
-        head = None if whole or n_draw == 0 else space.cols[:n_draw]
+        head = None if gen.d_process.reads_every_logit or n_draw == 0 else space.cols[:n_draw]
         self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True, head=head)
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """Up to ``min(lookahead, budget)`` drafts per active row from q_cap."""
-        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
-        return draft_tokens(gen, active, k, self.cols)[0]
+        return gen.draft_tokens(active, self.depth(active, budget), self.cols)[0]
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against q_cap pushed to target columns (divided by each draw's mass)."""
         def q_of(kmax: int) -> Tensor:
             return self.push(torch.stack(drafts.laws[:kmax], dim=1))  # [B, kmax, Nt]
-        return rejection(gen, active, budget, drafts, q_of, q_scale=drafts.mass)
+        return gen.rejection(active, budget, drafts, q_of, q_scale=drafts.mass)
 
-    def resync(self, gen: Generation, i: int, out: list[int]) -> None:
+    def resync(self, gen: RoundView, i: int, out: list[int]) -> Sequence[int]:
         """Each emitted target id becomes the drafter id with its string, else the drafter's encoding
         of its text (context-free: memoized per id; an id without text adds nothing)."""
         assert gen.bridge is not None and gen.dt is not None
-        to_d, d_ctx = gen.bridge.to_drafter_list, gen.d_ctx[i]
+        to_d, tt, dt, memo = gen.bridge.to_drafter_list, gen.tt, gen.dt, self.resync_memo
+        grown: list[int] = []
         for t in out:
-            d_ctx.extend(resync_ids(t, to_d, gen.tt, gen.dt, self.resync_memo))
+            grown.extend(resync_ids(t, to_d, tt, dt, memo))
+        return grown
 
 
 def resync_ids(t: int, to_drafter: Sequence[int], tt: TokenText, dt: TokenText,

@@ -217,7 +217,7 @@ def tokenizer_from_strings(strings: Sequence[str], eos: str = "<eos>") -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# tiny random-init causal LMs (appended for issue 9)
+# tiny random-init causal LMs (the backend's test models, docs/generate.md)
 
 
 def _peaked_head(model: Any, head_std: float, seed: int) -> None:

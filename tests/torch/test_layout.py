@@ -2,8 +2,7 @@
 
 - no import cycle inside ``hsd_torch`` (imports at any depth of a module count, lazy ones inside
   functions too), and none even counting the imports under ``if TYPE_CHECKING:`` (two modules that
-  need each other, if only for their types, cannot be read apart): the cycles known today are
-  listed by name, each its own expected failure, so that the day one is broken is seen;
+  need each other, if only for their types, cannot be read apart);
 - a method's file imports no other method's file, and the machinery (round loop, runner, laws,
   drafting, verification) neither imports a method nor names one;
 - the size anchors for every module of the library (``hsd_torch`` and ``hsd_core``): no module over
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "hsd_torch"
-MACHINERY = ["engine.rounds", "engine.runner", "engine.laws", "engine.drafting", "engine.verification"]
+MACHINERY = ["engine.rounds", "engine.round_state", "engine.runner", "engine.laws", "engine.drafting",
+             "engine.verification", "engine.validation"]
 METHOD_NAMES = ("ar", "sd", "tli", "slem", "slrs")
 
 
@@ -189,21 +189,10 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
 
 # --- the whole of hsd_torch: cycles through type-checking imports, sizes, README's layout ---
 
-#: cycles that close only through ``if TYPE_CHECKING:`` imports, known today (the round interface's
-#: rework breaks them): each pair is its own strict expected failure, so its mark must go the day it
-#: is broken, and any other cycle fails ``test_no_other_cycle_even_through_type_checking``.
-KNOWN_TYPE_CHECKING_CYCLES = {
-    "methods.base<->engine.rounds": ("hsd_torch.methods.base", "hsd_torch.engine.rounds"),
-    "methods.slrs.psi<->psi_one": ("hsd_torch.methods.slrs.psi", "hsd_torch.methods.slrs.psi_one"),
-    "methods.slrs.psi<->psi_multi": ("hsd_torch.methods.slrs.psi", "hsd_torch.methods.slrs.psi_multi"),
-}
-
 #: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
 KNOWN_OVERSIZED = {
-    "engine/kernels.py": "643 lines: the draw kernels move out with the round interface's rework",
     "auditing/first_tokens.py": "685 lines, audit_generate 178 lines: the audits' statistics rework",
     "auditing/sequences.py": "510 lines, audit_sequences 190 lines: the audits' statistics rework",
-    "auditing/samples.py": "audit_samples 93 lines: the audits' statistics rework",
     "models/_unigram.py": "train_unigram 118 lines (a test fixture's trainer)",
     "engines/vllm_audit.py": "run 87 lines: the vLLM adapter's owner",
 }
@@ -238,23 +227,9 @@ def cycles(g: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
-def test_no_other_cycle_even_through_type_checking() -> None:
-    g = graph(type_checking=True)
-    known = [set(pair) for pair in KNOWN_TYPE_CHECKING_CYCLES.values()]
-    groups = {frozenset(c) for c in cycles(g)}
-    # a group is fine only when it is made of known pairs' modules and each of its modules is in a known pair
-    other = [sorted(c) for c in groups if not any(c <= k | j for k in known for j in known)]
-    assert not other, f"import cycles through type-checking imports: {other}"
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known cycle, broken by the round interface's rework"))
-    for n in KNOWN_TYPE_CHECKING_CYCLES])
-def test_known_type_checking_cycle_is_broken(name: str) -> None:
-    a, b = KNOWN_TYPE_CHECKING_CYCLES[name]
-    g = graph(type_checking=True)
-    assert a in g and b in g, f"{a} or {b} is gone: update KNOWN_TYPE_CHECKING_CYCLES"
-    assert not (reaches(g, a, b) and reaches(g, b, a)), f"{a} and {b} import each other"
+def test_no_cycle_even_through_type_checking() -> None:
+    found = [sorted(c) for c in cycles(graph(type_checking=True))]
+    assert not found, f"import cycles (type-checking imports counted): {found}"
 
 
 def test_the_cycle_checks_see_type_checking_cycles(tmp_path: Path) -> None:
@@ -323,3 +298,39 @@ def test_readme_layout_names_every_module(tmp_path: Path) -> None:
         (tmp_path / "p" / f).write_text("")
     fake = "# p\n\n## Layout\n\n    hsd_torch/   x\n      __init__.py  y\n      a.py  z\n      sub/  w\n    tests/\n"
     assert package_names(tmp_path / "p") - set(layout_names(fake)) == {"sub/b.py"}
+
+
+def test_methods_read_only_the_round_view_and_write_no_engine_state() -> None:
+    """Every ``gen.X`` in the methods' files is a member of :class:`hsd_torch.engine.round_state.RoundView`
+    (the facts a method may read and the services it may call), and none is assigned, augmented or
+    mutated in place (``gen.X = ...``, ``gen.X[i] = ...``, ``gen.X[i].extend(...)``)."""
+    from hsd_torch.engine.round_state import RoundView
+
+    allowed = {n for n in vars(RoundView) if not n.startswith("_")}
+    mutators = {"append", "extend", "insert", "pop", "clear", "update", "remove", "setdefault"}
+    seen: set[str] = set()
+    for path in sorted((PKG / "methods").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                base = t
+                while isinstance(base, (ast.Subscript, ast.Attribute)) and not (
+                        isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name)):
+                    base = base.value
+                if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "gen":
+                    raise AssertionError(f"{path.name}:{node.lineno}: a method writes {ast.unparse(t)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutators:
+                inner = node.func.value
+                while isinstance(inner, ast.Subscript):
+                    inner = inner.value
+                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "gen":
+                    raise AssertionError(f"{path.name}:{node.lineno}: a method mutates {ast.unparse(node.func)}")
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gen":
+                assert node.attr in allowed, f"{path.name}:{node.lineno}: gen.{node.attr} is not in RoundView"
+                seen.add(node.attr)
+    assert {"batch", "t_space", "draft_tokens", "rejection"} <= seen  # the scan sees the methods' reads

@@ -1,5 +1,5 @@
 """SLRS: string-level rejection sampling, over a batch (``hsd_core.methods.slrs``): the paper's
-one-token SLRS at lookahead 1 (:class:`SLRS`) and the bounded procedure of issue 11
+one-token SLRS at lookahead 1 (:class:`SLRS`) and the bounded procedure of docs/slrs.md
 (:class:`BoundedSLRSMethod`, psi level by level: :mod:`.psi`, over the byte trie of :mod:`.trie`,
 with the tree's drafter passes of :mod:`.tree`).
 
@@ -31,27 +31,22 @@ Steps of one round
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from hsd_core.methods.resync import Resync
 
-from ...engine._args import is_int, is_real
 from ...engine._cache import IdentityCache
-from ...engine.drafting import DraftColumns, draft_tokens, drafter_context_from_text, drafting_uniforms, feed_drafter
 from ...engine.laws import TextSpace, process_with_drop
-from ...engine.rounds import Drafts, Verdicts
-from ...engine.verification import rejection
+from ...engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
+from ...engine.validation import NotSupported, OptionNotTaken, UnknownChoice, check_max_tokens, check_min_path_prob
 from ...vocab import _Push
 from ...vocab.text import TokenText, Unencodable
 from ..base import Method
 from .psi import MAX_PSI_ROWS, BoundedSLRS, psi_bound
 from .tree import TreeCache
-
-if TYPE_CHECKING:
-    from ...engine.rounds import Generation
 
 __all__ = ["MAX_PSI_ROWS", "SLRS", "BoundedSLRSMethod", "FirstTargetMap", "psi_bound", "slrs_columns", "slrs_options"]
 
@@ -62,39 +57,39 @@ def slrs_options(lookahead: int, min_path_prob: float | None, proposal_map: str 
                  max_tokens: int | None = 1) -> bool:
     """Check ``generate``'s SLRS options; True for the bounded procedure of this module, False
     for the paper's one-token SLRS at lookahead 1 (``hsd_core``'s ``SLRS(lookahead=1,
-    lookbehind=0)``, :class:`hsd_torch.generate.FirstTargetMap`). Refusals (``NotImplementedError``)
-    name what would make psi finish; ``ValueError`` for a value out of range (numpy numbers are
-    numbers; bools are not), and for ``min_path_prob`` with the one-token SLRS, which does not use it."""
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
-        raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+    lookbehind=0)``, :class:`FirstTargetMap`, defined in this module). Refusals (``NotImplementedError``)
+    name what would make psi finish (:class:`hsd_torch.engine.validation.NotSupported`); ``ValueError`` for a
+    value out of range (``OutOfRange``; numpy numbers are numbers, bools are not), an unknown map
+    (``UnknownChoice``), and ``min_path_prob`` with the one-token SLRS, which does not use it
+    (``OptionNotTaken``)."""
+    check_max_tokens(max_tokens)
     if max_tokens != 1 and proposal_map != "longest_prefix":
-        raise NotImplementedError(
+        raise NotSupported(
             f"method 'slrs' with max_tokens={max_tokens!r} needs the bounded procedure (proposal_map='longest_prefix' "
             "and min_path_prob=tau, docs/slrs.md, 'The bounded procedure'): multi-token proposals with the re-tokenizing map are not implemented")
     if proposal_map not in (None, "retokenize", "longest_prefix"):
-        raise ValueError(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
-    if min_path_prob is not None and (not is_real(min_path_prob) or not 0 < min_path_prob <= 1):
-        raise ValueError(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
+        raise UnknownChoice(f"proposal_map must be None, 'retokenize' or 'longest_prefix', got {proposal_map!r}")
+    check_min_path_prob(min_path_prob)
     if proposal_map == "longest_prefix":
         if lookahead > 1 and min_path_prob is None and not greedy:
-            raise NotImplementedError(
+            raise NotSupported(
                 f"method 'slrs' with lookahead={lookahead} and no min_path_prob: psi would enumerate every "
                 "drafter path (|D|^lookahead drafter rows; docs/slrs.md, 'The bounded procedure'); pass min_path_prob=tau (e.g. 0.05): psi then "
                 "costs at most 1 + (lookahead - 1) / tau rows per round")
         if min_path_prob is not None and psi_bound(lookahead, min_path_prob) > MAX_PSI_ROWS:
-            raise NotImplementedError(
+            raise NotSupported(
                 f"method 'slrs' with lookahead={lookahead}, min_path_prob={min_path_prob}: psi may need up to "
                 f"{psi_bound(lookahead, min_path_prob):.0f} drafter rows per round and prompt, more than "
                 f"{MAX_PSI_ROWS}; raise min_path_prob or lower the lookahead")
         return True
     if lookahead != 1:
-        raise NotImplementedError(
+        raise NotSupported(
             f"method 'slrs' with proposal_map={proposal_map!r} supports lookahead=1 only (the paper's one-token "
             f"SLRS), got lookahead={lookahead!r}: deeper lookaheads need the bounded procedure (docs/slrs.md), "
             "proposal_map='longest_prefix' with min_path_prob=tau (the re-tokenizing map would need a tokenizer "
             "call per drafter id per tree node); or use 'tli'/'slem' for longer drafts")
     if min_path_prob is not None:
-        raise ValueError(
+        raise OptionNotTaken(
             "min_path_prob is an option of bounded SLRS (method 'slrs' with proposal_map='longest_prefix') only; "
             f"one-token SLRS (proposal_map={proposal_map!r}, lookahead 1: psi is exact, nothing to stop) does not "
             f"use it (got min_path_prob={min_path_prob!r})")
@@ -178,28 +173,29 @@ class SLRS(Method):
     name = "slrs"
 
     def __init__(self, resync: Resync = Resync()) -> None:
+        super().__init__(lookahead=1)
         self.text_resync = resync
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """The first-target map's columns and psi's pushforward."""
         assert gen.dt is not None and gen.d_space is not None
         dst, self.push = slrs_columns(gen.tt, gen.dt, gen.t_space, gen.d_space, gen.dev)
         self.cols = DraftColumns(gen.d_space, gen.d_space.n, dst, stop_on_empty=False)
         self.partial = -1 in dst  # some drafter ids with text propose nothing: psi is renormalized
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """One drafter token per active row, proposing its first target id; a draft that maps to no
         target id (:attr:`FirstTargetMap.unmappable`) proposes nothing (its uniform is consumed):
         the row's round is the target's own token."""
-        drafter_context_from_text(gen, active, self.text_resync)
-        k = [gen.lookahead if active[i] else 0 for i in range(gen.batch)]
-        out = draft_tokens(gen, active, k, self.cols)[0]
+        gen.drafter_context_from_text(active, self.text_resync)
+        k = [self.lookahead if active[i] else 0 for i in range(gen.batch)]
+        out = gen.draft_tokens(active, k, self.cols)[0]
         for i in range(gen.batch):
             if out.cols[i] and out.cols[i][0] < 0:
                 out.cols[i], out.n[i] = [], 0
         return out
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against psi, the drafter's law pushed along the first-target map
         (given a proposal: divided by its total when some drafter ids propose nothing)."""
         def q_of(kmax: int) -> Tensor:
@@ -207,7 +203,7 @@ class SLRS(Method):
             if self.partial:  # rows read here proposed an id, whose mass is in the total: it is > 0
                 q = q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
             return q
-        return rejection(gen, active, budget, drafts, q_of)
+        return gen.rejection(active, budget, drafts, q_of)
 
 
 class BoundedSLRSMethod(Method):
@@ -216,30 +212,32 @@ class BoundedSLRSMethod(Method):
 
     name = "slrs"
 
-    def __init__(self, min_path_prob: float | None, max_tokens: int | None, resync: Resync = Resync()) -> None:
+    def __init__(self, min_path_prob: float | None, max_tokens: int | None, resync: Resync = Resync(), *,
+                 lookahead: int = 4) -> None:
+        super().__init__(lookahead=lookahead)
         self.min_path_prob, self.max_tokens, self.text_resync = min_path_prob, max_tokens, resync
 
-    def setup(self, gen: Generation) -> None:
+    def setup(self, gen: RoundView) -> None:
         """The psi procedure for this pair of tokenizers."""
         assert gen.dt is not None
-        self.psi = BoundedSLRS(gen.tt, gen.dt, gen.lookahead, self.min_path_prob, gen.greedy, gen.dev,
+        self.psi = BoundedSLRS(gen.tt, gen.dt, self.lookahead, self.min_path_prob, gen.greedy, gen.dev,
                                max_tokens=self.max_tokens)
 
-    def draft(self, gen: Generation, active: list[bool], budget: list[int]) -> Drafts:
+    def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """Each active row's proposal and its psi (multi-token: the conditional psi of each position),
         from the draft tree walked from its context; the drafting uniforms it read are recorded."""
         assert gen.drun is not None and gen.d_drop is not None
-        drafter_context_from_text(gen, active, self.text_resync)
-        k = [min(gen.lookahead, budget[i]) if active[i] else 0 for i in range(gen.batch)]
-        d_uniforms = drafting_uniforms(gen, k)
-        last = feed_drafter(gen, [gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
+        gen.drafter_context_from_text(active, self.text_resync)
+        k = self.depth(active, budget)
+        d_uniforms = gen.drafting_uniforms(k)
+        last = gen.feed_drafter([gen.d_ctx[i] if active[i] else None for i in range(gen.batch)])
         rows = [i for i, a in enumerate(active) if a]
         ridx = torch.tensor(rows, dtype=torch.long, device=last.device)
         tree = TreeCache(gen.drun, rows, [gen.d_ctx[i] for i in rows], self.psi.k)
-        drop, proc = gen.d_drop, gen.d_process
+        drop, proc = gen.d_drop, gen.d_process.args()
 
         def probs(logits: Tensor) -> Tensor:  # the drafter's processed law over all its ids
-            return process_with_drop(logits, drop, **proc)
+            return process_with_drop(logits, drop, *proc)
 
         root = probs(last.index_select(0, ridx))
         us = None if gen.greedy else [d_uniforms[i] for i in rows]
@@ -265,9 +263,9 @@ class BoundedSLRSMethod(Method):
                 gen.record(i, d_uniforms[i][:used[r]])
         return out
 
-    def verify(self, gen: Generation, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+    def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against psi at each proposed position (over the target's text space)."""
         def q_of(kmax: int) -> Tensor:
             return gen.t_space.select(torch.stack(drafts.q_steps[:kmax], dim=1))
-        return rejection(gen, active, budget, drafts, q_of)
+        return gen.rejection(active, budget, drafts, q_of)
 

@@ -1,4 +1,4 @@
-"""Bounded SLRS over real vocabularies (issue 11, section 2): psi level by level, one batched
+"""Bounded SLRS over real vocabularies (docs/slrs.md, "On real tokenizer pairs"): psi level by level, one batched
 drafter pass per level.
 
 The procedure is ``hsd_core``'s bounded one, ``SLRS(lookahead=k, min_path_prob=tau,
@@ -63,6 +63,7 @@ from hsd_core.methods.resync import Resync, drafter_context_ids
 from ...engine import kernels
 from ...engine.laws import process_with_drop
 from ...engine.runner import Runner, logit_width
+from ...engine.validation import NotSupported, as_int, check_max_tokens, check_min_path_prob
 from ...vocab.text import TokenText
 from .psi_multi import MultiRoundResult, MultiTokenRound
 from .psi_one import OneTokenRound, RoundResult
@@ -124,16 +125,12 @@ class BoundedSLRS:
 
     def __init__(self, target: TokenText, drafter: TokenText, lookahead: int, min_path_prob: float | None,
                  greedy: bool, device: torch.device, max_tokens: int | None = 1) -> None:
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or max_tokens < 1):
-            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
-        self.max_tokens = max_tokens
-        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-            raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
-        if min_path_prob is not None and not 0 < min_path_prob <= 1:
-            raise ValueError(f"min_path_prob must be None or in (0, 1], got {min_path_prob!r}")
+        # a public constructor (the benches and first_round build it directly): the boundary's checks
+        self.max_tokens = check_max_tokens(max_tokens)
+        lookahead = as_int("lookahead", lookahead, 1)
+        min_path_prob = check_min_path_prob(min_path_prob)
         if min_path_prob is None and lookahead > 1 and not greedy:
-            raise NotImplementedError("bounded SLRS needs min_path_prob > 0 beyond lookahead 1 (psi would "
+            raise NotSupported("bounded SLRS needs min_path_prob > 0 beyond lookahead 1 (psi would "
                                       "enumerate every drafter id at every depth)")
         self.tt, self.dt = target, drafter
         self.k = lookahead

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from ._psi_procedure import PsiProcedure
 from .trie import DrafterBytes, TargetTrie, join, pad_bytes, pad_ids, parse_pairs
 
-if TYPE_CHECKING:
-    from .psi import BoundedSLRS
 
 __all__ = ["CHUNK_MULTI", "MultiRoundResult", "MultiTokenRound", "conditional_laws", "parse_needed"]
 
@@ -60,7 +58,7 @@ class MultiTokenRound:
     ids and the rest of its text; ``kept``: the stopping children that later positions' conditional
     laws may need; ``pos0 [R, Vt]``: position 0's law (every proposal counts there)."""
 
-    def __init__(self, procedure: BoundedSLRS, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
+    def __init__(self, procedure: PsiProcedure, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
                  extend: Callable[[Tensor, Tensor, Tensor], Tensor], m: Sequence[int],
                  depth: Sequence[int] | None = None) -> None:
         self.p, self.uniforms, self.extend = procedure, uniforms, extend
@@ -269,7 +267,7 @@ def parse_needed(trie: TargetTrie, heads: Tensor, head_len: Tensor, pn: Tensor, 
     return ids, n_ids.index_put_((at,), n_s), f.index_put_((at,), f_s), fpos.index_put_((at,), fpos_s)
 
 
-def conditional_laws(p: BoundedSLRS, proposals: list[list[int]], pos0: Tensor, kept: list[Kept]) -> Tensor:
+def conditional_laws(p: PsiProcedure, proposals: list[list[int]], pos0: Tensor, kept: list[Kept]) -> Tensor:
     """``[R, M, Vt]``: position ``j`` of row ``r``, the law of its ``j+1``-th proposed id
     (``proposals[r]``) given its first ``j``: position 0's law ``pos0 [R, Vt]``, later positions
     summed from the ``kept`` proposals that share them; normalized; greedy: point masses at the

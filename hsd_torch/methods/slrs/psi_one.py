@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from ._psi_procedure import PsiProcedure
 from .trie import walk_pairs
 
-if TYPE_CHECKING:
-    from .psi import BoundedSLRS
 
 __all__ = ["CHUNK", "OneTokenRound", "RoundResult"]
 
@@ -53,7 +51,7 @@ class OneTokenRound:
     (trie state of the node's text), ``best`` (its longest target prefix, -1: none); ``cur[r]``
     the node of row ``r``'s own draft (-1: its proposal is decided)."""
 
-    def __init__(self, procedure: BoundedSLRS, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
+    def __init__(self, procedure: PsiProcedure, root: Tensor, uniforms: Sequence[Sequence[float]] | None,
                  extend: Callable[[Tensor, Tensor, Tensor], Tensor],
                  depth: Sequence[int] | None = None) -> None:
         self.p, self.uniforms, self.extend = procedure, uniforms, extend

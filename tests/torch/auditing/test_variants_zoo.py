@@ -123,3 +123,69 @@ def test_positions_not_reset_are_caught_on_a_position_sensitive_target() -> None
     target, tt, drafter, dt = tiny.tiny_pair()
     rep = _audit((tiny.sharpen(target), tt, drafter, dt), "positions_not_reset", 1000)
     assert rep.verdict == "lossy", rep.to_markdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# named seams: a variant patches only what the module that defines it declares (ZOO_SEAMS)
+
+def test_every_variant_patches_only_declared_seams_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hsd_torch.auditing.variants as variants
+
+    seen: list[tuple[Any, str]] = []
+    real = variants.patch_seam
+
+    def recording(owner: Any, name: str, make: Any) -> Any:
+        seen.append((owner, name))
+        return real(owner, name, make)
+
+    monkeypatch.setattr(variants, "patch_seam", recording)
+    for v in VARIANTS.values():
+        seen.clear()
+        with v.patch():
+            assert seen, f"variant {v.name} patched nothing through patch_seam"
+            patched = [(owner, name, getattr(owner, name)) for owner, name in seen]
+        for owner, name in seen:
+            module, seam = variants.seam_name(owner, name)
+            assert seam in module.ZOO_SEAMS, f"variant {v.name} patches {module.__name__}.{seam}, not a declared seam"
+        for owner, name, inside in patched:
+            assert getattr(owner, name) is not inside, f"{name} not restored after variant {v.name}"
+
+
+def test_patching_an_undeclared_name_is_refused_and_changes_nothing() -> None:
+    from hsd_torch.engine import kernels, verification
+    from hsd_torch.methods.tli import TLI
+    from hsd_torch.engine.runner import Runner
+    from hsd_torch.auditing.variants import NotASeam, patch_seam
+
+    for owner, name in ((kernels, "_draw_host"), (kernels, "_ratio_test"), (verification, "rejection"),
+                        (Runner, "feed"), (TLI, "draft"), (tiny, "tiny_pair")):
+        before = getattr(owner, name)
+        with pytest.raises(NotASeam, match="is not a seam of the bug zoo"):
+            with patch_seam(owner, name, lambda orig: None):
+                pass
+        assert getattr(owner, name) is before
+    with patch_seam(kernels, "_rejection_host", lambda orig: "patched"):  # a declared one is patched
+        assert kernels._rejection_host == "patched"  # type: ignore[comparison-overlap]
+    assert callable(kernels._rejection_host)
+
+
+def test_the_zoo_scripts_patch_through_the_one_helper() -> None:
+    """No ``setattr`` or attribute assignment on another module in ``hsd_torch/auditing/variants.py`` (outside
+    ``patch_seam``) or ``bench/zoo.py``: every patch goes through :func:`hsd_torch.auditing.variants.patch_seam`."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    for path in (root / "hsd_torch" / "auditing" / "variants.py", root / "bench" / "zoo.py"):
+        tree = ast.parse(path.read_text())
+        helper = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "patch_seam"
+                  for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in helper:
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                raise AssertionError(f"{path.name}:{node.lineno}: setattr outside patch_seam")
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id != "self":
+                        raise AssertionError(f"{path.name}:{node.lineno}: {ast.unparse(t)} assigned outside patch_seam")

@@ -27,6 +27,7 @@ from hsd_torch.models import tiny  # noqa: E402
 from hsd_torch.auditing.first_tokens import audit_generate  # noqa: E402
 from hsd_torch.methods import make  # noqa: E402
 from hsd_torch.engine.prompts import check_prompts, render  # noqa: E402
+from hsd_torch.engine.laws import Processing  # noqa: E402
 from hsd_torch.engine.rounds import Generation  # noqa: E402
 from hsd_torch.vocab.text import TokenText  # noqa: E402
 
@@ -114,9 +115,8 @@ def test_conversation_greedy_is_the_targets_own(world: dict[str, Any], method: s
 def _generation(world: dict[str, Any], prompts: Any, dt: Any) -> Generation:
     m = make("slem", lookahead=3, greedy=True, lookbehind=None, min_path_prob=None, proposal_map=None, max_tokens=1)
     return Generation(m, world["target"], world["drafter"], render(check_prompts(prompts), world["tt"], dt),
-                      world["tt"], dt, lookahead=3, max_new_tokens=4, greedy=True,
-                      process={"temperature": 1.0, "top_k": None, "top_p": None},
-                      d_process={"temperature": 1.0, "top_k": None, "top_p": None}, seed=0, record_uniforms=False)
+                      world["tt"], dt, max_new_tokens=4, greedy=True, process=Processing(), d_process=Processing(),
+                      seed=0, record_uniforms=False)
 
 
 def test_drafter_reads_its_own_template_where_it_has_one(world: dict[str, Any]) -> None:

@@ -1,0 +1,173 @@
+"""The draw kernels of :mod:`hsd_torch.engine.kernels` and the checks they share with the verification
+kernels: inverse-CDF sampling (:func:`sample`, and the host-side :func:`_draw_host` and
+:func:`_argmax_host` that ``generate`` calls), the law and uniform checks, the compute dtype, and
+the :class:`Verified` result type. Every name here is re-exported from :mod:`hsd_torch.engine.kernels`,
+which documents the contract (same decisions as ``hsd_core`` on the same uniforms); callers go
+through that module, so a name patched there is what they call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Verified", "compute_dtype", "sample"]
+
+_INF = float("inf")
+_NAN = float("nan")
+
+
+_NP = {torch.int64: np.int64, torch.float64: np.float64, torch.float32: np.float32}
+
+
+def _host_tensor(data: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.tensor(data, dtype=dtype, device=device)`` for small nested lists of Python numbers,
+    through NumPy (about twice as fast at a few elements, where the per-call cost is everything;
+    floats are rounded to ``dtype`` as ``torch.tensor`` rounds them: to nearest). Tensors of other
+    dtypes go through ``torch.tensor``."""
+    nd = _NP.get(dtype)
+    if nd is None:
+        return torch.tensor(data, dtype=dtype, device=device)
+    t = torch.from_numpy(np.array(data, dtype=nd))
+    return t if device.type == "cpu" else t.to(device)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What one verification step emitted, per row.
+
+    ``tokens``: ``LongTensor[B, K+1]``, the emitted target ids left-aligned, padded with -1.
+    ``n_accepted``: ``LongTensor[B]``, how many drafts (candidates) were kept as they were.
+    ``n_emitted``: ``LongTensor[B]``, how many ids ``tokens`` holds: ``n_accepted`` plus one
+    correction, mismatch or bonus token, or ``n_accepted`` alone when the row stopped on an
+    accepted EOS or on its budget.
+    """
+
+    tokens: Tensor
+    n_accepted: Tensor
+    n_emitted: Tensor
+    # the same, as the kernels computed them on the host: (rows(), n_accepted as a list)
+    _host: tuple[list[list[int]], list[int]] | None = field(default=None, repr=False, compare=False)
+
+    def rows(self) -> list[list[int]]:
+        """The emitted ids of every row as Python lists (no device sync: the kernels decide on the host)."""
+        if self._host is not None:
+            return [list(r) for r in self._host[0]]
+        toks = self.tokens.tolist()
+        return [r[:n] for r, n in zip(toks, self.n_emitted.tolist())]
+
+    def accepted(self) -> list[int]:
+        """``n_accepted`` as a Python list (no device sync)."""
+        if self._host is not None:
+            return list(self._host[1])
+        return [int(n) for n in self.n_accepted.tolist()]
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (float32, float16, bfloat16 inputs)."""
+    for t in tensors:
+        if not t.is_floating_point():
+            raise TypeError(f"expected a floating-point tensor of probabilities, got {t.dtype}")
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _fail_if(cond: Tensor, message: str) -> None:
+    if bool(cond.any()):
+        raise ValueError(message)
+
+
+def _check_uniforms(u: Tensor, name: str) -> None:
+    if not u.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor of uniforms in [0, 1), got {u.dtype}")
+    _fail_if(~((u >= 0) & (u < 1)), f"{name}: every uniform must lie in [0, 1)")
+
+
+def _check_law_rows(law: Tensor, rows: Tensor | None, name: str) -> None:
+    """Raise ``ValueError`` if a checked row of ``law [..., V]`` has a NaN, infinite or negative
+    entry, or no mass. ``rows`` (bool, ``law.shape[:-1]``) selects the rows to check (None: all).
+    Two read-only reductions per row, in the input dtype (sums accumulated in at least float32)."""
+    total = law.sum(-1, dtype=torch.float64 if law.dtype == torch.float64 else torch.float32)
+    bad = ~(law.amin(-1) >= 0) | ~torch.isfinite(total) | ~(total > 0)
+    if rows is not None:
+        bad = bad & rows
+    if bool(bad.any()):
+        where = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"{name}: row {where} is not a law (NaN, infinite or negative entry, or no mass)")
+
+
+def _searchsorted_draw(probs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """``(idx [N, 1], total [N, 1])``: the first index ``i`` with ``u * cs[-1] < cs[i]`` (``cs =
+    cumsum(probs)``, left to right), or ``V`` when rounding pushed ``u * cs[-1]`` to the total or
+    past it; and ``cs[-1]``. ``u``: ``[N]`` or ``[N, 1]``."""
+    cs = torch.cumsum(probs, dim=-1)
+    tot = cs[:, -1:]
+    ut = u if u.dim() == 2 else u.unsqueeze(-1)
+    return torch.searchsorted(cs, (ut if ut.dtype == cs.dtype else ut.to(cs.dtype)) * tot, right=True), tot
+
+
+def _last_positive(probs: Tensor, rows: Tensor) -> Tensor:
+    """``[len(rows)]``: the last index of positive probability of those rows of ``probs [N, V]``."""
+    pos = probs.index_select(0, rows) > 0
+    return (probs.shape[-1] - 1) - torch.argmax(torch.flip(pos, dims=[-1]).to(torch.uint8), dim=-1)
+
+
+def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Unchecked inverse-CDF draw: ``probs [N, V]`` (non-negative, compute dtype), ``u [N]``."""
+    idx = _searchsorted_draw(probs, u)[0].squeeze(-1)
+    past = idx >= probs.shape[-1]
+    if bool(past.any()):  # rounding pushed u * total to the total: the last index of positive probability
+        rows = torch.nonzero(past).squeeze(-1)
+        idx = idx.index_put((rows,), _last_positive(probs, rows))
+    return idx
+
+
+def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
+    """:func:`_inverse_cdf` read back to the host, with each row's total mass: draws from the rows
+    of ``probs [R, N]`` (non-negative, need not be normalized; float32 or float64) with ``u`` (a
+    host list of ``R`` uniforms, or a tensor ``[R]`` or ``[R, 1]``). A total that is not finite and
+    positive says the row was not a law (its draw is meaningless). The rounding case (an index past
+    the last column) is found on the host and replaced by the row's last index of positive
+    probability, as :func:`sample` does."""
+    ut = u if isinstance(u, Tensor) else _host_tensor([[x] for x in u], probs.dtype, probs.device)
+    idx_t, tot = _searchsorted_draw(probs, ut)
+    idx = [r[0] for r in idx_t.tolist()]
+    past = [i for i, x in enumerate(idx) if x >= probs.shape[-1]]
+    if past:
+        fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
+        for i, f in zip(past, fixed):
+            idx[i] = f
+    return idx, [r[0] for r in tot.tolist()]
+
+
+def sample(probs: Tensor, u: Tensor, *, check: bool = True) -> Tensor:
+    """Inverse-CDF draws: ``LongTensor[B]``, row ``b`` drawn from ``probs[b]`` with ``u[b]``.
+
+    ``probs [B, V]`` holds non-negative weights (need not sum to 1; computed in
+    :func:`compute_dtype`), ``u [B]`` uniforms in [0, 1). The result is the index ``i`` with
+    ``cdf(i-1) <= u * total < cdf(i)``, never an index of probability zero; when rounding pushes
+    ``u * total`` past the last partial sum it is the last index of positive probability. Same rule,
+    and in float64 on the CPU the same result, as :func:`hsd_core.rand.inverse_cdf`.
+    Raises ``ValueError`` for a row with a NaN, infinite or negative entry or no mass, or a uniform
+    outside [0, 1).
+    """
+    if probs.dim() != 2 or u.dim() != 1 or u.shape[0] != probs.shape[0]:
+        raise ValueError(f"sample needs probs [B, V] and u [B], got {tuple(probs.shape)} and {tuple(u.shape)}")
+    if probs.shape[1] == 0:
+        raise ValueError("sample: empty vocabulary")
+    pr = probs if probs.dtype in (torch.float32, torch.float64) else probs.to(compute_dtype(probs))
+    if check:
+        _check_uniforms(u, "u")
+        _check_law_rows(pr, None, "probs")
+    return _inverse_cdf(pr, u if u.device == pr.device else u.to(pr.device))
+
+
+def _argmax_host(probs: Tensor) -> tuple[list[int], list[float]]:
+    """The argmax of every row of ``probs [R, N]`` (ties to the first column) and its value, read back."""
+    top, arg = torch.max(probs, dim=-1)
+    ids: list[int] = arg.tolist()
+    vals: list[float] = top.tolist()
+    return ids, vals
