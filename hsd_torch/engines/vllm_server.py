@@ -208,24 +208,30 @@ class VllmServer:
                                           env=server_env(os.environ, self.patch_vllm_cpu_expand),
                                           start_new_session=True)
         self.pid = self._proc.pid
+        try:
+            self._wait_ready(t0)
+        except BaseException:  # a death, the time limit, Ctrl-C: nothing is left running
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        assert self._proc is not None
         base = self.url.removesuffix("/v1")
         while True:
             code = self._proc.poll()
             if code is not None:
-                self.stop()
                 raise VllmServerError(f"the vLLM server exited with status {code} before it was ready "
                                       f"(log {self.log}: {_tail(self.log)})")
             if _get(base + "/health", 5.0)[0] == 200:
                 status, body = _get(self.url + "/models", 10.0)
                 if status == 200 and self.served_model_name in body.decode("utf-8", "replace"):
-                    break
+                    return
             if time.monotonic() - t0 > self.startup_timeout:
-                self.stop()
                 raise VllmServerError(f"the vLLM server was not ready within {self.startup_timeout:g} s "
                                       f"(log {self.log}: {_tail(self.log)})")
             time.sleep(self.poll_s)
-        self.startup_s = time.monotonic() - t0
-        return self
 
     def running(self) -> bool:
         """Whether the server's main process is running."""
@@ -240,9 +246,9 @@ class VllmServer:
         return parse_spec_metrics(body.decode("utf-8", "replace"))
 
     def stop(self) -> None:
-        """Stop the server's process group: SIGTERM, SIGKILL after ``stop_timeout`` seconds, and
-        wait (10 s more at most) until :func:`group_alive` says no process of it is left. Safe to
-        call twice."""
+        """Stop the server's process group: SIGTERM; SIGKILL to the group if its main process or
+        any other of its processes still runs after ``stop_timeout`` seconds (each); then wait (10 s
+        at most) until :func:`group_alive` says none is left. Safe to call twice."""
         proc, self._proc = self._proc, None
         if proc is None:
             return

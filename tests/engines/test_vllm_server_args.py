@@ -131,3 +131,14 @@ def test_a_server_that_dies_or_hangs_is_reported_and_stopped(tmp_path: Path) -> 
         with hung:
             pass
     assert not vs.group_alive(hung.pid) and not vs.group_alive(dead.pid)
+
+
+def test_an_interrupted_start_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt(url: str, timeout: float) -> tuple[int, bytes]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vs, "_get", interrupt)
+    srv = vs.VllmServer(_fake(tmp_path, "hang"), "/m", log=str(tmp_path / "i.log"), poll_s=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        srv.start()
+    assert srv.pid > 0 and not srv.running() and not vs.group_alive(srv.pid)
