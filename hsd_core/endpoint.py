@@ -25,7 +25,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .samples import Draw, Sampling, SamplesFile, format_draw, parse_samples
@@ -35,6 +36,56 @@ __all__ = ["EndpointError", "check_endpoint", "sample_endpoint"]
 
 class EndpointError(ValueError):
     """The endpoint cannot be audited (not loopback, no ids, a timeout, a bad answer): one line."""
+
+
+class _BudgetSpent(Exception):
+    """The time budget ran out before or during a request (turned into an :class:`EndpointError`
+    that says how many draws, ``done``, were made)."""
+
+    done = 0
+
+
+def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling) -> dict[str, Any]:
+    """The completions request of one draw: the prompt as ids, the seed, the ids asked back
+    (``return_tokens_as_token_ids`` with ``logprobs``, and ``return_token_ids``), greedy as
+    temperature 0, top-k / top-p only when set."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens, "n": 1,
+                            "seed": seed, "logprobs": 1, "return_tokens_as_token_ids": True,
+                            "return_token_ids": True, "stream": False}
+    if sampling.do_sample:
+        body["temperature"] = sampling.temperature
+        if sampling.top_k is not None:
+            body["top_k"] = sampling.top_k
+        if sampling.top_p is not None:
+            body["top_p"] = sampling.top_p
+    else:
+        body["temperature"] = 0.0
+    return body
+
+
+def _run_all(one: Callable[[int], Draw], n: int, concurrency: int) -> list[Draw]:
+    """``[one(0), ..., one(n - 1)]``, with at most ``concurrency`` calls running at once, in index
+    order whatever order they finish in. The first failure (in index order) is raised and the
+    calls not yet started are cancelled; a :class:`_BudgetSpent` says how many calls had succeeded."""
+    if concurrency <= 1:
+        out = []
+        for i in range(n):
+            try:
+                out.append(one(i))
+            except _BudgetSpent as e:
+                e.done = i
+                raise
+        return out
+    with ThreadPoolExecutor(max_workers=int(concurrency)) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        try:
+            return [f.result() for f in futures]
+        except BaseException as e:
+            for f in futures:
+                f.cancel()
+            if isinstance(e, _BudgetSpent):
+                e.done = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)
+            raise
 
 
 def check_endpoint(url: str, allow_remote: bool = False) -> str:
@@ -107,6 +158,7 @@ def sample_endpoint(
     speculative: dict[str, Any] | None = None,
     engine: dict[str, str] | None = None,
     target: str | None = None,
+    concurrency: int = 1,
 ) -> SamplesFile:
     """Draw one completion per seed from the OpenAI-compatible server at ``url`` (its ``/v1`` base):
     draw ``i`` conditions on ``prompt_ids[i % len(prompt_ids)]`` (recorded with the text
@@ -116,7 +168,11 @@ def sample_endpoint(
     :class:`~hsd_core.samples.SamplesFile` whose ``engine`` says the endpoint (and ``speculative``
     is what the caller says the server runs: None for a server without speculation). Raises
     :class:`EndpointError` (one line) for a non-loopback host without ``allow_remote``, more seeds
-    than ``max_requests``, a timeout, the time budget spent, or an answer without ids."""
+    than ``max_requests``, a timeout, the time budget spent, or an answer without ids.
+
+    ``concurrency``: how many requests are in flight at once (default 1: one after another). A
+    server that batches requests (vLLM) draws much faster with more; each draw keeps its own seed
+    and prompt, and the draws come back in seed order whatever order they finish in."""
     base = check_endpoint(url, allow_remote)
     if len(seeds) > max_requests:
         raise EndpointError(f"{len(seeds)} draws need {len(seeds)} requests, more than max_requests={max_requests}")
@@ -131,33 +187,27 @@ def sample_endpoint(
             raise EndpointError(f"{base}/models did not name a model ({' '.join(str(e).split())[:120]}): give the "
                                 "model's name") from None
     start = time.monotonic()
-    draws = []
-    for i, seed in enumerate(seeds):
+
+    def one(i: int) -> Draw:
         left = time_budget - (time.monotonic() - start)
         if left <= 0:
-            raise EndpointError(f"the time budget of {time_budget:g} s ran out after {i} of {len(seeds)} draws")
+            raise _BudgetSpent
         pid = [int(t) for t in prompt_ids[i % len(prompt_ids)]]
-        body: dict[str, Any] = {"model": model, "prompt": pid, "max_tokens": sampling.max_new_tokens, "n": 1,
-                                "seed": int(seed), "logprobs": 1, "return_tokens_as_token_ids": True,
-                                "return_token_ids": True, "stream": False}
-        if sampling.do_sample:
-            body["temperature"] = sampling.temperature
-            if sampling.top_k is not None:
-                body["top_k"] = sampling.top_k
-            if sampling.top_p is not None:
-                body["top_p"] = sampling.top_p
-        else:
-            body["temperature"] = 0.0
         try:
-            ans = _post(base + "/completions", body, min(timeout, left))
+            ans = _post(base + "/completions", _body(str(model), pid, int(seeds[i]), sampling), min(timeout, left))
         except EndpointError as e:
             if left < timeout and str(e).endswith("(timeout)"):
-                raise EndpointError(f"the time budget of {time_budget:g} s ran out after {i} of {len(seeds)} draws") \
-                    from None
+                raise _BudgetSpent from None
             raise
         ids, fr = _ids_of(ans, base + "/completions")
-        draws.append(Draw(ids=tuple(ids), seed=int(seed), prompt=prompts[i % len(prompts)], prompt_ids=tuple(pid),
-                          finish_reason=fr))
+        return Draw(ids=tuple(ids), seed=int(seeds[i]), prompt=prompts[i % len(prompts)], prompt_ids=tuple(pid),
+                    finish_reason=fr)
+
+    try:
+        draws = _run_all(one, len(seeds), concurrency)
+    except _BudgetSpent as e:
+        raise EndpointError(f"the time budget of {time_budget:g} s ran out after {e.done} of {len(seeds)} draws") \
+            from None
     eng = engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"}
     lines = [format_draw(d, engine=eng, sampling=sampling, speculative=speculative, target=target) for d in draws]
     return parse_samples(lines, f"<{base}>")

@@ -121,15 +121,16 @@ def run_config(label: str, python: str, args: argparse.Namespace, models: dict[s
     return rows
 
 
-def law_check(python: str, target: str, path: str, k: int, models: dict[str, Any], log: str) -> dict[str, Any]:
-    """The largest per-position TV between vLLM's teacher-forced law (float32 engine) and
+def law_check(python: str, target: str, path: str, k: int, models: dict[str, Any], log: str,
+              dtype: str = "float32") -> dict[str, Any]:
+    """The largest per-position TV between vLLM's teacher-forced law (a ``dtype`` engine) and
     transformers' float32 law over the first ``k`` draws of ``path``."""
     recs = va.read_samples_file(path)[:k]
     model, _ = models[target]
     worst = 0.0
     tvs = []
     t0 = time.perf_counter()
-    with va.VllmLaws(python, va.model_folder(target), log=log) as laws:
+    with va.VllmLaws(python, va.model_folder(target), dtype=dtype, log=log) as laws:
         start = time.perf_counter() - t0
         t0 = time.perf_counter()
         got = laws.many([(r["prompt_ids"], r["ids"]) for r in recs])
@@ -141,7 +142,7 @@ def law_check(python: str, target: str, path: str, k: int, models: dict[str, Any
         tv = 0.5 * np.abs(np.exp(lv.astype(np.float64)) - lg).sum(-1)
         tvs.extend(tv.tolist())
         worst = max(worst, float(tv.max()))
-    return {"target": target, "draws": len(recs), "positions": len(tvs), "max_tv": worst, "mean_tv": float(np.mean(tvs)),
+    return {"target": target, "dtype": dtype, "draws": len(recs), "positions": len(tvs), "max_tv": worst, "mean_tv": float(np.mean(tvs)),
             "vocab": laws.vocab_size, "law_worker_start_s": start, "laws_s": t_laws}
 
 
@@ -168,6 +169,8 @@ def main() -> int:
     ap.add_argument("--alpha", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--law-check", type=int, default=0, metavar="K")
+    ap.add_argument("--law-dtype", default="float32", help="the law check's vLLM dtype (default float32; bfloat16: how "
+                                                           "far vLLM's bfloat16 law is from transformers' float32 law)")
     ap.add_argument("--samples-dir", default="bench/engines/samples")
     ap.add_argument("--out", default="bench/engines/audit_vllm.json")
     ap.add_argument("--vllm-python", default=None)
@@ -212,11 +215,12 @@ def main() -> int:
         for target, label in ((SMOL, "smol-none"), (GEMMA, "gemma-none")):
             path = os.path.join(args.samples_dir, f"{label}-t1.jsonl")
             if target in models and os.path.exists(path):
-                res = law_check(python, target, path, args.law_check, models,
+                res = law_check(python, target, path, args.law_check, models, dtype=args.law_dtype, log=
                                 os.path.join(args.samples_dir, f"{label}-laws.log"))
-                print(f"law check {target}: max per-position TV {res['max_tv']:.3g}, mean {res['mean_tv']:.3g} over "
+                print(f"law check {target} ({args.law_dtype}): max per-position TV {res['max_tv']:.3g}, mean {res['mean_tv']:.3g} over "
                       f"{res['positions']} positions", flush=True)
-                record["law_check"] = [r for r in record["law_check"] if r["target"] != target] + [res]
+                record["law_check"] = [r for r in record["law_check"]
+                                       if (r["target"], r.get("dtype", "float32")) != (target, args.law_dtype)] + [res]
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
     return 0

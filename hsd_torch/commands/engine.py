@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--request-timeout", type=_positive_float, default=60.0, metavar="S", help="seconds per request (default 60)")
     a("--time-budget", type=_positive_float, default=3600.0, metavar="S",
       help="seconds for all requests to one endpoint (default 3600)")
+    a("--concurrency", type=ca.positive_int, default=1, metavar="N",
+      help="with --endpoint: requests in flight at once (default 1; a batching server such as vLLM draws faster "
+           "with more)")
     a("--speculative", metavar="JSON", default=None,
       help="with --endpoint: what the server speculates with, as the samples format's JSON object (default "
            "{\"method\": \"unknown\"})")
@@ -122,7 +125,7 @@ def _provider(spec: str) -> Any:
 
 
 def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any, Any]:
-    from hsd_core.endpoint import sample_endpoint
+    from hsd_core.endpoint import check_endpoint, sample_endpoint
     from hsd_core.samples import Sampling, write_samples
     from hsd_core.seqaudit import sequence_seeds
 
@@ -134,7 +137,12 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     pid = TokenText.get(tt, width).prompt_ids(args.prompt)
     spec = {"method": "unknown"} if args.speculative is None else json.loads(args.speculative)
     kw = dict(model=args.model, allow_remote=args.allow_remote, max_requests=args.max_requests,
-              timeout=args.request_timeout, time_budget=args.time_budget, target=args.target)
+              timeout=args.request_timeout, time_budget=args.time_budget, target=args.target,
+              concurrency=args.concurrency)
+    if args.baseline_endpoint is not None:  # two servers, one engine: one label (their URLs differ, at least by port)
+        kw["engine"] = {"name": "openai-compatible endpoints",
+                        "version": f"{check_endpoint(args.endpoint, True)} with speculation, "
+                                   f"{check_endpoint(args.baseline_endpoint, True)} without"}
     files: list[Any] = []
     for url, s, sp, name in ((args.endpoint, args.seed, spec, "endpoint"),
                              (args.baseline_endpoint, args.seed + 1, None, "baseline")):

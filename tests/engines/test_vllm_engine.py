@@ -1,7 +1,8 @@
 """vLLM itself, run by its own venv's Python (``bench/engines/setup_vllm.sh``; ``HSD_VLLM_PYTHON``
 names its python). Skipped without it, with the reason; ``HSD_REQUIRE_VLLM=1`` turns the skip into a
-failure (a machine that must run these). Each test starts one vLLM engine (30 s to a minute on a
-shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.models.real).
+failure (a machine that must run these; the fixtures are tests/engines/conftest.py's). Each test
+starts one vLLM engine (30 s to a minute on a shared 2-core machine) on SmolLM2-135M-Instruct
+(hsd_torch.models.real).
 
 - greedy identity: vLLM with ngram speculation emits, for every draw, exactly the target's greedy
   continuation under transformers (float32 engine; any departure is a wrong token);
@@ -16,7 +17,6 @@ shared 2-core machine) on SmolLM2-135M-Instruct (hsd_torch.models.real).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +27,7 @@ from hsd_core.seqaudit import sequence_seeds
 from hsd_torch.engines import vllm_audit as va
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
-SMOL = "smollm2-135m-instruct"
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    try:
-        return va.find_python(None)
-    except va.VllmUnavailable as e:
-        if os.environ.get("HSD_REQUIRE_VLLM") == "1":
-            pytest.fail(f"HSD_REQUIRE_VLLM=1 but {e}")
-        pytest.skip(f"vLLM's venv is not available: {e}")
-
-
-@pytest.fixture(scope="module")
-def smol() -> tuple[Any, Any]:
-    import torch
-
-    from hsd_torch.models import real as real_models
-
-    torch.set_num_threads(1)
-    if SMOL not in real_models.available():
-        if os.environ.get("HSD_REQUIRE_VLLM") == "1":
-            pytest.fail(f"{SMOL} is not installed: {real_models.install_command(SMOL)}")
-        pytest.skip(f"{SMOL} is not installed: {real_models.install_command(SMOL)}")
-    return real_models.load(SMOL)
-
-
+SMOL = "smollm2-135m-instruct"  # the conftest's vllm_python and smol fixtures
 PROMPTS = ["def fibonacci(n):", "the cat sat on the mat. the cat sat on the"]
 
 

@@ -119,6 +119,8 @@ def test_requests_carry_seeds_ids_and_settings(server: str) -> None:
     # the same draw comes back for the same seed (the server's sampler is seeded), as token ids
     assert _sample(server, "lossless", 4).draws == f.draws
     assert _sample(server, "token_ids", 4).draws[0].ids == f.draws[0].ids
+    # requests in flight together: the same draws, in seed order
+    assert _sample(server, "lossless", 4, concurrency=3).draws == f.draws
     greedy = sample_endpoint(server, PROMPTS, [TOK.encode(p) for p in PROMPTS], [1], Sampling(False, 1.0, None, None, 3),
                              model="m", speculative={"method": "sd"})
     assert _Handler.requests[-1]["temperature"] == 0.0 and _Handler.requests[-1]["model"] == "m"
@@ -151,6 +153,8 @@ def test_refusals(server: str) -> None:
     # cannot end before 2 s: the budget runs out after exactly one draw
     with pytest.raises(EndpointError, match="time budget of 1.5 s ran out after 1 of 3 draws"):
         _sample(server, "slow", 3, time_budget=1.5)
+    with pytest.raises(EndpointError, match="time budget of 0.5 s ran out after 0 of 4 draws"):
+        _sample(server, "slow", 4, time_budget=0.5, concurrency=2)  # two in flight, neither can end before 1 s
     with pytest.raises(EndpointError, match="more than max_requests=2"):
         _sample(server, "lossless", 3, max_requests=2)
     with pytest.raises(EndpointError, match="answered HTTP 404"):
