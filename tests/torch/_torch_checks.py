@@ -68,3 +68,19 @@ def holed_round_law(p: torch.Tensor, prop: torch.Tensor, mass: float, divided: b
     res = torch.clamp(p - ver, min=0)
     emitted = acc + (1 - acc.sum()) * res / res.sum()
     return (1 - mass) * p + mass * emitted
+
+
+def tiny_world_models(toks: dict[str, Any]) -> dict[str, Any]:
+    """The tiny world's float64 models over ``toks`` (``byte_bpe``, ``unigram``, ``bpe_fallback``
+    tokenizers): the ``models`` fixture of ``tests/torch/conftest.py``, and what
+    ``tests/torch/models/test_tiny_determinism.py`` digests in fresh processes."""
+    from hsd_torch.models import tiny
+
+    f64 = torch.float64
+    return {
+        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
+        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
+        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
+                                      dtype=f64),
+        "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
+    }

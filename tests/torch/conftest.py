@@ -25,18 +25,9 @@ def toks() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def models(toks: dict[str, Any]) -> dict[str, Any]:
-    import torch
+    from _torch_checks import tiny_world_models
 
-    from hsd_torch.models import tiny
-
-    f64 = torch.float64
-    return {
-        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
-        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
-        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
-                                      dtype=f64),
-        "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
-    }
+    return tiny_world_models(toks)
 
 
 @pytest.fixture(scope="module")

@@ -55,18 +55,9 @@ def model_digest(model: Any) -> str:
 def build_models(toks: dict[str, Any]) -> dict[str, Any]:
     """The models of ``conftest.py``'s ``models`` fixture (``test_processes_build_the_same_world`` checks
     they are)."""
-    import torch
+    from _torch_checks import tiny_world_models
 
-    from hsd_torch.models import tiny
-
-    f64 = torch.float64
-    return {
-        "llama_bpe": tiny.tiny_llama(toks["byte_bpe"], seed=0, dtype=f64),
-        "gpt2_uni_pad": tiny.tiny_gpt2(toks["unigram"], seed=1, vocab_size=len(toks["unigram"]) + 32, dtype=f64),
-        "gpt2_fb_pad": tiny.tiny_gpt2(toks["bpe_fallback"], seed=2, vocab_size=len(toks["bpe_fallback"]) + 16,
-                                      dtype=f64),
-        "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
-    }
+    return tiny_world_models(toks)
 
 
 def world_digests(toks: dict[str, Any] | None = None, models: dict[str, Any] | None = None,
@@ -93,9 +84,10 @@ def _start(hash_seed: str, rayon_threads: str) -> subprocess.Popen[str]:
     """A fresh interpreter that prints ``world_digests()`` as JSON."""
     env = dict(os.environ, PYTHONHASHSEED=hash_seed, RAYON_NUM_THREADS=rayon_threads, HF_HUB_OFFLINE="1")
     env.pop("TOKENIZERS_PARALLELISM", None)
-    code = "import json, runpy, sys; print(json.dumps(runpy.run_path(sys.argv[1])['world_digests']()))"
-    return subprocess.Popen([sys.executable, "-c", code, str(HERE)], env=env, cwd=HERE.parents[3],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = ("import json, runpy, sys; sys.path.insert(0, sys.argv[2]); "  # tests/torch: the shared _torch_checks
+            "print(json.dumps(runpy.run_path(sys.argv[1])['world_digests']()))")
+    return subprocess.Popen([sys.executable, "-c", code, str(HERE), str(HERE.parents[1])], env=env,
+                            cwd=HERE.parents[3], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
