@@ -153,8 +153,24 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def greedy_comparison(greedy: dict[str, list[list[int]]]) -> dict[str, Any]:
+    """Greedy output is the target's greedy output for every lossless method: per configuration, the
+    number of prompts whose tokens differ from hsd AR's at batch 1 (``greedy_mismatches``; batched float
+    rounding may flip a near tie) and where: (prompt, first differing position) (``greedy_divergences``,
+    to set beside the near ties counted)."""
+    ref = greedy.get("hsd:ar-greedy@b1", [])
+    return {
+        "greedy_mismatches": {k: sum(a != b for a, b in zip(ref, v)) for k, v in greedy.items()},
+        "greedy_divergences": {
+            k: [(i, next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+                for i, (a, b) in enumerate(zip(ref, v)) if a != b]
+            for k, v in greedy.items() if any(a != b for a, b in zip(ref, v))},
+    }
+
+
 class Bench:
-    def __init__(self, pair: dict[str, Any], prompts: list[str], new: int, lookahead: int, device: str) -> None:
+    def __init__(self, pair: dict[str, Any], prompts: list[str], new: int, lookahead: int, device: str,
+                 hf: bool = True) -> None:
         self.p = pair
         self.prompts = prompts
         self.new = new
@@ -163,10 +179,14 @@ class Bench:
         cuda = device.startswith("cuda")
         self.tt, self.dt = pair["target_tokenizer"], pair["drafter_tokenizer"]
         # transformers' assistants: own copies (UAG sampling prunes its assistant's head in place, and
-        # its translator cache is keyed by the tokenizers: one assistant per mode, kept for the run)
-        self.hf_assist = {"uag-greedy": copy.deepcopy(pair["drafter"]), "uag-sample": copy.deepcopy(pair["drafter"]),
-                          "uagfix-sample": copy.deepcopy(pair["drafter"])}
-        if pair.get("sd_drafter") is not None:
+        # its translator cache is keyed by the tokenizers: one assistant per mode, kept for the run);
+        # none without transformers' runs (``hf=False``: on the Qwen pair the copies cost about 3 GB)
+        self.hf_assist: dict[str, Any] = {}
+        if hf:
+            self.hf_assist = {"uag-greedy": copy.deepcopy(pair["drafter"]),
+                              "uag-sample": copy.deepcopy(pair["drafter"]),
+                              "uagfix-sample": copy.deepcopy(pair["drafter"])}
+        if hf and pair.get("sd_drafter") is not None:
             self.hf_assist.update({"sd-greedy": copy.deepcopy(pair["sd_drafter"]),
                                    "sd-sample": copy.deepcopy(pair["sd_drafter"])})
         for m in self.hf_assist.values():
@@ -650,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         desc = pairmod.describe(p)
         prompts = pairmod.prompts(args.prompts)
     batches = [int(b) for b in args.batches.split(",")]
-    bench = Bench(p, prompts, args.new, args.lookahead, args.device)
+    bench = Bench(p, prompts, args.new, args.lookahead, args.device, hf=not args.no_transformers)
     if args.b1_prompts:
         bench.b1 = min(args.b1_prompts, len(prompts))
     cfgs: list[tuple[str, str, str, int, int | None]] = [
@@ -682,18 +702,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and r + 1 < args.repeats:  # a run cut short (a device's time limit) keeps its finished repeats
             part = summarize(runs, args.lookahead)
             part["partial"] = {"repeats_done": r + 1, "repeats_asked": args.repeats}
+            part.update(greedy_comparison(greedy))  # from the first repeat: a cut run keeps it too
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             save(part, args.json)
     summary = summarize(runs, args.lookahead)
-    # greedy output is the target's greedy output for every lossless method: count the prompts where a
-    # configuration's tokens differ from hsd AR at batch 1 (batched float rounding may flip a near tie)
-    ref = greedy.get("hsd:ar-greedy@b1", [])
-    summary["greedy_mismatches"] = {k: sum(a != b for a, b in zip(ref, v)) for k, v in greedy.items()}
-    # where they differ: (prompt, first position that differs), to set beside the near ties counted
-    summary["greedy_divergences"] = {
-        k: [(i, next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
-            for i, (a, b) in enumerate(zip(ref, v)) if a != b]
-        for k, v in greedy.items() if any(a != b for a, b in zip(ref, v))}
+    summary.update(greedy_comparison(greedy))
     summary["setup"] = {"pair": desc, "pair_kind": args.pair if real else "synthetic", "modes": list(modes),
                         "build": p["build"] if args.pair == "distilled" else
                         {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},

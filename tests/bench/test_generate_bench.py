@@ -134,12 +134,36 @@ def test_generate_bench_keeps_finished_repeats_when_cut(tmp_path: Path, monkeypa
     res = json.loads(out.read_text())
     assert res["partial"] == {"repeats_done": 1, "repeats_asked": 2}
     assert res["methods"]["hsd:tli-greedy@b1"]["new_tokens"] == 3
+    # the greedy comparison with AR (from the first repeat) is kept by the cut run too
+    assert set(res["greedy_mismatches"]) == {k for k in res["methods"] if "-greedy@" in k}
+    assert res["greedy_mismatches"]["hsd:ar-greedy@b1"] == 0
     monkeypatch.setattr(gen.Bench, "run_hsd", real)
     try:
         assert gen.main(args) == 0
     finally:
         torch.set_num_threads(threads)
     assert "partial" not in json.loads(out.read_text())
+
+
+def test_greedy_comparison_and_no_assistant_copies_without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = _load("generate")
+    monkeypatch.setattr(gen, "FwdTimer", lambda m, cuda: None)
+    got = gen.greedy_comparison({"hsd:ar-greedy@b1": [[1, 2, 3], [4, 5]], "hsd:tli-greedy@b1": [[1, 2, 3], [4, 6]],
+                                 "hsd:slem-greedy@b1": [[1, 2, 3], [4, 5]]})
+    assert got["greedy_mismatches"] == {"hsd:ar-greedy@b1": 0, "hsd:tli-greedy@b1": 1, "hsd:slem-greedy@b1": 0}
+    assert got["greedy_divergences"] == {"hsd:tli-greedy@b1": [(1, 1)]}
+
+    class Model:  # deep-copying it would be a transformers assistant copy
+        generation_config = None
+
+        def __deepcopy__(self, memo: object) -> None:
+            raise AssertionError("an assistant copy was built without transformers' runs")
+
+    pair = {"target": Model(), "drafter": Model(), "sd_drafter": Model(), "target_tokenizer": None,
+            "drafter_tokenizer": None}
+    assert gen.Bench(pair, [], 3, 2, "cpu", hf=False).hf_assist == {}
+    with pytest.raises(AssertionError, match="assistant copy"):  # the fake does notice a copy
+        gen.Bench(pair, [], 3, 2, "cpu", hf=True)
 
 
 def test_configs_without_sd_drafter_and_with_chat_mode() -> None:
