@@ -61,7 +61,8 @@ MOVED: dict[str, str] = {
     "textaudit": "auditing.text_sequences",
     "tiny": "models.tiny",
     "variants": "auditing.variants",
-    "verification": "engine.verification",}
+    "verification": "engine.verification",
+}
 
 
 def new_name(old: str) -> str | None:
