@@ -41,6 +41,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from ._procs import stop_group
+
 __all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
            "build_job", "file_entry", "find_python", "model_folder", "open_laws", "read_samples_file", "run", "sample", "spec_entry"]
 
@@ -163,31 +165,13 @@ def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: fl
             try:
                 stdout, _ = proc.communicate(timeout=timeout)
             except BaseException:  # a timeout or an interrupt: vLLM's engine processes go with the worker
-                _stop(proc)
+                stop_group(proc, grace=10.0)
                 raise
     finally:
         os.unlink(path)
     if proc.returncode != 0:
         raise VllmUnavailable(f"the vLLM worker failed (exit status {proc.returncode}; log {log}): {_tail(log)}")
     return [json.loads(ln) for ln in stdout.decode().splitlines() if ln.strip()]
-
-
-def _stop(proc: Any, grace: float = 10.0) -> None:
-    """Stop a worker started with ``start_new_session=True`` and the engine processes vLLM spawned
-    under it: SIGTERM to its process group (the group its PID leads), SIGKILL after ``grace``
-    seconds."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @dataclass
@@ -268,7 +252,7 @@ class VllmLaws:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                _stop(proc)
+                stop_group(proc, grace=10.0)
             proc.stdout.close()
         if self._log is not None:
             self._log.close()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -33,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._procs import group_alive, stop_group
 from .vllm_audit import VllmUnavailable
 from .vllm_worker import ENV_DEFAULTS, SPEC_METRICS, speculative_config
 
@@ -118,30 +118,6 @@ def parse_spec_metrics(text: str) -> dict[str, Any]:
     if out.get("num_draft_tokens"):
         out["acceptance_rate"] = out.get("num_accepted_tokens", 0) / out["num_draft_tokens"]
     return out
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (zombies, which only await their
-    parent, do not count; read from ``/proc`` where there is one, else a signal 0 to the group)."""
-    if os.path.isdir("/proc"):
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat", encoding="utf-8", errors="replace") as f:
-                    fields = f.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(path: str, n: int = 15) -> str:
@@ -252,31 +228,10 @@ class VllmServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        pgid = proc.pid  # start_new_session: the server leads its own group
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + self.stop_timeout
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if group_alive(pgid) or proc.poll() is None:
-            _signal_group(pgid, signal.SIGKILL)
-            proc.wait()
-            deadline = time.monotonic() + 10.0
-            while group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.2)
+        stop_group(proc, self.stop_timeout)
 
     def __enter__(self) -> VllmServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
