@@ -201,6 +201,29 @@ def _write_ids(columns: list[Tensor], rows: Tensor, at: Tensor, ids: Tensor, p_n
         columns[cv][rows[at_c]] = ids[at_c]
 
 
+def _head_walks(trie: TargetTrie, heads: Tensor, head_len: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per head ``n`` (``heads [N, H]``, ``head_len [N]``): the trie walk from the root along its
+    bytes while they stay in the trie: bytes walked, the trie state reached, the longest target
+    token met on the way (lowest id, -1: none) and its length. :func:`parse_pairs`'s first token of
+    every text whose head this is starts there."""
+    n = head_len.shape[0]
+    walked, state, blen = (torch.zeros(n, dtype=torch.long, device=head_len.device) for _ in range(3))
+    best = torch.full_like(walked, -1)
+    go = torch.nonzero(head_len > 0).flatten()
+    for j in range(heads.shape[1]):
+        if go.numel() == 0:
+            break
+        found, child = _child(trie, state.index_select(0, go) * 256 + heads[go, j], torch.zeros_like(go, dtype=torch.bool))
+        go, child = go[found], child[found]
+        state[go] = child
+        walked[go] = j + 1
+        tm = trie.term.index_select(0, child)
+        best[go[tm >= 0]] = tm[tm >= 0]
+        blen[go[tm >= 0]] = j + 1
+        go = go[head_len.index_select(0, go) > j + 1]
+    return walked, state, best, blen
+
+
 def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor, col: Tensor, db: DrafterBytes,
                 limit: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The longest-prefix parse (``hsd_core``'s ``LongestPrefixMap.parse``) of many texts at once.
@@ -220,8 +243,11 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
     ld = torch.where(col >= 0, db.length.index_select(0, col.clamp(min=0)), torch.zeros_like(col))
     total = lh + ld
     pos = torch.zeros(p_n, dtype=torch.long, device=dev)
-    walked, st, blen, cnt = (torch.zeros_like(pos) for _ in range(4))
-    best = torch.full_like(pos, -1)
+    cnt = torch.zeros_like(pos)
+    # every pair of a node starts with the same walk through the node's head: taken once per node
+    h_walked, h_state, h_best, h_blen = _head_walks(trie, heads, head_len)
+    walked, st = h_walked.index_select(0, node), h_state.index_select(0, node)
+    best, blen = h_best.index_select(0, node), h_blen.index_select(0, node)
     f = torch.full_like(pos, NEVER)
     fpos = torch.zeros_like(pos)
     dead = torch.zeros(p_n, dtype=torch.bool, device=dev)
