@@ -22,7 +22,8 @@ from torch import Tensor
 from ...engine._cache import IdentityCache
 from ...vocab.text import TokenText
 
-__all__ = ["NEVER", "DrafterBytes", "TargetTrie", "join", "pad_bytes", "pad_ids", "parse_pairs", "walk", "walk_pairs"]
+__all__ = ["NEVER", "DrafterBytes", "SuffixParses", "TargetTrie", "join", "pad_bytes", "pad_ids", "parse_pairs",
+           "suffix_parses", "walk", "walk_pairs"]
 
 
 class TargetTrie:
@@ -235,12 +236,50 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
     (after the first ``j`` ids) is empty or a proper prefix of a target token, i.e. the first ``f``
     ids are settled and the ``f+1``-th is not (``LongestPrefixMap.settled(text, m)`` iff
     ``f >= m``; :data:`NEVER` when the first ``limit`` are settled), and ``fpos`` the byte offset
-    of that rest. A dead text (module docstring) ends its parse. One vectorized step per byte walked (``searchsorted`` over the trie's keys); a
-    pair leaves the loop once its ``limit`` ids are read or its text is used up."""
+    of that rest. A dead text (module docstring) ends its parse.
+
+    Cost: one vectorized step per byte walked (``searchsorted`` over the trie's keys) while a
+    pair's next token starts inside its node's head (the walk through the head itself is taken once
+    per node); once it starts inside the drafter token's bytes, the rest of the parse depends on
+    that token and offset alone and is read off :func:`suffix_parses` (built once per pair of
+    vocabularies)."""
+    table = suffix_parses(trie, db)
+    return _parse(trie, heads, head_len, node, col, db, limit, torch.zeros_like(col), table)
+
+
+class SuffixParses:
+    """The parse of every suffix of every drafter token's bytes (``db.data[c, o:length[c]]``), unlimited:
+    row ``start[c] + o`` holds its ids (``ids [S, W]``, -1 padding), ``n``, ``f``, ``fpos`` as
+    :func:`parse_pairs` returns them."""
+
+    def __init__(self, trie: TargetTrie, db: DrafterBytes) -> None:
+        dev = db.length.device
+        self.start = db.length.cumsum(0) - db.length
+        total = int(db.length.sum())
+        cols = torch.repeat_interleave(torch.arange(db.length.shape[0], device=dev), db.length)
+        offs = torch.arange(total, device=dev) - self.start.index_select(0, cols)
+        none = torch.zeros((1, 1), dtype=torch.long, device=dev).fill_(-1)
+        self.ids, self.n, self.f, self.fpos = _parse(
+            trie, none, torch.zeros(1, dtype=torch.long, device=dev), torch.zeros_like(cols), cols, db,
+            torch.full_like(cols, NEVER), offs, None)
+
+
+_SUFFIXES: IdentityCache[SuffixParses] = IdentityCache()
+
+
+def suffix_parses(trie: TargetTrie, db: DrafterBytes) -> SuffixParses:
+    """:class:`SuffixParses` of ``db`` over ``trie``, cached per pair of objects."""
+    return _SUFFIXES.get((trie, db), (), lambda: SuffixParses(trie, db))
+
+
+def _parse(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor, col: Tensor, db: DrafterBytes,
+           limit: Tensor, skip: Tensor, table: SuffixParses | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`parse_pairs`, the drafter bytes of pair ``i`` starting at offset ``skip[i]``; with
+    ``table``, a pair whose next token starts in its drafter bytes reads the rest off it."""
     dev = node.device
     p_n = node.shape[0]
     lh = head_len.index_select(0, node)
-    ld = torch.where(col >= 0, db.length.index_select(0, col.clamp(min=0)), torch.zeros_like(col))
+    ld = torch.where(col >= 0, db.length.index_select(0, col.clamp(min=0)) - skip, torch.zeros_like(col))
     total = lh + ld
     pos = torch.zeros(p_n, dtype=torch.long, device=dev)
     cnt = torch.zeros_like(pos)
@@ -255,6 +294,8 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
     empty = (total == 0) & (limit > 0)
     f[empty] = 0
     act = torch.nonzero((total > 0) & (limit > 0)).flatten()
+    if table is not None:
+        act = _from_table(table, act, lh, col, pos, cnt, f, fpos, limit, columns, p_n)
     hw, dw = max(heads.shape[1], 1), max(db.data.shape[1], 1)
     if heads.shape[1] == 0:
         heads = torch.full((heads.shape[0], 1), -1, dtype=torch.long, device=dev)
@@ -263,7 +304,8 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
         end = at >= total.index_select(0, act)
         lha = lh.index_select(0, act)
         hb = heads[node.index_select(0, act), at.clamp(max=hw - 1)]
-        dbyte = db.data[col.index_select(0, act).clamp(min=0), (at - lha).clamp(min=0, max=dw - 1)]
+        dbyte = db.data[col.index_select(0, act).clamp(min=0),
+                        (at - lha + skip.index_select(0, act)).clamp(min=0, max=dw - 1)]
         key = st.index_select(0, act) * 256 + torch.where(at < lha, hb, dbyte)
         found, child = _child(trie, key, end)
         go = act[found]
@@ -303,8 +345,36 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
         keep = (pos.index_select(0, act) < total.index_select(0, act)) \
             & (cnt.index_select(0, act) < limit.index_select(0, act)) & ~dead.index_select(0, act)
         act = act[keep]
+        if table is not None and fin.numel():
+            act = _from_table(table, act, lh, col, pos, cnt, f, fpos, limit, columns, p_n)
     ids = torch.stack(columns, dim=1) if columns else torch.full((p_n, 1), -1, dtype=torch.long, device=dev)
     return ids, cnt, f, fpos
+
+
+def _from_table(table: SuffixParses, act: Tensor, lh: Tensor, col: Tensor, pos: Tensor, cnt: Tensor, f: Tensor,
+                fpos: Tensor, limit: Tensor, columns: list[Tensor], p_n: int) -> Tensor:
+    """The active pairs whose next token starts inside their drafter bytes (``pos >= head length``,
+    between tokens: their walk state is the root) take the rest of their parse from ``table``
+    (ids up to ``limit``, ``f`` and ``fpos`` shifted by what was read before); returns the others."""
+    sw = (pos.index_select(0, act) >= lh.index_select(0, act)) & (col.index_select(0, act) >= 0)
+    if not bool(sw.any()):
+        return act
+    pr = act[sw]
+    row = table.start.index_select(0, col.index_select(0, pr)) + pos.index_select(0, pr) - lh.index_select(0, pr)
+    c0 = cnt.index_select(0, pr)
+    rem = limit.index_select(0, pr) - c0
+    take = torch.minimum(table.n.index_select(0, row), rem)
+    for k in range(int(take.max()) if take.numel() else 0):
+        on = take > k
+        _write_ids(columns, pr[on], c0[on] + k, table.ids[row[on], k], p_n)
+    cnt[pr] = c0 + take
+    fs = table.f.index_select(0, row)
+    # the suffix's first unsettled count, within the limit (NEVER: none), unless the text's end was
+    # already met inside a proper prefix of a target token (f is the first such count)
+    setf = (fs < rem) & (f.index_select(0, pr) == NEVER)
+    f[pr[setf]] = c0[setf] + fs[setf]
+    fpos[pr[setf]] = pos.index_select(0, pr)[setf] + table.fpos.index_select(0, row)[setf]
+    return act[~sw]
 
 
 def pad_bytes(texts: Sequence[bytes], device: torch.device) -> tuple[Tensor, Tensor]:
