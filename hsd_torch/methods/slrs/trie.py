@@ -248,9 +248,12 @@ def parse_pairs(trie: TargetTrie, heads: Tensor, head_len: Tensor, node: Tensor,
 
 
 class SuffixParses:
-    """The parse of every suffix of every drafter token's bytes (``db.data[c, o:length[c]]``), unlimited:
-    row ``start[c] + o`` holds its ids (``ids [S, W]``, -1 padding), ``n``, ``f``, ``fpos`` as
-    :func:`parse_pairs` returns them."""
+    """The parse of every suffix of every drafter token's bytes (``db.data[c, o:length[c]]``), unlimited,
+    as :func:`parse_pairs` returns it: suffix ``s = start[c] + o`` read ``n[s]`` ids,
+    ``flat[at[s] : at[s] + n[s]]``, and has ``f[s]``, ``fpos[s]``. Ragged, and built in chunks of
+    :data:`SUFFIX_CHUNK` suffixes: with a large drafter vocabulary against a target with short tokens a
+    padded ``[suffixes, longest parse]`` matrix would take hundreds of MB (Gemma's 262,144 ids: 1.97M
+    suffixes of up to 39 SmolLM2 ids)."""
 
     def __init__(self, trie: TargetTrie, db: DrafterBytes) -> None:
         dev = db.length.device
@@ -258,10 +261,29 @@ class SuffixParses:
         total = int(db.length.sum())
         cols = torch.repeat_interleave(torch.arange(db.length.shape[0], device=dev), db.length)
         offs = torch.arange(total, device=dev) - self.start.index_select(0, cols)
-        none = torch.zeros((1, 1), dtype=torch.long, device=dev).fill_(-1)
-        self.ids, self.n, self.f, self.fpos = _parse(
-            trie, none, torch.zeros(1, dtype=torch.long, device=dev), torch.zeros_like(cols), cols, db,
-            torch.full_like(cols, NEVER), offs, None)
+        none = torch.full((1, 1), -1, dtype=torch.long, device=dev)
+        flats: list[Tensor] = []
+        ns: list[Tensor] = []
+        fs: list[Tensor] = []
+        fposs: list[Tensor] = []
+        for a in range(0, total, SUFFIX_CHUNK):
+            c, o = cols[a:a + SUFFIX_CHUNK], offs[a:a + SUFFIX_CHUNK]
+            ids, n, f, fpos = _parse(trie, none, torch.zeros(1, dtype=torch.long, device=dev), torch.zeros_like(c), c, db,
+                                     torch.full_like(c, NEVER), o, None)
+            flats.append(ids[torch.arange(ids.shape[1], device=dev).unsqueeze(0) < n.unsqueeze(1)].to(torch.int32))
+            ns.append(n)
+            fs.append(f)
+            fposs.append(fpos)
+        empty = torch.zeros(0, dtype=torch.long, device=dev)
+        self.flat = torch.cat(flats) if flats else empty.to(torch.int32)  # ids, row-major; int32 halves it
+        self.n = torch.cat(ns) if ns else empty
+        self.f = torch.cat(fs) if fs else empty
+        self.fpos = torch.cat(fposs) if fposs else empty
+        self.at = self.n.cumsum(0) - self.n
+
+
+SUFFIX_CHUNK = 1 << 17
+"""Suffixes parsed per step when :class:`SuffixParses` is built."""
 
 
 _SUFFIXES: IdentityCache[SuffixParses] = IdentityCache()
@@ -366,7 +388,7 @@ def _from_table(table: SuffixParses, act: Tensor, lh: Tensor, col: Tensor, pos: 
     take = torch.minimum(table.n.index_select(0, row), rem)
     for k in range(int(take.max()) if take.numel() else 0):
         on = take > k
-        _write_ids(columns, pr[on], c0[on] + k, table.ids[row[on], k], p_n)
+        _write_ids(columns, pr[on], c0[on] + k, table.flat.index_select(0, table.at.index_select(0, row[on]) + k).long(), p_n)
     cnt[pr] = c0 + take
     fs = table.f.index_select(0, row)
     # the suffix's first unsettled count, within the limit (NEVER: none), unless the text's end was

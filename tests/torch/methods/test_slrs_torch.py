@@ -443,6 +443,33 @@ def test_parse_pairs_is_the_core_parse(tkind: str, dkind: str, toks: dict[str, A
                 assert pmap.parse(full[int(fpos[i]):]) == pmap.parse(full)[int(f[i]):]
 
 
+def test_suffix_parses_are_each_suffix_parsed_alone(toks: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table :func:`parse_pairs` reads once a token starts inside the drafter bytes: row
+    ``start[c] + o`` is the parse of drafter column ``c``'s bytes from offset ``o`` (the core's
+    ``LongestPrefixMap.parse``), and building it in chunks (here of 7 suffixes, across columns)
+    gives the same table as in one piece."""
+    from hsd_torch.methods.slrs import trie as trie_mod
+
+    tt = TokenText(toks["bpe_fallback"], len(toks["bpe_fallback"]))
+    dt = TokenText(toks["byte_bpe"], len(toks["byte_bpe"]))
+    trie, db = tslrs.TargetTrie(tt), tslrs.DrafterBytes(dt)
+    whole = trie_mod.SuffixParses(trie, db)
+    monkeypatch.setattr(trie_mod, "SUFFIX_CHUNK", 7)
+    chunked = trie_mod.SuffixParses(trie, db)
+    for name in ("flat", "n", "f", "fpos", "at", "start"):
+        assert torch.equal(getattr(whole, name), getattr(chunked, name)), name
+    core = CoreModel(tiny.tiny_gpt2(toks["bpe_fallback"], seed=0), toks["bpe_fallback"])
+    pmap = LongestPrefixMap(core.vocab)
+    rng = np.random.default_rng(4)
+    for c in rng.choice(db.ids.shape[0], 40, replace=False).tolist():
+        text = dt.bytes_of[int(db.ids[c])] or b""
+        for o in range(len(text)):
+            s_ = int(whole.start[c]) + o
+            n = int(whole.n[s_])
+            got = whole.flat[int(whole.at[s_]):int(whole.at[s_]) + n].tolist()
+            assert got == list(core.tokenizer.to_hf(pmap.parse(text[o:].decode("latin-1")))), (text, o)
+
+
 def core_conditionals(pair: str, toks: dict[str, Any], models: dict[str, Any], prompt: str, proposal: list[int],
                       max_tokens: int | None, budget: int) -> tuple[list[Any], int]:
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
