@@ -4,7 +4,7 @@ settled stop on the first ``m[r]`` ids.
 
 A tree node's text splits into its settled ids ``u`` (final whatever is drafted next) and a rest
 that is empty or a proper prefix of a target token; a child's proposal is ``u`` followed by the
-parse of (rest + the child's bytes) (:func:`.trie.parse_pairs`, every child of every node walked;
+parse of (rest + the child's bytes) (:func:`.trie.parse_pairs`, every child of every node parsed;
 the root level's parses are cached per pair of vocabularies; past it, only the children whose
 proposal can share the row's first id, or that may grow, are parsed: :meth:`MultiTokenRound.needs_parse`).
 Every stopping child's proposal tuple and path mass are kept; once the rows' own proposals are drawn, their conditional laws are
