@@ -1,6 +1,6 @@
 """Monkeypatch for transformers' universal speculative decoding (different tokenizers, do_sample=True).
 
-Verified on transformers 5.24.0 (docs/auditing-transformers.md has the root causes and the audits).
+Verified on transformers 5.25.0 (and 5.24.0 before it) (docs/auditing-transformers.md has the root causes and the audits).
 
 1. ``AssistantToTargetTranslator.get_target_logits`` puts the pruned assistant head's column ``j`` on
    the target id of the ``j``-th overlap id in *ascending assistant-id order*, while

@@ -37,7 +37,7 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "auditing-transformers.md"
 PATCH = ROOT / "bench" / "transformers_uag_patch.py"
-DOC_VERSION = "5.24.0"
+DOC_VERSION = "5.25.0"
 
 
 # ``python -c PINNED_RUN script.py args...``: the script as ``python script.py args...`` would run it,
