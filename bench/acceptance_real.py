@@ -104,18 +104,16 @@ def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k:
     """transformers' assisted generation across tokenizers, one prompt at a time: greedy (UAG), or
     with ``sample=True`` its universal speculative decoding at temperature 1 over the full law
     (``top_k=0``, ``top_p=1``: hsd's sampled rows' law) with ``bench/transformers_uag_patch.py``
-    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
-    patch = None
-    if sample:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import transformers_uag_patch as patch  # type: ignore[import-not-found,no-redef]
+    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``); greedy with
+    the patch's fix 3 alone (the assistant's cache: transformers 5.25 crashes on some prompts without it)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import transformers_uag_patch as patch  # type: ignore[import-not-found]
 
-        patch.apply_patch()
+    patch.apply_patch(cache_only=not sample)
     try:
         return _hf_rows(target, tt, drafter, dt, texts, k, new, sample, seed)
     finally:
-        if patch is not None:
-            patch.remove_patch()
+        patch.remove_patch()
 
 
 def _hf_rows(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k: int, new: int, sample: bool,
