@@ -11,7 +11,7 @@ prompts as one batch, ``--new`` new tokens each:
 
 - hsd: TLI and SLEM at lookahead 1, 4, 8; one-token SLRS (lookahead 1); bounded SLRS at lookahead 4
   (``min_path_prob`` 0.05); greedy and sampling (temperature 1, no top-k / top-p; seeded).
-- transformers 5.24 (``--hf``): universal assisted generation greedy (``assistant_model`` with both
+- transformers (the installed release, 5.25 pinned; ``--hf``): universal assisted generation greedy (``assistant_model`` with both
   tokenizers; ``num_assistant_tokens`` = lookahead, constant schedule), one prompt at a time;
   ``--hf-sample``: its universal speculative decoding (sampling, temperature 1, full law) with the
   project's patch (lossless; ``bench/transformers_uag_patch.py``), at the same lookaheads. Its
@@ -41,8 +41,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from bench_record import save  # noqa: E402
 
+# the rows' label for transformers' runs: its installed release (the recorded JSON says which one ran)
+HF_IMPL = "transformers " + ".".join(transformers.__version__.split(".")[:2])
 PROSE_MODULES = ["json", "argparse", "textwrap", "statistics", "random", "heapq", "bisect", "difflib"]
 HSD_CONFIGS: list[tuple[str, int, dict[str, Any]]] = [
     ("tli", 1, {}), ("tli", 4, {}), ("tli", 8, {}),
@@ -101,18 +104,16 @@ def run_hf_uag(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k:
     """transformers' assisted generation across tokenizers, one prompt at a time: greedy (UAG), or
     with ``sample=True`` its universal speculative decoding at temperature 1 over the full law
     (``top_k=0``, ``top_p=1``: hsd's sampled rows' law) with ``bench/transformers_uag_patch.py``
-    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``)."""
-    patch = None
-    if sample:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import transformers_uag_patch as patch  # type: ignore[import-not-found,no-redef]
+    installed for the call (lossless with it; seeded by ``torch.manual_seed(seed + i)``); greedy with
+    the patch's fix 3 alone (the assistant's cache: transformers 5.25 crashes on some prompts without it)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import transformers_uag_patch as patch  # type: ignore[import-not-found]
 
-        patch.apply_patch()
+    patch.apply_patch(cache_only=not sample)
     try:
         return _hf_rows(target, tt, drafter, dt, texts, k, new, sample, seed)
     finally:
-        if patch is not None:
-            patch.remove_patch()
+        patch.remove_patch()
 
 
 def _hf_rows(target: Any, tt: Any, drafter: Any, dt: Any, texts: list[str], k: int, new: int, sample: bool,
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             for sample in [m for m, on in ((False, args.hf), (True, args.hf_sample)) if on]:
                 for k in (1, 4, 8):
                     r = run_hf_uag(target, tt, drafter, dt, texts, k, args.new, sample=sample, seed=args.seed)
-                    rows.append({**base, "impl": "transformers 5.24", "lookahead": k,
+                    rows.append({**base, "impl": HF_IMPL, "lookahead": k,
                                  "method": "USD (patched)" if sample else "UAG",
                                  "mode": "sample T=1" if sample else "greedy", **r})
                     print(json.dumps(rows[-1]), flush=True)

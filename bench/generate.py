@@ -50,7 +50,9 @@ Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, look
   ``hf:sd-<mode>@b1``: transformers' assisted generation with the SD drafter (same tokenizer);
   ``hf:uag-<mode>@b1``: its assisted generation across tokenizers
   (``generate(assistant_model=d, tokenizer=tt, assistant_tokenizer=dt)``; greedy re-tokenizes text,
-  sampling works over the vocabulary intersection). The assistants draft exactly ``--lookahead``
+  sampling works over the vocabulary intersection; with fix 3 of ``bench/transformers_uag_patch.py``
+  alone, the assistant's cache, without which transformers 5.25 crashes on some prompts). The
+  assistants draft exactly ``--lookahead``
   tokens a round (``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``)
   so both implementations run the same lookahead. transformers takes batch 1 only.
   ``hf:uagfix-sample@b1``: the same sampling across tokenizers with ``bench/transformers_uag_patch.py``
@@ -255,14 +257,17 @@ class Bench:
             kw["assistant_model"] = assistant
         if kind in ("uag", "uagfix"):
             kw.update(tokenizer=self.tt, assistant_tokenizer=self.dt)
-        if kind == "uagfix":  # bench/transformers_uag_patch.py, installed for this configuration only
-            import transformers_uag_patch as fix
+        import transformers_uag_patch as fix
 
-            fix.apply_patch()
+        # uagfix: bench/transformers_uag_patch.py, installed for this configuration only; uag: its fix 3
+        # alone (the assistant's cache, which transformers 5.25 crops by a target length and then
+        # crashes on), so that transformers' own law runs
+        if kind in ("uag", "uagfix"):
+            fix.apply_patch(cache_only=kind == "uag")
         try:
             return self._run_hf(target, assistant, kw, seed, n)
         finally:
-            if kind == "uagfix":
+            if kind in ("uag", "uagfix"):
                 fix.remove_patch()
 
     def _run_hf(self, target: Any, assistant: Any, kw: dict[str, Any], seed: int, n: int | None) -> dict[str, Any]:

