@@ -4,9 +4,10 @@ lossy and crashing with a second assistant: the example's own asserts), and the 
 experiments and audit commands it shows run at small N (slow tier).
 
 Determinism: the installed UAG's law depends on the order of the assistant tokenizer's
-``get_vocab()`` (root cause 1), a Rust hash map's order that changes per process (over 2,000
-random orders the exact first-token TV after ``"def foo(x):\\n"`` ranges over 0.08-0.82, and the
-example's audit at N = 1000 missed 4 of 80 audits on the lowest 1% of them). So the tests pin that
+``get_vocab()`` (root cause 1), a Rust hash map's order that changes per process (on 5.25.0, over
+5,000 random orders the exact first-token TV after ``"def foo(x):\\n"`` ranges over 0.082-0.835, and
+the example's audit at N = 1000 missed 4 of 200 audits on the lowest 1% of them; the doc's "The
+lossy assert"). So the tests pin that
 order to sorted token strings, one of those orders, the same in every process
 (:func:`pinned_vocab_order`; the bench scripts run under :data:`PINNED_RUN`). With it the example's
 unpatched first-token law is at TV 0.373 from the target's; at N = 1000 its pooled rare cells (target
