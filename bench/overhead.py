@@ -124,23 +124,21 @@ def setup() -> tuple[Any, Any, Any, Any, Any]:
     return tt, dt, target, drafter, same
 
 
-def setup_real(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any, Any, Any]:
-    """The real pair: (Gemma's tokenizer, SmolLM2's, Gemma-3-270M, SmolLM2-135M-Instruct, None)."""
+REAL_PAIRS = {"real": ("gemma-3-270m", "smollm2-135m-instruct", None),
+              "qwen": ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")}
+"""The real pairs: target, drafter and SD drafter (None: no drafter shares the target's vocabulary)."""
+
+
+def setup_real(dtype: torch.dtype = torch.float32, pair: str = "real") -> tuple[Any, Any, Any, Any, Any]:
+    """A real pair of :data:`REAL_PAIRS` in ``dtype``: (target tokenizer, drafter tokenizer, target,
+    drafter, SD drafter or None); ``"real"``: Gemma-3-270M <- SmolLM2-135M-Instruct, no SD; ``"qwen"``:
+    Qwen2.5-Coder-1.5B-Instruct <- SmolLM2-135M-Instruct, SD <- Qwen2.5-Coder-0.5B-Instruct."""
     from hsd_torch.models import real as real_models
 
-    target, tt = real_models.load("gemma-3-270m", dtype=dtype)
-    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
-    return tt, dt, target, drafter, None
-
-
-def setup_qwen(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any, Any, Any]:
-    """(Qwen's tokenizer, SmolLM2's, Qwen2.5-Coder-1.5B-Instruct, SmolLM2-135M-Instruct,
-    Qwen2.5-Coder-0.5B-Instruct as the SD drafter)."""
-    from hsd_torch.models import real as real_models
-
-    target, tt = real_models.load("qwen2.5-coder-1.5b-instruct", dtype=dtype)
-    drafter, dt = real_models.load("smollm2-135m-instruct", dtype=dtype)
-    same, _ = real_models.load("qwen2.5-coder-0.5b-instruct", dtype=dtype)
+    target_name, drafter_name, sd_name = REAL_PAIRS[pair]
+    target, tt = real_models.load(target_name, dtype=dtype)
+    drafter, dt = real_models.load(drafter_name, dtype=dtype)
+    same = real_models.load(sd_name, dtype=dtype)[0] if sd_name else None
     return tt, dt, target, drafter, same
 
 
@@ -149,7 +147,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--new", type=int, default=48, help="max_new_tokens per call")
     ap.add_argument("--methods", default=None, help="default: ar,sd,tli,slem,slrs (real pair: ar,tli,slem,slrs)")
-    ap.add_argument("--pair", choices=("tiny", "real", "qwen"), default="tiny")
+    ap.add_argument("--pair", choices=("tiny", *REAL_PAIRS), default="tiny")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the real pairs' dtype")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=None)
@@ -163,8 +161,7 @@ def main() -> None:
     if args.pair == "tiny" and args.dtype != "float32":
         ap.error("--dtype: the tiny pair runs in float32")
     dtype = getattr(torch, args.dtype)
-    tt, dt, target, drafter, same = (setup_real(dtype) if args.pair == "real" else
-                                     setup_qwen(dtype) if args.pair == "qwen" else setup())
+    tt, dt, target, drafter, same = setup_real(dtype, args.pair) if args.pair in REAL_PAIRS else setup()
     prompt = PROMPT if args.pair == "tiny" else REAL_PROMPT
     n_params = sum(p.numel() for p in target.parameters())
     print(f"setup {time.perf_counter() - t0:.1f} s; target {n_params / 1e6:.1f}M params, {len(tt)} ids; "
