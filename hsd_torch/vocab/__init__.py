@@ -5,8 +5,8 @@ intersection index tensors, additive pushforward) and a tokenizer's text space
 
 from .bridge import Restricted, VocabBridge, clear_cache
 from .bridge import _Push as _Push  # private: the methods' pushforward
-from .byte_strings import (TokenBytes, UnsupportedTokenizer, byte_level_alphabet, model_digest, token_bytes,
-                           tokenizer_state)
+from .byte_strings import (TokenBytes, UnsupportedTokenizer, byte_level_alphabet, forget_tokenizer, model_digest,
+                           token_bytes, tokenizer_fingerprint, tokenizer_state, tokenizer_state_cached)
 
 __all__ = [
     "Restricted",
@@ -15,7 +15,10 @@ __all__ = [
     "VocabBridge",
     "byte_level_alphabet",
     "clear_cache",
+    "forget_tokenizer",
     "model_digest",
     "token_bytes",
+    "tokenizer_fingerprint",
     "tokenizer_state",
+    "tokenizer_state_cached",
 ]

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .byte_strings import _BYTES_CACHE, _CACHE_SIZE, TokenBytes, token_bytes, tokenizer_state
+from .byte_strings import _BYTES_CACHE, _CACHE_SIZE, _STATES, TokenBytes, token_bytes, tokenizer_state_cached
 
 __all__ = ["Restricted", "VocabBridge", "clear_cache"]
 
@@ -185,9 +185,10 @@ _CORE_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Any, _Core]] = OrderedDict(
 
 
 def clear_cache() -> None:
-    """Forget every cached byte table and bridge (and the tokenizers they keep alive)."""
+    """Forget every cached byte table, bridge and tokenizer state (and the tokenizers they keep alive)."""
     _BYTES_CACHE.clear()
     _CORE_CACHE.clear()
+    _STATES.clear()
 
 
 class VocabBridge:
@@ -219,7 +220,7 @@ class VocabBridge:
                  device: torch.device | str | None = None) -> None:
         key = (id(target_tokenizer), id(drafter_tokenizer), target_vocab_size, drafter_vocab_size,
                target_eos_id, drafter_eos_id)
-        fps = (tokenizer_state(target_tokenizer), tokenizer_state(drafter_tokenizer))
+        fps = (tokenizer_state_cached(target_tokenizer), tokenizer_state_cached(drafter_tokenizer))
         hit = _CORE_CACHE.get(key)
         if (hit is not None and hit[0][0] is target_tokenizer and hit[0][1] is drafter_tokenizer
                 and hit[1] == fps):

@@ -43,7 +43,7 @@ import torch
 from hsd_core.tokenizers import Unencodable as CoreUnencodable
 
 from ..engine._cache import IdentityCache
-from .byte_strings import token_bytes, tokenizer_state
+from .byte_strings import token_bytes, tokenizer_state_cached
 
 __all__ = ["TokenText", "Unencodable", "check_tokenizer"]
 
@@ -123,10 +123,12 @@ class TokenText:
         tokenizer changed in place (a BOS template set on its post-processor, tokens added, its
         model swapped for another of the same kind and size) is read again, as a fresh object with
         that state would be: building reads the whole vocabulary (milliseconds at 4k ids, more at
-        150k), which a call of ``generate`` must not pay again; the state costs 0.1-1 ms for real
-        tokenizers plus the digest (:func:`hsd_torch.vocab.model_digest`, which serializes the model).
-        Everything cached per :class:`TokenText` (text spaces, column maps, bridges, tries) follows."""
-        state = tokenizer_state(tokenizer)
+        150k), which a call of ``generate`` must not pay again. The state is read through
+        :func:`hsd_torch.vocab.tokenizer_state_cached`: in full (its digest serializes the model:
+        20-400 ms on real tokenizers) only when the cheap :func:`hsd_torch.vocab.tokenizer_fingerprint`
+        (0.4-5 ms) moves; a change in place that the fingerprint cannot see needs
+        :func:`hsd_torch.vocab.forget_tokenizer`. Everything cached per :class:`TokenText` (text spaces, column maps, bridges, tries) follows."""
+        state = tokenizer_state_cached(tokenizer)
         return cls._cache.get((tokenizer,), (vocab_size, state), lambda: cls(tokenizer, vocab_size, state=state))
 
     def has_text(self, i: int) -> bool:

@@ -214,6 +214,68 @@ def test_a_tokenizer_model_swapped_in_place_is_read_again(pair: dict[str, Any]) 
     assert (changed.sequences, changed.uniforms) != (before.sequences, before.uniforms)
 
 
+def test_a_call_reads_the_whole_tokenizer_state_only_when_its_fingerprint_moves(
+        pair: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate`` keys what it caches per tokenizer on the tokenizer's whole state (a digest of its
+    model: 150-600 ms on 262,144 ids), read in full only when the per-call fingerprint moves
+    (``tokenizer_fingerprint``: a few ms): a second call on unchanged tokenizers serializes no model; a
+    token added in place is seen and read again; two ids that the fingerprint neither samples nor
+    meets in its probe text trading strings is not seen (its documented limit), and after
+    ``forget_tokenizer`` it is: the output is then a fresh object's."""
+    from hsd_torch.engine.runner import logit_width
+    from hsd_torch.vocab import byte_strings, forget_tokenizer
+
+    digests: list[int] = []
+    digest = byte_strings.model_digest
+    monkeypatch.setattr(byte_strings, "model_digest", lambda m: digests.append(1) or digest(m))
+    # a sample of 16 + 32 ids, so that the tiny vocabulary has ids outside it (real ones: 256 + 512)
+    monkeypatch.setattr(byte_strings, "_FIRST_IDS", 16)
+    monkeypatch.setattr(byte_strings, "_SAMPLED_IDS", 32)
+    tok, dtok = copy.deepcopy(pair["target_tokenizer"]), copy.deepcopy(pair["drafter_tokenizer"])
+    kw: dict[str, Any] = dict(method="tli", lookahead=3, max_new_tokens=6, seed=3, record_uniforms=True,
+                              target_tokenizer=tok, drafter_tokenizer=dtok)
+    run(pair, PROMPTS, **kw)
+    assert len(digests) == 2  # each new tokenizer object read in full once
+    digests.clear()
+    run(pair, PROMPTS, **kw)
+    assert digests == []  # unchanged: the fingerprint only
+
+    # two ids outside the fingerprint's sample, neither met when it encodes its probe text
+    fp = byte_strings.tokenizer_fingerprint(tok)
+    model = tok.backend_tokenizer.model
+    seen_strings, probe_ids = set(fp[-2]), set(fp[-1])
+    hidden = [model.id_to_token(i) for i in range(tok.backend_tokenizer.get_vocab_size(False))
+              if model.id_to_token(i) not in seen_strings and i not in probe_ids
+              and model.id_to_token(i) not in tok.backend_tokenizer.get_added_tokens_decoder()]
+    a, b = hidden[0], hidden[len(hidden) // 2]
+    _trade_ids(tok, a, b)
+    assert byte_strings.tokenizer_fingerprint(tok) == fp and byte_strings.tokenizer_state(tok) != \
+        byte_strings.tokenizer_state(pair["target_tokenizer"])
+    digests.clear()
+    run(pair, PROMPTS, **kw)
+    assert digests == []  # not seen
+    forget_tokenizer(tok)
+    width = logit_width(pair["target"])
+    from hsd_torch.vocab.text import TokenText
+
+    fresh_tok = _trade_ids(copy.deepcopy(pair["target_tokenizer"]), a, b)
+    assert TokenText.get(tok, width).bytes_of == TokenText.get(fresh_tok, width).bytes_of
+    assert len(digests) == 2  # tok read again after forget_tokenizer, and the fresh object
+    changed = run(pair, PROMPTS, **kw)
+    fresh = run(pair, PROMPTS, **{**kw, "target_tokenizer": fresh_tok})
+    assert (changed.sequences, changed.uniforms) == (fresh.sequences, fresh.uniforms)
+
+    from tokenizers import normalizers
+
+    digests.clear()
+    tok.backend_tokenizer.normalizer = normalizers.Lowercase()  # seen: the state is read again
+    run(pair, PROMPTS, **kw)
+    assert digests == [1]
+    before = byte_strings.tokenizer_fingerprint(tok)
+    tok.add_tokens(["zq zq"])  # an added token moves it too (generate then refuses the width)
+    assert byte_strings.tokenizer_fingerprint(tok) != before
+
+
 BAD_TEMPERATURES = [math.inf, -math.inf, math.nan, 0.0, -1.0, 5e-324, 1e-300, 1e-45, 1e-4, 1e4, 1e300]
 
 

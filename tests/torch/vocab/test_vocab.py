@@ -33,7 +33,7 @@ from hsd_core.vocab import Vocabulary  # noqa: E402
 from hsd_torch.models import real_tokenizers as rt  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 from hsd_torch.vocab import (  # noqa: E402
-    UnsupportedTokenizer, VocabBridge, byte_level_alphabet, clear_cache, token_bytes)
+    UnsupportedTokenizer, VocabBridge, byte_level_alphabet, clear_cache, token_bytes, tokenizer_fingerprint)
 
 REQUIRE_REAL = os.environ.get("HSD_REQUIRE_REAL_TOKENIZERS") == "1"
 
@@ -520,8 +520,17 @@ def test_build_cost_is_per_id_c_calls(bench_module: Callable[[str], ModuleType])
         clear_cache()
         calls: Counter[str] = Counter()
         c_names: Counter[str] = Counter()
+        in_fingerprint = [0]  # the per-call fingerprint's own calls, counted apart
+        fingerprint_calls: Counter[str] = Counter()
 
         def profile(frame: Any, event: str, arg: Any) -> None:
+            if frame.f_code is tokenizer_fingerprint.__code__ and event in ("call", "return"):
+                in_fingerprint[0] += 1 if event == "call" else -1
+                fingerprint_calls["entered"] += event == "call"
+                return
+            if in_fingerprint[0]:
+                fingerprint_calls[event] += 1
+                return
             calls[event] += 1
             if event == "c_call":
                 owner = type(getattr(arg, "__self__", None)).__module__.split(".")[0]
@@ -541,6 +550,9 @@ def test_build_cost_is_per_id_c_calls(bench_module: Callable[[str], ModuleType])
         assert not forbidden, forbidden
         assert c_names["tokenizers:WordLevel.id_to_token"] == 2 * (n + 1)  # each id of each tokenizer, once
         counts[n] = (calls["call"], calls["c_call"])
+        # the fingerprint (read once per tokenizer and call): a bounded number of calls whatever n
+        # (768 sampled ids, one probe encoding, a few reads), twice (target, drafter)
+        assert fingerprint_calls["entered"] == 2 and fingerprint_calls["c_call"] <= 2 * 1_200, fingerprint_calls
     (py_small, c_small), (py_large, c_large) = counts[5_000], counts[20_000]
     assert py_small == py_large, counts
     assert c_large - c_small <= 4 * 2 * (20_000 - 5_000), counts
