@@ -142,13 +142,13 @@ def penalize(x: F64, repeated: Collection[int], counts: Mapping[int, int], repet
 def keep_top_k(x: F64, k: int | None, ties: str = "keep") -> F64:
     """``x`` keeping the ids whose logit is at least the k-th largest; ``ties="keep"`` keeps every id tied
     with the k-th (vLLM, transformers), ``"exact"`` keeps exactly k ids (llama.cpp), refusing a tie across
-    the boundary (:class:`AmbiguousLawError`). None, or ``k`` at least the number of finite logits:
+    the boundary among ids of positive probability (:class:`AmbiguousLawError`). None, or ``k`` at least the number of finite logits:
     unchanged."""
     finite = int(np.isfinite(x).sum())
     if k is None or k >= finite:
         return x
     kth = float(np.sort(x)[::-1][k - 1])
-    if ties == "exact" and int((x > kth).sum()) + int((x == kth).sum()) > k:
+    if ties == "exact" and int((x > kth).sum()) + int((x == kth).sum()) > k and softmax(x)[x == kth][0] > 0:
         raise AmbiguousLawError(f"top-k {k}: ids tied at the {k}-th logit straddle the boundary; an engine that keeps "
                                 "exactly k ids decides among them by its sort")
     return np.where(x >= kth, x, NEG)
