@@ -44,7 +44,7 @@ def _tokenizer(m: kc.KitModel) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     vocab = {t: i for i, t in enumerate(m.tokens)}
-    merges = [tuple(x) for x in m.merges]
+    merges = [(a, b) for a, b in m.merges]
     if m.kind == "byte_bpe":
         tok = Tokenizer(models.BPE(vocab, merges))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
