@@ -112,3 +112,16 @@ def test_the_samples_audit_refuses_processing_it_does_not_apply() -> None:
         f = parse_samples([json.dumps({**base, "sampling": {**plain, **extra}})])
         with pytest.raises(NotImplementedError, match="samples audit applies temperature, top-k and top-p"):
             check_applicable(f)
+
+
+@pytest.mark.parametrize("t, k, p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.5, 12, 0.6)])
+def test_hsd_torch_processing_is_hsd_core_vllm_order(t: float, k: int | None, p: float | None) -> None:
+    """The backend's processed law (temperature, top-k, top-p) is the reference's vLLM-order law, float64."""
+    from hsd_core.processing import next_law
+    from hsd_core.samples import Sampling
+    from hsd_torch.engine.laws import process_logits
+
+    x = np.random.default_rng(5).normal(0, 2, 40)
+    got = process_logits(torch.tensor(x), torch.ones(40, dtype=torch.bool), t, k, p).numpy()
+    want = next_law(x, Sampling(True, t, k, p, 1, order="vllm"), [], [], ())
+    assert np.abs(got - want).max() < 1e-12
