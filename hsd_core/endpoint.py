@@ -48,7 +48,8 @@ class _BudgetSpent(Exception):
 def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling) -> dict[str, Any]:
     """The completions request of one draw: the prompt as ids, the seed, the ids asked back
     (``return_tokens_as_token_ids`` with ``logprobs``, and ``return_token_ids``), greedy as
-    temperature 0, top-k / top-p only when set."""
+    temperature 0, top-k / top-p only when set, and the other processing keys of the samples format that
+    are set, under the same names (vLLM's OpenAI server reads them; ``bad_words_ids``: ``ValueError``)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens, "n": 1,
                             "seed": seed, "logprobs": 1, "return_tokens_as_token_ids": True,
                             "return_token_ids": True, "stream": False}
@@ -60,6 +61,13 @@ def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling) -> d
             body["top_p"] = sampling.top_p
     else:
         body["temperature"] = 0.0
+    extra = sampling.processing()
+    extra.pop("order", None)  # which engine's order applies: the file's word, not a request setting
+    if "bad_words_ids" in extra:
+        raise ValueError("bad_words_ids cannot be sent: the OpenAI-compatible API takes bad words as text")
+    if "min_p" in extra and not sampling.do_sample:
+        extra.pop("min_p")
+    body.update(extra)  # min_p, the penalties, logit_bias, allowed_token_ids, min_tokens, stop: vLLM's names
     return body
 
 

@@ -15,9 +15,22 @@ int >= 1, ``top_p`` null or a number in (0, 1], all three ignored when greedy; `
 int >= 1), ``seed`` (an int, or null where the engine cannot seed), ``ids`` (the generated target
 ids only, ints >= 0), and at least one of ``prompt`` (a str) and ``prompt_ids`` (a non-empty list of
 the target's ids the engine conditioned on: authoritative when given). Optional: ``target`` (a
-str), ``finish_reason`` (a str or null). Every line carries the same ``format``, ``engine``,
+str), ``finish_reason`` (a str or null; ``"stop"``: the draw ended on a stop string of
+``sampling.stop``, its last id the one whose text completed it). Every line carries the same ``format``, ``engine``,
 ``target``, ``speculative`` and ``sampling``; seeds that are given are distinct (a repeated seed is
-not an independent draw). Unknown keys are kept (:attr:`Draw.extra`) and ignored.
+not an independent draw). Unknown keys of a line are kept (:attr:`Draw.extra`) and ignored;
+an unknown key of ``sampling`` is refused, since it may change the law (issue 48).
+
+**Processing.** ``sampling`` may also hold (each optional, null or absent: off): ``min_p`` (in
+[0, 1]), ``repetition_penalty`` (> 0; 1 off), ``presence_penalty`` and ``frequency_penalty``
+(numbers; 0 off), ``penalty_last_n`` (llama.cpp's penalty window, an int; -1 every id),
+``logit_bias`` (``{"id": bias}``, ids as decimal strings, the OpenAI form), ``bad_words_ids``
+(a list of non-empty id lists: the engine's tokenization of its bad words), ``allowed_token_ids``
+(a non-empty id list), ``min_tokens`` (an int >= 0), ``stop`` (a string or a list of them) and
+``order``, the engine whose order of stages the draws followed (``"vllm"``, ``"llama.cpp"`` or
+``"transformers"``: :mod:`hsd_core.processing` states each order and computes its law), required
+as soon as any other of these keys is set. :class:`Sampling` writes them only when set, so a
+file with temperature, top-k and top-p alone reads as before.
 
 A file that breaks a rule is refused with one line, :class:`SamplesFormatError`
 (``FILE:LINE: key 'K': what is wrong; what to do``). Numpy-free and torch-free: an engine's test
@@ -33,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT", "Draw", "Sampling", "SamplesFile", "SamplesFormatError", "format_draw", "parse_samples",
+__all__ = ["FORMAT", "ORDERS", "PROCESSING_KEYS", "Draw", "Sampling", "SamplesFile", "SamplesFormatError", "format_draw", "parse_samples",
            "read_samples", "write_samples"]
 
 FORMAT = "hsd-samples/1"
@@ -47,26 +60,81 @@ class SamplesFormatError(ValueError):
     """A samples file that breaks the format: one line, ``FILE:LINE: key 'K': what; what to do``."""
 
 
+ORDERS = ("vllm", "llama.cpp", "transformers")
+"""The engines whose order of processing stages a file may name (``sampling.order``;
+:mod:`hsd_core.processing` computes the law in each)."""
+
+PROCESSING_KEYS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n",
+                   "logit_bias", "bad_words_ids", "allowed_token_ids", "min_tokens", "stop", "order")
+"""The optional ``sampling`` keys beyond ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and
+``max_new_tokens`` (module docstring); any other key is refused."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """The sampling settings every draw of a file was made with (``top_k`` / ``top_p`` None: off;
-    greedy: ``do_sample`` False, the other three then carry no meaning)."""
+    greedy: ``do_sample`` False, temperature, top-k, top-p and min-p then carry no meaning; the
+    penalties, bias, bad words, allowed ids and min_tokens act on greedy draws too).
+
+    Beyond temperature, top-k and top-p (module docstring, "Processing"): ``min_p`` (None: off),
+    ``repetition_penalty`` (1: off), ``presence_penalty`` / ``frequency_penalty`` (0: off),
+    ``penalty_last_n`` (llama.cpp's penalty window; None: every id), ``logit_bias`` (``(id, bias)``
+    pairs, ids increasing), ``bad_words_ids`` (id sequences), ``allowed_token_ids`` (None: every id),
+    ``min_tokens`` (end ids held back before that many new ids), ``stop`` (stop strings) and
+    ``order``, the engine whose order of stages applies (:data:`ORDERS`; None: temperature, top-k,
+    top-p in that order, vLLM's and transformers' order, the only processing then allowed)."""
 
     do_sample: bool
     temperature: float
     top_k: int | None
     top_p: float | None
     max_new_tokens: int
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    order: str | None = None
+
+    def processing(self) -> dict[str, Any]:
+        """The settings beyond temperature, top-k and top-p that differ from their defaults, as
+        the file's JSON writes them (empty: plain temperature / top-k / top-p sampling)."""
+        out: dict[str, Any] = {}
+        for key in PROCESSING_KEYS:
+            v = getattr(self, key)
+            if v == _DEFAULTS[key]:
+                continue
+            if key == "logit_bias":
+                v = {str(i): b for i, b in v}
+            elif key == "bad_words_ids":
+                v = [list(w) for w in v]
+            elif key in ("allowed_token_ids", "stop"):
+                v = list(v)
+            out[key] = v
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"do_sample": self.do_sample, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
+                "top_p": self.top_p, "max_new_tokens": self.max_new_tokens, **self.processing()}
 
     def describe(self) -> str:
-        """One phrase: ``greedy`` or ``temperature 1.0, top_k None, top_p 0.9``."""
+        """One phrase: ``greedy`` or ``temperature 1.0, top_k None, top_p 0.9``, then the other
+        settings that are set (``, min_tokens 24, logit_bias {"30": 5}, order vllm``)."""
+        extra = "".join(f", {k} {json.dumps(v)}" for k, v in self.processing().items())
         if not self.do_sample:
-            return "greedy"
-        return f"temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}"
+            return "greedy" + extra
+        return f"temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}" + extra
+
+
+_DEFAULTS: dict[str, Any] = {"min_p": None, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                             "frequency_penalty": 0.0, "penalty_last_n": None, "logit_bias": (),
+                             "bad_words_ids": (), "allowed_token_ids": None, "min_tokens": 0, "stop": (),
+                             "order": None}
 
 
 @dataclass(frozen=True)
@@ -144,9 +212,88 @@ def _ids(obj: Any, path: str, line: int, key: str, nonempty: bool) -> tuple[int,
     return tuple(obj)
 
 
+_BASE_KEYS = ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")
+
+
+def _id_list(v: Any, path: str, line: int, key: str, nonempty: bool = True) -> tuple[int, ...]:
+    if not isinstance(v, list) or (nonempty and not v) or not all(_is_int(t) and t >= 0 for t in v):
+        raise _fail(path, line, key, f"must be a {'non-empty ' if nonempty else ''}list of int ids >= 0, got "
+                                     f"{json.dumps(v)}")
+    return tuple(v)
+
+
+def _processing(obj: dict[str, Any], path: str, line: int) -> dict[str, Any]:
+    """The optional processing keys of ``sampling`` (module docstring, "Processing"), checked."""
+    out: dict[str, Any] = {}
+    k = "sampling."
+    if obj.get("min_p") is not None:
+        v = obj["min_p"]
+        if not _is_num(v) or not 0 <= v <= 1:
+            raise _fail(path, line, k + "min_p", f"must be null (off) or a number in [0, 1], got {v!r}")
+        out["min_p"] = float(v)
+    for key, lo in (("repetition_penalty", 0.0), ("presence_penalty", None), ("frequency_penalty", None)):
+        if obj.get(key) is not None:
+            v = obj[key]
+            if not _is_num(v) or (lo is not None and not v > lo):
+                raise _fail(path, line, k + key, f"must be a number{' > 0' if lo is not None else ''}, got {v!r}")
+            out[key] = float(v)
+    if obj.get("penalty_last_n") is not None:
+        v = obj["penalty_last_n"]
+        if not _is_int(v) or v < -1:
+            raise _fail(path, line, k + "penalty_last_n", f"must be null or an int >= -1 (-1: every id), got {v!r}")
+        out["penalty_last_n"] = None if v == -1 else v
+    if obj.get("logit_bias") is not None:
+        v = obj["logit_bias"]
+        if not isinstance(v, dict):
+            raise _fail(path, line, k + "logit_bias", f"must be an object {{\"id\": bias}}, got {json.dumps(v)}")
+        pairs = []
+        for i, b in v.items():
+            if not (isinstance(i, str) and i.isdigit()) or not _is_num(b):
+                raise _fail(path, line, k + "logit_bias", f"entry {i!r}: {b!r}: keys are ids written as decimal "
+                                                          "strings, values finite numbers")
+            pairs.append((int(i), float(b)))
+        out["logit_bias"] = tuple(sorted(pairs))
+    if obj.get("bad_words_ids") is not None:
+        v = obj["bad_words_ids"]
+        if not isinstance(v, list):
+            raise _fail(path, line, k + "bad_words_ids", f"must be a list of id lists, got {json.dumps(v)}")
+        out["bad_words_ids"] = tuple(_id_list(w, path, line, k + "bad_words_ids") for w in v)
+    if obj.get("allowed_token_ids") is not None:
+        out["allowed_token_ids"] = tuple(sorted(set(_id_list(obj["allowed_token_ids"], path, line,
+                                                             k + "allowed_token_ids"))))
+    if obj.get("min_tokens") is not None:
+        v = obj["min_tokens"]
+        if not _is_int(v) or v < 0:
+            raise _fail(path, line, k + "min_tokens", f"must be an int >= 0, got {v!r}")
+        out["min_tokens"] = v
+    if obj.get("stop") is not None:
+        v = obj["stop"]
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise _fail(path, line, k + "stop", f"must be a non-empty string or a list of them, got {json.dumps(v)}")
+        out["stop"] = tuple(v)
+    if obj.get("order") is not None:
+        v = obj["order"]
+        if v not in ORDERS:
+            raise _fail(path, line, k + "order", f"is {v!r}; one of {', '.join(map(repr, ORDERS))} (the engine whose "
+                                                 "order of processing stages the draws followed)")
+        out["order"] = v
+    extra = sorted(set(out) - {"order"})
+    if extra and "order" not in out:
+        raise _fail(path, line, k + "order", f"missing: {', '.join(extra)} set, and the law depends on the order in "
+                                             f"which the engine applies its stages; give one of {', '.join(ORDERS)}")
+    return out
+
+
 def _sampling(obj: Any, path: str, line: int) -> Sampling:
     if not isinstance(obj, dict):
         raise _fail(path, line, "sampling", f"must be an object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(_BASE_KEYS) - set(PROCESSING_KEYS))
+    if unknown:
+        raise _fail(path, line, f"sampling.{unknown[0]}", "is not a setting hsd models, and it may change the law the "
+                                                          "draws follow: refused rather than ignored (hsd reads "
+                                                          f"{', '.join(_BASE_KEYS + PROCESSING_KEYS)}); remove it only "
+                                                          "if the engine did not apply it")
     for req in ("do_sample", "max_new_tokens"):
         if req not in obj:
             raise _fail(path, line, f"sampling.{req}", "missing")
@@ -156,6 +303,7 @@ def _sampling(obj: Any, path: str, line: int) -> Sampling:
     mnt = obj["max_new_tokens"]
     if not _is_int(mnt) or mnt < 1:
         raise _fail(path, line, "sampling.max_new_tokens", f"must be an int >= 1, got {mnt!r}")
+    proc = _processing(obj, path, line)
     t, k, p = obj.get("temperature", 1.0), obj.get("top_k"), obj.get("top_p")
     if ds:
         for key in ("temperature", "top_k", "top_p"):
@@ -168,8 +316,9 @@ def _sampling(obj: Any, path: str, line: int) -> Sampling:
             raise _fail(path, line, "sampling.top_k", f"must be null (off) or an int >= 1, got {k!r}")
         if p is not None and (not _is_num(p) or not 0 < p <= 1):
             raise _fail(path, line, "sampling.top_p", f"must be null (off) or a number in (0, 1], got {p!r}")
-        return Sampling(True, float(t), k, None if p is None else float(p), mnt)
-    return Sampling(False, 1.0, None, None, mnt)
+        return Sampling(True, float(t), k, None if p is None else float(p), mnt, **proc)
+    proc.pop("min_p", None)  # greedy: no meaning, as temperature, top-k and top-p
+    return Sampling(False, 1.0, None, None, mnt, **proc)
 
 
 def _engine(obj: Any, path: str, line: int) -> dict[str, Any]:

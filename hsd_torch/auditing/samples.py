@@ -61,7 +61,7 @@ from .forcing import sequence_scores
 from .reference import LawProvider, ProvidedLaw
 from .sequences import audit_sequences
 
-__all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "draw_contexts"]
+__all__ = ["EngineAuditReport", "FileAudit", "audit_samples", "check_applicable", "draw_contexts"]
 
 FIRST_TOKEN_MIN_DRAWS = 50
 """A prompt needs this many draws for a first-token audit of its own."""
@@ -216,6 +216,23 @@ def _audit_file(s: SamplesFile, target: Any, tt: Any, law: Any, alpha: float, *,
     return FileAudit(s.describe(), v, seq, tuple(firsts), tuple(notes)), ctxs, texts
 
 
+def check_applicable(s: SamplesFile) -> None:
+    """Refuse (``NotImplementedError``, one line naming the keys) a file whose ``sampling`` sets
+    processing this audit's reference law does not apply: the audit's law is temperature, then top-k,
+    then top-p (vLLM's and transformers' order). :mod:`hsd_core.processing` computes the law of the
+    other settings (the conformance kit's references); the teacher-forced audit of real models does
+    not take them yet, and auditing against the law without them would be auditing the wrong law."""
+    extra = s.sampling.processing()
+    order = extra.pop("order", None)
+    if order == "llama.cpp" and s.sampling.do_sample and (s.sampling.top_k is not None or s.sampling.top_p is not None):
+        extra["order"] = order  # llama.cpp's top-k / top-p act before its temperature: another law
+    if extra:
+        raise NotImplementedError(
+            f"{s.path}: sampling sets {', '.join(f'{k} {v!r}' for k, v in extra.items())}: the samples audit applies "
+            "temperature, top-k and top-p (in vLLM's order) only, so its reference law would not be the engine's; "
+            "audit such draws against hsd_core.processing's exact laws on the conformance kit (docs/conformance.md)")
+
+
 def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
     where = f"the baseline {b.path}"
     if b.is_speculative:
@@ -262,11 +279,14 @@ def audit_samples(
     raw log-probabilities; ``target`` then gives the logit width and end ids), and with
     ``baseline`` (the same engine without speculation) run the null control and the two-sample test
     (module docstring). ``drafter`` / ``drafter_tokenizer``: the directional test of the sequence
-    audit and the drafter scores of the two-sample test. Refuses (``ValueError``, one line) a
-    baseline that is not the same engine and sampling without speculation, or that shares seeds.
+    audit and the drafter scores of the two-sample test. Refuses (``NotImplementedError``, one line:
+    :func:`check_applicable`) a file whose sampling sets processing beyond temperature, top-k and
+    top-p, and (``ValueError``, one line) a baseline that is not the same engine and sampling without speculation, or that shares seeds.
     Returns an :class:`EngineAuditReport`."""
     s = samples if isinstance(samples, SamplesFile) else read_samples(samples)
     b = baseline if isinstance(baseline, SamplesFile) or baseline is None else read_samples(baseline)
+    for f in (s,) if b is None else (s, b):
+        check_applicable(f)
     if b is not None:
         _check_pair(s, b)
     if (drafter is None) != (drafter_tokenizer is None):

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hsd_core.processing import StopStrings as StopStrings  # the one implementation (hsd_core: no torch)
+
 from ._args import as_int
 
 __all__ = ["STATEFUL", "StopStrings", "check_logits_processor", "check_stop_strings", "process_target_logits"]
@@ -138,34 +140,3 @@ def process_target_logits(logits: Tensor, contexts: Sequence[Sequence[int] | Non
                                          f"(1, {out.shape[-1]})")
                 out[i, j] = scores[0].to(out.dtype)
     return out
-
-
-class StopStrings:
-    """Where a row's new tokens complete a stop string (module docstring). ``tail[i]``: the last
-    bytes of row ``i``'s text so far (prompt and new text), as many as an occurrence can reach back."""
-
-    def __init__(self, stops: Sequence[bytes], prompt_texts: Sequence[bytes]) -> None:
-        self.stops = list(stops)
-        self.keep = max((len(s) for s in self.stops), default=1) - 1
-        self.tail = [self._trim(t) for t in prompt_texts]
-
-    def _trim(self, b: bytes) -> bytes:
-        return b[len(b) - self.keep:] if self.keep and len(b) > self.keep else (b if self.keep else b"")
-
-    def first_stop(self, i: int, pieces: Sequence[bytes]) -> int | None:
-        """The index of the first of row ``i``'s new tokens (their texts ``pieces``) that completes
-        a stop string, or None; the row's tail moves past the tokens read (up to that one)."""
-        if not self.stops:
-            return None
-        tail = self.tail[i]
-        for j, piece in enumerate(pieces):
-            before = len(tail)
-            text = tail + piece
-            for s in self.stops:
-                start = max(0, before - len(s) + 1)  # an occurrence found from here ends inside this piece
-                if piece and text.find(s, start) >= 0:
-                    self.tail[i] = self._trim(text)
-                    return j
-            tail = self._trim(text)
-        self.tail[i] = tail
-        return None

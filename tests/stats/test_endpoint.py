@@ -161,3 +161,20 @@ def test_refusals(server: str) -> None:
         _sample(server.rsplit("/v1", 1)[0] + "/v2", "lossless", 1, model="toy")
     with pytest.raises(EndpointError, match="cannot be reached"):
         _sample("http://127.0.0.1:9/v1", "lossless", 1, model="toy", timeout=2)
+
+
+def test_the_request_carries_the_processing_keys() -> None:
+    """Issue 47 item 3: the client sends every processing key a file's sampling sets (vLLM's OpenAI names),
+    not the order (the file's word about the engine), and refuses bad words given as ids."""
+    from dataclasses import replace
+
+    from hsd_core.endpoint import _body
+
+    s = replace(Sampling(True, 0.5, 3, 0.9, 4), min_p=0.1, repetition_penalty=1.2, logit_bias=((30, 5.0),),
+                min_tokens=2, stop=("\n",), allowed_token_ids=(1, 30), order="vllm")
+    body = _body("m", [1, 2], 7, s)
+    assert body["min_tokens"] == 2 and body["logit_bias"] == {"30": 5.0} and body["stop"] == ["\n"]
+    assert body["min_p"] == 0.1 and body["repetition_penalty"] == 1.2 and body["allowed_token_ids"] == [1, 30]
+    assert "order" not in body and body["temperature"] == 0.5 and body["top_k"] == 3
+    with pytest.raises(ValueError, match="bad_words_ids cannot be sent"):
+        _body("m", [1], 7, replace(s, bad_words_ids=((3,),)))

@@ -176,3 +176,64 @@ def test_doc_rust_snippet_writes_lines_the_reader_accepts(tmp_path: Path) -> Non
     s = _run_snippet(tmp_path, "rust", '\nfn main() { println!("{}", draw_line(7, &[2, 10], &[5, 1])); '
                      'println!("{}", draw_line(8, &[2], &[])); }\n', ["rustc"])
     assert [d.ids for d in s.draws] == [(5, 1), ()] and s.speculative is None and s.seeds() == {7, 8}
+
+
+# --- processing keys (issue 47 item 3, issue 48 item 5) --------------------------------------------
+
+_FULL = {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "max_new_tokens": 4, "min_p": 0.05,
+         "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.25, "penalty_last_n": 16,
+         "logit_bias": {"30": 5.0, "7": -1.5}, "bad_words_ids": [[3], [4, 5]], "allowed_token_ids": [1, 2, 3, 30],
+         "min_tokens": 2, "stop": ["\n\n", "."], "order": "vllm"}
+
+
+def _sampled(sampling: dict[str, Any]) -> Sampling:
+    return parse_samples([json.dumps(_line(sampling=sampling))]).sampling
+
+
+def test_every_processing_key_is_written_and_read_back(tmp_path: Path) -> None:
+    s = _sampled(_FULL)
+    assert (s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.penalty_last_n) == \
+        (0.05, 1.2, 0.5, -0.25, 16)
+    assert s.logit_bias == ((7, -1.5), (30, 5.0)) and s.bad_words_ids == ((3,), (4, 5))
+    assert s.allowed_token_ids == (1, 2, 3, 30) and s.min_tokens == 2 and s.stop == ("\n\n", ".") and s.order == "vllm"
+    back = write_samples(tmp_path / "s.jsonl", [Draw(ids=(1, 2), seed=3, prompt="hi")], engine={"name": "e",
+                         "version": "1"}, sampling=s, speculative=None)
+    assert back.sampling == s
+    assert json.loads((tmp_path / "s.jsonl").read_text().splitlines()[0])["sampling"] == _FULL
+    assert "min_tokens 2" in back.describe() and 'order "vllm"' in back.describe()
+
+
+def test_plain_sampling_writes_no_processing_keys() -> None:
+    s = Sampling(True, 1.0, None, None, 4)
+    assert set(s.to_json()) == {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens"}
+    assert _sampled(s.to_json()) == s
+
+
+def test_issue_48_min_tokens_and_logit_bias_are_modelled_not_dropped() -> None:
+    """Issue 48 item 5: ``"min_tokens": 24, "logit_bias": {"30": 5}`` parsed as plain temperature 1 before."""
+    s = _sampled({**_line()["sampling"], "min_tokens": 24, "logit_bias": {"30": 5}, "order": "vllm"})
+    assert s.min_tokens == 24 and s.logit_bias == ((30, 5.0),)
+    assert s != Sampling(True, 1.0, None, None, 4)
+
+
+@pytest.mark.parametrize("key, value", [("typical_p", 0.9), ("dry_multiplier", 0.8), ("mirostat", 2),
+                                        ("ignore_eos", True)])
+def test_a_sampling_key_hsd_does_not_model_is_refused_by_name(key: str, value: Any) -> None:
+    with pytest.raises(SamplesFormatError, match=rf"^<samples>:1: key 'sampling\.{key}': is not a setting hsd models"):
+        _sampled({**_line()["sampling"], key: value})
+
+
+def test_processing_without_its_order_is_refused() -> None:
+    with pytest.raises(SamplesFormatError, match=r"key 'sampling\.order': missing: min_tokens set"):
+        _sampled({**_line()["sampling"], "min_tokens": 24})
+
+
+@pytest.mark.parametrize("key, value, what", [
+    ("min_p", 1.5, "in \\[0, 1\\]"), ("repetition_penalty", 0, "> 0"), ("logit_bias", {"x": 1}, "decimal strings"),
+    ("logit_bias", [1], "an object"), ("bad_words_ids", [[]], "non-empty list"), ("allowed_token_ids", [], "non-empty"),
+    ("min_tokens", -1, "int >= 0"), ("stop", [""], "non-empty string"), ("order", "sglang", "one of"),
+    ("penalty_last_n", -2, "int >= -1")])
+def test_bad_processing_values_are_refused(key: str, value: Any, what: str) -> None:
+    with pytest.raises(SamplesFormatError, match=rf"key 'sampling\.{key}': .*{what}"):
+        _sampled({**_line()["sampling"], key: value, "order": "vllm"} if key != "order" else
+                 {**_line()["sampling"], key: value})

@@ -1,0 +1,7 @@
+"""``python -m hsd_torch.conformance kit --out DIR``: the same as ``hsd conformance kit --out DIR``."""
+
+import sys
+
+from .kit import main
+
+sys.exit(main())

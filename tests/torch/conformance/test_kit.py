@@ -1,0 +1,127 @@
+"""The conformance kit as files (hsd_torch.conformance): two builds give the same bytes; transformers
+loads each folder and its float64 forward gives the kit's reference laws; the GGUF exports read back
+(gguf's reader, and transformers' GGUF loader) to the same laws; the tokenizers write Ġ/Ċ and ▁/<0x0A>;
+``hsd conformance kit`` runs through ``python -m hsd_core.cli``; the samples audit refuses processing it
+does not apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsd_core import conformance as kc
+from hsd_core.samples import FORMAT, parse_samples
+from hsd_torch.auditing.samples import check_applicable
+from hsd_torch.conformance.kit import build_kit
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kit")
+    build_kit(out)
+    return out
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_builds_give_the_same_bytes(kit: Path, tmp_path: Path) -> None:
+    build_kit(tmp_path)
+    a, b = _files(kit), _files(tmp_path)
+    assert set(a) >= {"target/model.safetensors", "target/tokenizer.json", "gguf/target.gguf", "kit.json"}
+    assert a == b
+
+
+def _tv(logits: np.ndarray, ref: np.ndarray) -> float:
+    p = np.exp(logits - logits.max())
+    q = np.exp(ref - ref.max())
+    return float(0.5 * np.abs(p / p.sum() - q / q.sum()).sum())
+
+
+@pytest.mark.parametrize("role", kc.ROLES)
+def test_transformers_forward_gives_the_reference_law(kit: Path, role: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    km = kc.kit_model(role)
+    tok = AutoTokenizer.from_pretrained(kit / role)
+    model = AutoModelForCausalLM.from_pretrained(kit / role, dtype=torch.float64)
+    ids = tok(" the cat sat.\n the dog on")["input_ids"]
+    assert ids[0] == kc.BOS and tok.decode(ids[1:]) == " the cat sat.\n the dog on"
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert ("Ċ" in pieces and "Ġcat" in pieces) if role != "drafter_sp" else ("<0x0A>" in pieces and "▁ca" in pieces)
+    with torch.no_grad():
+        lg = model(torch.tensor([ids])).logits[0].numpy()
+    # transformers' RMSNorm runs in float32 even in a float64 forward: laws agree to ~1e-8 (dead logits to 1e-3)
+    assert max(_tv(lg[j], km.logits(ids[:j + 1])) for j in range(len(ids))) < 1e-6
+
+
+def test_gguf_reads_back(kit: Path) -> None:
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    km = kc.kit_model("target")
+    r = gguf.GGUFReader(str(kit / "gguf" / "target.gguf"))
+    fields = {f.name: f for f in r.fields.values()}
+    assert bytes(fields["tokenizer.ggml.model"].parts[-1]).decode() == "gpt2"
+    assert len(fields["tokenizer.ggml.tokens"].data) == km.vocab_size
+    assert len(fields["tokenizer.ggml.merges"].data) == len(km.merges)
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    assert np.array_equal(tensors["output.weight"].reshape(km.vocab_size, kc.HIDDEN), km.weights["lm_head.weight"])
+    model = AutoModelForCausalLM.from_pretrained(kit / "gguf", gguf_file="target.gguf", dtype=torch.float32)
+    ids = [kc.BOS, km.id_of_text[" the"], km.id_of_text[" cat"], km.id_of_text["."]]
+    with torch.no_grad():
+        lg = model(torch.tensor([ids])).logits[0].double().numpy()
+    assert max(_tv(lg[j], km.logits(ids[:j + 1])) for j in range(len(ids))) < 1e-5
+
+
+def test_the_command_through_hsd_core_cli(tmp_path: Path) -> None:
+    """``hsd conformance`` is an ``hsd.commands`` entry point; a metadata folder naming it (as an install of
+    this tree's pyproject would) makes ``python -m hsd_core.cli conformance kit`` run it."""
+    meta = tmp_path / "meta" / "hsd_conformance_probe-0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: hsd-conformance-probe\nVersion: 0\n")
+    ep = [line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("conformance = ")]
+    assert ep == ['conformance = "hsd_torch.conformance:COMMAND"']
+    (meta / "entry_points.txt").write_text("[hsd.commands]\nconformance = hsd_torch.conformance:COMMAND\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path / "meta")]))
+    out = subprocess.run([sys.executable, "-m", "hsd_core.cli", "conformance", "kit", "--out", str(tmp_path / "k"),
+                          "--no-gguf"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "k" / "kit.json").read_text())["shapes"]["head_dim"] == 64
+    bad = subprocess.run([sys.executable, "-m", "hsd_core.cli", "conformance", "kit", "--out",
+                          str(tmp_path / "k" / "kit.json")], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "is a file" in bad.stderr
+
+
+def test_the_samples_audit_refuses_processing_it_does_not_apply() -> None:
+    base = {"format": FORMAT, "engine": {"name": "e", "version": "1"}, "speculative": None, "seed": 1,
+            "prompt_ids": [1, 2], "ids": [3]}
+    plain = {"do_sample": True, "temperature": 1.0, "top_k": None, "top_p": 0.9, "max_new_tokens": 4}
+    check_applicable(parse_samples([json.dumps({**base, "sampling": {**plain, "order": "vllm"}})]))
+    for extra in ({"min_tokens": 24, "logit_bias": {"30": 5}, "order": "vllm"}, {"order": "llama.cpp"}):
+        f = parse_samples([json.dumps({**base, "sampling": {**plain, **extra}})])
+        with pytest.raises(NotImplementedError, match="samples audit applies temperature, top-k and top-p"):
+            check_applicable(f)
+
+
+@pytest.mark.parametrize("t, k, p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.5, 12, 0.6)])
+def test_hsd_torch_processing_is_hsd_core_vllm_order(t: float, k: int | None, p: float | None) -> None:
+    """The backend's processed law (temperature, top-k, top-p) is the reference's vLLM-order law, float64."""
+    from hsd_core.processing import next_law
+    from hsd_core.samples import Sampling
+    from hsd_torch.engine.laws import process_logits
+
+    x = np.random.default_rng(5).normal(0, 2, 40)
+    got = process_logits(torch.tensor(x), torch.ones(40, dtype=torch.bool), t, k, p).numpy()
+    want = next_law(x, Sampling(True, t, k, p, 1, order="vllm"), [], [], ())
+    assert np.abs(got - want).max() < 1e-12
