@@ -41,7 +41,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._procs import stop_group
+from ._procs import guarded, stop_group
 
 __all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
            "build_job", "file_entry", "find_python", "model_folder", "open_laws", "read_samples_file", "run", "sample", "spec_entry"]
@@ -160,7 +160,7 @@ def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: fl
         path = f.name
     try:
         with open(log, "w", encoding="utf-8") as err:
-            proc = subprocess.Popen([python, str(WORKER), "sample", path], stdout=subprocess.PIPE, stderr=err,
+            proc = subprocess.Popen(guarded([python, str(WORKER), "sample", path]), stdout=subprocess.PIPE, stderr=err,
                                     start_new_session=True)
             try:
                 stdout, _ = proc.communicate(timeout=timeout)
@@ -203,7 +203,7 @@ class VllmLaws:
             json.dump({"model": self.target, "dtype": self.dtype, "max_model_len": self.max_model_len}, f)
             self._job = f.name
         self._log = open(self.log or os.devnull, "w", encoding="utf-8")
-        self._proc = subprocess.Popen([self.python, str(WORKER), "laws", self._job], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen(guarded([self.python, str(WORKER), "laws", self._job]), stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
         head = self._proc.stdout.readline()
         if not head:
