@@ -293,7 +293,7 @@ def audit_samples(
         fa = _audit_file(s, target, target_tokenizer, law, alpha, **kw)[0]
         cost = {"audit": time.perf_counter() - t0}
         verdict, why = combine_with_control(fa.verdict, None, None, speculative=s.is_speculative)
-        return EngineAuditReport(verdict, why, ref, fa, notes=tuple(notes), cost=cost)
+        return EngineAuditReport(verdict, _sized(verdict, why, fa), ref, fa, notes=tuple(notes), cost=cost)
     fa, ctx_a, txt_a = _audit_file(s, target, target_tokenizer, law, alpha / 2, **kw)
     fb, ctx_b, txt_b = _audit_file(b, target, target_tokenizer, law, alpha / 2, **kw)
     t1 = time.perf_counter()
@@ -305,7 +305,17 @@ def audit_samples(
         scores = {k: (sa[k], sb[k]) for k in sa}
     ts = two_sample_sequences(seq_a, [tuple(c) for c in ctx_a], seq_b, [tuple(c) for c in ctx_b], scores=scores,
                               alpha=alpha / 2, power=power, do_sample=s.sampling.do_sample,
-                              name_a=os.path.basename(s.path), name_b=os.path.basename(b.path))
+                              name_a=os.path.basename(s.path), name_b=os.path.basename(b.path),
+                              max_detectable_tv=max_detectable_tv)
     cost = {"reference audits": t1 - t0, "two-sample": time.perf_counter() - t1}
     verdict, reason = combine_with_control(fa.verdict, fb.verdict, (ts.verdict, ts.reason))
-    return EngineAuditReport(verdict, reason, ref, fa, fb, ts, tuple(notes), cost)
+    return EngineAuditReport(verdict, _sized(verdict, reason, fa, fb), ref, fa, fb, ts, tuple(notes), cost)
+
+
+def _sized(verdict: Verdict, reason: str, *files: FileAudit) -> str:
+    """The headline's reason; an "inconclusive" one says the number of draws per file that would
+    give the promised power (the sequence audits' estimate, the largest of the files') when known."""
+    need = [f.sequence.n_needed for f in files if f.sequence.n_needed is not None]
+    if verdict != "inconclusive" or not need:
+        return reason
+    return f"{reason}; about {max(need)} draws per file would reach max_detectable_tv"
