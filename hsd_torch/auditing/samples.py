@@ -305,8 +305,7 @@ def audit_samples(
         scores = {k: (sa[k], sb[k]) for k in sa}
     ts = two_sample_sequences(seq_a, [tuple(c) for c in ctx_a], seq_b, [tuple(c) for c in ctx_b], scores=scores,
                               alpha=alpha / 2, power=power, do_sample=s.sampling.do_sample,
-                              name_a=os.path.basename(s.path), name_b=os.path.basename(b.path),
-                              max_detectable_tv=max_detectable_tv)
+                              name_a=os.path.basename(s.path), name_b=os.path.basename(b.path))
     cost = {"reference audits": t1 - t0, "two-sample": time.perf_counter() - t1}
     verdict, reason = combine_with_control(fa.verdict, fb.verdict, (ts.verdict, ts.reason))
     return EngineAuditReport(verdict, _sized(verdict, reason, fa, fb), ref, fa, fb, ts, tuple(notes), cost)

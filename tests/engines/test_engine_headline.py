@@ -3,8 +3,8 @@
 (4 tokens each) with an 8-draw baseline could not have been found "lossy" at alpha 1e-3 by any test
 (the two-sample family detects nothing; the sequence audit's promise is far above
 max_detectable_tv), so the headline is "inconclusive" and names the number of draws that would
-fit. Before the fix it read "lossless-consistent" (the two-sample test, run without its
-max_detectable_tv, had no doubt to raise). Fast tier (a few seconds, a 2-layer model)."""
+fit. Before the fix it read "lossless-consistent" (the two-sample test, none of whose tests had
+any power, said "lossless-consistent", and that made the headline). Fast tier (a few seconds, a 2-layer model)."""
 
 from __future__ import annotations
 
