@@ -1,6 +1,6 @@
 """No absolute path of one machine anywhere in the repository (issue 48, item 9): vLLM's venv defaults
 to a user cache folder (bench/engines/setup_vllm.sh), and no file, script, doc or recorded log names
-a folder such as ``/work/...`` or a home directory. Reads the files git tracks (skipped outside a
+a folder of one machine (a shared work folder, a home directory). Reads the files git tracks (skipped outside a
 git checkout)."""
 
 from __future__ import annotations
