@@ -350,7 +350,8 @@ def run_sample(job: dict[str, Any], ch: IO[bytes]) -> None:
         chunk = max(1, int(file.get("chunk", CHUNK)))
         first_stats = spec_stats(llm.get_metrics()) if speculative else {}
         fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if file.get("resume") else os.O_TRUNC), 0o644)
-        t_gen, new = 0.0, {}
+        t_gen = 0.0
+        new: dict[Any, dict[str, Any]] = {}
         try:
             for c in range(0, len(todo), chunk):
                 part = todo[c:c + chunk]

@@ -252,7 +252,7 @@ def test_sigkill_keeps_every_draw_written(fake: tuple[Fake, str], tmp_path: Path
     kept = read_samples(out)
     assert 5 <= len(kept.draws) < 200
     expected = dict(zip(sequence_seeds(0, 200), _expected(200)))
-    assert all(d.ids == expected[d.seed] for d in kept.draws)
+    assert all(d.seed is not None and d.ids == expected[d.seed] for d in kept.draws)
     f.mode = "ok"
     assert [d.ids for d in _sample(url, n=200, out=out, resume=True, concurrency=8).draws] == _expected(200)
 

@@ -22,7 +22,7 @@ def _draws(n: int, seed: int) -> list[list[int]]:
 
 def _score(seqs: list[list[int]]) -> np.ndarray:
     """A fixed function of a sequence (its log-probability under the target): a valid two-sample score."""
-    return np.array([sum(np.log(TARGET.next_probs(list(TOK.encode("ab")) + s[:j])[t]) for j, t in enumerate(s))
+    return np.array([sum(np.log(float(TARGET.next_probs(list(TOK.encode("ab")) + s[:j])[t])) for j, t in enumerate(s))
                      for s in seqs])
 
 
