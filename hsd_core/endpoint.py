@@ -153,38 +153,38 @@ def check_endpoint(url: str, allow_remote: bool = False) -> str:
 
 
 class _Connections:
-    """The connections in flight, so that a watchdog (a request's deadline) or an abort (Ctrl-C,
-    the run's end) can shut their sockets and wake whatever read blocks on them."""
+    """The sockets in flight, so that a watchdog (a request's deadline) or an abort (Ctrl-C, the
+    run's end) can shut them and wake whatever read blocks on them. Sockets, not connections:
+    ``http.client`` drops its connection's socket (keeping it open for the response) when the
+    answer ends with the connection."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: set[socket.socket] = set()
         self.aborted = threading.Event()
 
-    def add(self, conn: http.client.HTTPConnection) -> None:
+    def add(self, sock: socket.socket) -> None:
         with self._lock:
             if self.aborted.is_set():
-                raise _BudgetSpent
-            self._open.add(conn)
+                self.shut(sock)
+            self._open.add(sock)
 
-    def discard(self, conn: http.client.HTTPConnection) -> None:
+    def discard(self, sock: socket.socket) -> None:
         with self._lock:
-            self._open.discard(conn)
+            self._open.discard(sock)
 
     @staticmethod
-    def shut(conn: http.client.HTTPConnection) -> None:
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def shut(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def abort(self) -> None:
         with self._lock:
             self.aborted.set()
-            for c in self._open:
-                self.shut(c)
+            for s in self._open:
+                self.shut(s)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -208,16 +208,24 @@ def _request(url: str, body: dict[str, Any] | None, deadline: float, conns: _Con
     conn: http.client.HTTPConnection = (http.client.HTTPSConnection if u.scheme == "https" else
                                         http.client.HTTPConnection)(netloc, timeout=left)
     fired = threading.Event()
+    sock: list[socket.socket] = []
+    resp: http.client.HTTPResponse | None = None
 
     def watchdog() -> None:
         fired.set()
-        conns.shut(conn)
+        for s in sock:
+            conns.shut(s)
 
     timer = threading.Timer(left, watchdog)
     timer.daemon = True
-    conns.add(conn)
     timer.start()
     try:
+        conn.connect()  # bounded by the socket's timeout, the time left
+        assert conn.sock is not None
+        sock.append(conn.sock)
+        conns.add(conn.sock)
+        if fired.is_set():
+            raise _Timeout(url)
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         if body is None:
             conn.request("GET", path)
@@ -244,9 +252,12 @@ def _request(url: str, body: dict[str, Any] | None, deadline: float, conns: _Con
         raise EndpointError(f"{url} cannot be reached: {getattr(e, 'strerror', None) or e}") from None
     finally:
         timer.cancel()
-        conns.discard(conn)
+        for sk in sock:
+            conns.discard(sk)
         conn.close()
-    if fired.is_set():
+        if resp is not None:
+            resp.close()
+    if fired.is_set() or conns.aborted.is_set() or resp is None:
         raise _Timeout(url)
     status = resp.status
     if 300 <= status < 400:
@@ -418,6 +429,7 @@ def sample_endpoint(
         raise ValueError("the seeds must be distinct (a repeated seed is not an independent draw)")
     st = stats if stats is not None else EndpointStats()
     conns = _Connections()
+    count_lock = threading.Lock()
     start = time.monotonic()
     run_deadline = start + time_budget
     out_path = None if out is None else os.fspath(out)
@@ -431,7 +443,8 @@ def sample_endpoint(
             left = run_deadline - now
             if left <= 0:
                 raise _BudgetSpent
-            st.requests += 1
+            with count_lock:
+                st.requests += 1
             try:
                 return _request(base + what, body, now + min(timeout, left), conns)
             except _Timeout:
@@ -444,7 +457,8 @@ def sample_endpoint(
                 pause = min(BACKOFF_MAX, e.retry_after if e.retry_after is not None else BACKOFF_FIRST * 2 ** attempt)
                 if time.monotonic() + pause >= run_deadline:
                     raise _BudgetSpent from None
-                st.retries[e.kind] = st.retries.get(e.kind, 0) + 1
+                with count_lock:
+                    st.retries[e.kind] = st.retries.get(e.kind, 0) + 1
                 if conns.aborted.wait(pause):
                     raise _BudgetSpent from None
         raise AssertionError("unreachable")
