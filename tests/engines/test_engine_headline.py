@@ -48,3 +48,21 @@ def test_an_audit_without_power_is_inconclusive_and_says_what_would_fit(tmp_path
     assert m is not None and int(m.group(1)) > N, rep.reason
     alone = audit_samples(spec, target, tok, context_bugs=None)
     assert alone.verdict == "inconclusive" and "draws per file would reach" in alone.reason
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    ((5, 6, 7, 10**9), "sequence 3: id 1000000000 outside the target's 384 ids"),
+    ((5, 6, 7, 8) * 3, "sequence 3: 12 tokens, more than max_new_tokens 4"),
+])
+def test_a_lossy_headline_names_the_engine_error_first(tmp_path: Any, bad: tuple[int, ...], named: str) -> None:
+    """Issue 48, item 4, for samples files: a draw that is no draw of the target (an id outside its
+    vocabulary, more ids than max_new_tokens) makes the verdict "lossy" and the headline's first
+    words name it, with its file."""
+    tok = tiny.tiny_tokenizer("byte_bpe")
+    target = tiny.tiny_llama(tok, seed=0)
+    pid = tuple(tok(PROMPT)["input_ids"])
+    draws = [Draw(ids=bad if i == 3 else (5, 6, 7, 8), seed=i, prompt=PROMPT, prompt_ids=pid) for i in range(8)]
+    f = write_samples(tmp_path / "x.jsonl", draws, engine={"name": "e", "version": "1"}, sampling=SAMPLING,
+                      speculative={"method": "test"})
+    rep = audit_samples(f, target, tok, context_bugs=None)
+    assert rep.verdict == "lossy" and rep.reason.startswith(f"engine error in x.jsonl: {named}"), rep.reason
