@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            "{\"method\": \"unknown\"})")
     a("--save-samples", metavar="DIR", help="with --endpoint: write the draws as samples files into DIR "
                                            "(endpoint.jsonl, baseline.jsonl), each draw appended as it arrives")
-    a("--resume", action="store_true", help="with --endpoint and --save-samples: continue the run saved in DIR (the "
-                                            "same options; only the missing seeds are requested)")
+    a("--resume", action="store_true", help="with --endpoint and --save-samples DIR, or --impl vllm and --samples-dir "
+                                            "DIR: continue the run saved in DIR (the same options; only the missing "
+                                            "seeds are sampled)")
     a("--retries", type=ca.int_at_least(0), default=3, metavar="N",
       help="with --endpoint: retries per draw of HTTP 429/500/502/503/504 and resets, with backoff (default 3; 0: "
            "none; another 4xx is never retried)")
