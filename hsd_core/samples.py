@@ -39,18 +39,25 @@ suite can import :func:`write_samples` / :func:`format_draw` alone.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT", "ORDERS", "PROCESSING_KEYS", "Draw", "Sampling", "SamplesFile", "SamplesFormatError", "format_draw", "parse_samples",
-           "read_samples", "write_samples"]
+__all__ = ["FORMAT", "ORDERS", "PROCESSING_KEYS", "Draw", "Sampling", "SamplesAppender", "SamplesFile",
+           "SamplesFormatError", "format_draw", "parse_samples", "read_samples", "recover_samples", "write_samples"]
 
 FORMAT = "hsd-samples/1"
 """The ``format`` value of every line of a version-1 samples file."""
+
+MAX_LINE_BYTES = 16 << 20
+"""The longest line :func:`read_samples` reads (16 MiB: a draw of 100k ids with a prompt of as
+many fits several times over); a longer one is refused in bounded memory."""
+MAX_DRAWS = 1_000_000
+"""The most draws :func:`parse_samples` reads from one file (an audit needs thousands)."""
 
 _SHARED = ("format", "engine", "target", "speculative", "sampling")
 _KNOWN = frozenset(_SHARED + ("seed", "prompt", "prompt_ids", "ids", "finish_reason"))
@@ -380,11 +387,16 @@ def parse_samples(lines: Iterable[str], path: str = "<samples>") -> SamplesFile:
     for no, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
+        if len(draws) >= MAX_DRAWS:
+            raise _fail(path, no, None, f"more than {MAX_DRAWS:,} draws: hsd reads at most MAX_DRAWS per file (split "
+                                        "the file; an audit needs far fewer)")
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             raise _fail(path, no, None, f"not valid JSON ({e.msg} at column {e.colno}): one JSON object per line") \
                 from None
+        except RecursionError:
+            raise _fail(path, no, None, "JSON nested too deeply: a draw is a flat object of lists of ids") from None
         d = _draw(obj, path, no)
         if first is None:
             _engine(obj["engine"], path, no)
@@ -408,13 +420,29 @@ def parse_samples(lines: Iterable[str], path: str = "<samples>") -> SamplesFile:
                        draws=tuple(draws), target=first["target"])
 
 
+def _lines(f: Any, path: str) -> Iterator[str]:
+    """The lines of the binary file ``f``, decoded, each read with at most :data:`MAX_LINE_BYTES`
+    bytes in memory (a longer line is refused before it is read whole)."""
+    for no in itertools.count(1):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES:
+            raise _fail(path, no, None, f"longer than {MAX_LINE_BYTES:,} bytes: a draw's line is far shorter "
+                                        "(MAX_LINE_BYTES)")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _fail(path, 0, None, f"is not UTF-8 ({e.reason} at byte {e.start} of line {no})") from None
+
+
 def read_samples(path: str | os.PathLike[str]) -> SamplesFile:
     """Read and validate the samples file at ``path`` (:func:`parse_samples`); a file that is not
     UTF-8 or does not open is refused with one line too."""
     p = os.fspath(path)
     try:
-        with open(p, encoding="utf-8") as f:
-            return parse_samples(f.read().splitlines(), p)
+        with open(p, "rb") as f:
+            return parse_samples(_lines(f, p), p)
     except UnicodeDecodeError as e:
         raise _fail(p, 0, None, f"is not UTF-8 ({e.reason} at byte {e.start})") from None
     except OSError as e:
@@ -448,11 +476,88 @@ def write_samples(path: str | os.PathLike[str], draws: Sequence[Draw], *, engine
                   target: str | None = None) -> SamplesFile:
     """Write ``draws`` as a samples file at ``path`` (one :func:`format_draw` line each), then read
     it back (so what is written is what :func:`read_samples` accepts) and return it; refuses
-    (:class:`SamplesFormatError`) what the reader would refuse."""
+    (:class:`SamplesFormatError`) what the reader would refuse. Atomic: the lines go to a
+    temporary file beside ``path`` that then replaces it, so ``path`` holds the old file or the
+    new one at every moment, never a part of either."""
     p = os.fspath(path)
     text = "".join(format_draw(d, engine=engine, sampling=sampling, speculative=speculative, target=target) + "\n"
                    for d in draws)
     parsed = parse_samples(text.splitlines(), p)
-    with open(p, "w", encoding="utf-8") as f:
-        f.write(text)
+    tmp = f"{p}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return parsed
+
+
+class SamplesAppender:
+    """A samples file written one draw at a time, as the draws arrive: each :meth:`append` writes
+    one whole line with a single ``write`` to a file opened for appending (no buffer in this
+    process), so the file on disk is a valid samples file after every draw, and a run that is
+    interrupted (an error, Ctrl-C, SIGKILL) keeps every draw appended before it. The file is created
+    at the first draw (an empty file is not a samples file). Lines are validated as they are
+    written (:func:`parse_samples` on the line alone), so what is written is what the reader takes."""
+
+    def __init__(self, path: str | os.PathLike[str], *, engine: Mapping[str, Any],
+                 sampling: Sampling | Mapping[str, Any], speculative: Mapping[str, Any] | None,
+                 target: str | None = None) -> None:
+        self.path = os.fspath(path)
+        self._shared: dict[str, Any] = dict(engine=engine, sampling=sampling, speculative=speculative, target=target)
+        self._fd: int | None = None
+        self.written = 0
+
+    def append(self, draw: Draw) -> None:
+        """Append ``draw`` (one line, written and handed to the kernel before this returns)."""
+        line = format_draw(draw, **self._shared)
+        parse_samples([line], self.path)
+        data = (line + "\n").encode("utf-8")
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.written += 1
+
+    def close(self) -> None:
+        """Flush the file to disk (``fsync``) and close it; nothing when no draw was written."""
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> SamplesAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def recover_samples(path: str | os.PathLike[str]) -> SamplesFile | None:
+    """The draws of a samples file written by a run that may have been interrupted (to resume it):
+    None when ``path`` does not exist or holds no line; a last line without its newline that is
+    not valid JSON (a write cut short by a crash) is cut off the file first. Everything else is
+    read as :func:`read_samples` reads it (and refused as it refuses)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        return None
+    with open(p, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+        except (ValueError, RecursionError):
+            with open(p, "r+b") as f:
+                f.truncate(cut)
+            data = data[:cut]
+    if not data.strip():
+        return None
+    return read_samples(p)

@@ -341,7 +341,8 @@ def two_sample_sequences(
     one per sequence of B), any fixed function of a sequence (and its prompt). Only strata present
     in both samples are compared. Returns a :class:`TwoSampleReport`: "lossy" when Holm rejects
     (or, greedy, a draw differs from a deterministic output), "inconclusive" when no test could
-    run, or (sampling, ``max_detectable_tv`` given) when the first-token homogeneity test cannot
+    run or none could catch any departure (no power), or (sampling, ``max_detectable_tv`` given) when
+    the first-token homogeneity test cannot
     detect a TV of ``max_detectable_tv`` (a verdict never hides a weak promise), else
     "lossless-consistent" with the detectable departures stated; by :func:`hsd_core.stats.decide`."""
     alpha, power = _check_alpha(alpha), _check_power(power)
@@ -370,6 +371,12 @@ def two_sample_sequences(
     family = TestFamily(alpha, m)
     powers = _run_family(family, seqs_a, seqs_b, [(ga[s], gb[s]) for s in common], ks, scores, power)
 
+    def no_power() -> str | None:  # a verdict that could not have been "lossy" is no verdict
+        if any(q.detectable is not None for q in powers):
+            return None
+        return (f"no test rejects, but with {len(seqs_a)} and {len(seqs_b)} sequences no test could catch any "
+                f"departure with probability >= {power} at alpha {alpha:.3g} (no power): more sequences are needed")
+
     def too_weak() -> str | None:
         first = next((q.detectable for q in powers if q.test == "first-token homogeneity"), None)
         if max_detectable_tv is None or (first is not None and first <= max_detectable_tv):
@@ -378,7 +385,7 @@ def two_sample_sequences(
                 f"{'n/a' if first is None else f'{first:.3g}'}, above max_detectable_tv {max_detectable_tv:.3g}: "
                 "more sequences are needed")
 
-    verdict, reason = decide(family, doubts=[too_weak], promise=lambda: (
+    verdict, reason = decide(family, doubts=[no_power, too_weak], promise=lambda: (
         f"no test rejects at family-wise alpha {alpha:.3g}; caught with probability >= {power}: "
         + (", ".join(f"{q.test}: {q.unit} {q.detectable:.3g}" for q in powers if q.detectable is not None)
            or "nothing (too few draws)")))

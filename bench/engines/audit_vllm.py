@@ -2,7 +2,7 @@
 each beside its null control (the same engine without speculation), against the target's
 transformers float32 law; writes the samples files, a JSON record and prints a table.
 
-    HSD_VLLM_PYTHON=/work/vllm-venv/bin/python python bench/engines/audit_vllm.py \\
+    HSD_VLLM_PYTHON=~/.cache/hsd/vllm-venv/bin/python python bench/engines/audit_vllm.py \\
         --out bench/engines/audit_vllm.json --samples-dir bench/engines/samples
 
 Configurations (``--only`` picks some by label): targets SmolLM2-135M-Instruct and Gemma-3-270M

@@ -3,7 +3,7 @@ speculation, the null control) with :class:`hsd_torch.engines.vllm_server.VllmSe
 ``hsd audit --endpoint URL --baseline-endpoint NULL_URL`` against them, stop both by their process
 groups, and record the verdicts, the reports, vLLM's speculative counters and the times.
 
-    HSD_VLLM_PYTHON=/work/vllm-venv/bin/python python bench/engines/audit_vllm_server.py \\
+    HSD_VLLM_PYTHON=~/.cache/hsd/vllm-venv/bin/python python bench/engines/audit_vllm_server.py \\
         --runs ngram-patched:t1,ngram:t07p09 --n 60 --max-new-tokens 32
 
 ``--runs``: comma-separated ``MODE:SAMPLING`` with MODE ``ngram`` or ``ngram-patched`` (the server

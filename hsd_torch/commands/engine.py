@@ -8,6 +8,7 @@ and hands a command line that gives ``--samples-file`` or ``--endpoint`` to :fun
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -55,7 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--speculative", metavar="JSON", default=None,
       help="with --endpoint: what the server speculates with, as the samples format's JSON object (default "
            "{\"method\": \"unknown\"})")
-    a("--save-samples", metavar="DIR", help="with --endpoint: write the draws as samples files into DIR")
+    a("--save-samples", metavar="DIR", help="with --endpoint: write the draws as samples files into DIR "
+                                           "(endpoint.jsonl, baseline.jsonl), each draw appended as it arrives")
+    a("--resume", action="store_true", help="with --endpoint and --save-samples DIR, or --impl vllm and --samples-dir "
+                                            "DIR: continue the run saved in DIR (the same options; only the missing "
+                                            "seeds are sampled)")
+    a("--retries", type=ca.int_at_least(0), default=3, metavar="N",
+      help="with --endpoint: retries per draw of HTTP 429/500/502/503/504 and resets, with backoff (default 3; 0: "
+           "none; another 4xx is never retried)")
     a("--reference", metavar="transformers|MODULE:ATTR", default="transformers",
       help="the reference law: transformers' teacher-forced law of --target (default), or a law provider "
            "(prompt_ids, ids) -> [len(ids), V] raw log-probabilities named by MODULE:ATTR")
@@ -78,7 +86,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
                                   ("--top-k", args.top_k is not None), ("--top-p", args.top_p is not None),
                                   ("--max-new-tokens", args.max_new_tokens != 32),
                                   ("--speculative", args.speculative is not None),
-                                  ("--save-samples", args.save_samples is not None)) if bad]
+                                  ("--save-samples", args.save_samples is not None),
+                                  ("--resume", args.resume), ("--retries", args.retries != 3)) if bad]
         if given:
             return f"{', '.join(given)}: the samples file says its prompts and settings; not with --samples-file"
         for f in (args.samples_file, args.baseline_file):
@@ -89,6 +98,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
             return "--baseline-file goes with --samples-file (with --endpoint: --baseline-endpoint)"
         if args.prompt is None:
             return "--endpoint needs --prompt"
+        if args.resume and args.save_samples is None:
+            return "--resume continues the run saved by --save-samples DIR: give that DIR"
         from hsd_core.endpoint import EndpointError, check_endpoint
 
         try:
@@ -124,9 +135,12 @@ def _provider(spec: str) -> Any:
     return obj
 
 
-def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any, Any]:
-    from hsd_core.endpoint import check_endpoint, sample_endpoint
-    from hsd_core.samples import Sampling, write_samples
+def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any, Any, list[str]]:
+    """The draws of ``--endpoint`` and ``--baseline-endpoint`` (None without one), each appended to
+    ``--save-samples DIR``'s file as it arrives (``--resume``: continued from it), and a note per
+    endpoint on its retries. Ids outside the target's ``width`` ids are refused as engine errors."""
+    from hsd_core.endpoint import EndpointStats, check_endpoint, sample_endpoint
+    from hsd_core.samples import Sampling
     from hsd_core.seqaudit import sequence_seeds
 
     from ..vocab.text import TokenText
@@ -138,24 +152,26 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     spec = {"method": "unknown"} if args.speculative is None else json.loads(args.speculative)
     kw = dict(model=args.model, allow_remote=args.allow_remote, max_requests=args.max_requests,
               timeout=args.request_timeout, time_budget=args.time_budget, target=args.target,
-              concurrency=args.concurrency)
+              concurrency=args.concurrency, retries=args.retries, vocab_size=width, resume=args.resume)
     if args.baseline_endpoint is not None:  # two servers, one engine: one label (their URLs differ, at least by port)
         kw["engine"] = {"name": "openai-compatible endpoints",
                         "version": f"{check_endpoint(args.endpoint, True)} with speculation, "
                                    f"{check_endpoint(args.baseline_endpoint, True)} without"}
+    if args.save_samples:
+        os.makedirs(args.save_samples, exist_ok=True)
     files: list[Any] = []
+    notes: list[str] = []
     for url, s, sp, name in ((args.endpoint, args.seed, spec, "endpoint"),
                              (args.baseline_endpoint, args.seed + 1, None, "baseline")):
         if url is None:
             files.append(None)
             continue
-        f = sample_endpoint(url, [args.prompt], [pid], sequence_seeds(s, n), sampling, speculative=sp, **kw)
-        if args.save_samples:
-            os.makedirs(args.save_samples, exist_ok=True)
-            f = write_samples(os.path.join(args.save_samples, f"{name}.jsonl"), f.draws, engine=f.engine,
-                              sampling=f.sampling, speculative=f.speculative, target=f.target)
-        files.append(f)
-    return files[0], files[1]
+        stats = EndpointStats()
+        out = os.path.join(args.save_samples, f"{name}.jsonl") if args.save_samples else None
+        files.append(sample_endpoint(url, [args.prompt], [pid], sequence_seeds(s, n), sampling, speculative=sp,
+                                     out=out, stats=stats, **kw))
+        notes.append(f"{name} {url}: {stats.requests} requests, {stats.describe()}")
+    return files[0], files[1], notes
 
 
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:
@@ -184,6 +200,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
         base = read_samples(args.baseline_file) if args.baseline_file is not None else None
     except SamplesFormatError as e:
         return error(str(e))
+    sampled: list[str] = []
     loaded = {}
     for role, path, tok in (("target", args.target, args.target_tokenizer),
                             ("drafter", args.drafter, args.drafter_tokenizer)):
@@ -198,7 +215,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     try:
         reference = None if args.reference == "transformers" else _provider(args.reference)
         if spec is None:
-            spec, base = _endpoint_files(args, tt, _width(target))
+            spec, base, sampled = _endpoint_files(args, tt, _width(target))
         rep = audit_samples(spec, target, tt, reference=reference, reference_name=None if reference is None else
                             args.reference, baseline=base, drafter=drafter, drafter_tokenizer=dt, alpha=args.alpha,
                             seed=args.seed, max_detectable_tv=args.max_detectable_tv,
@@ -206,6 +223,8 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
                             progress=lambda line: print(f"  {line}", file=sys.stderr))
     except (EndpointError, SamplesFormatError, ValueError, NotImplementedError) as e:
         return error(ca.one_line(e))
+    if sampled:  # the endpoints' retries and resumed draws: in the report as in its notes
+        rep = dataclasses.replace(rep, notes=rep.notes + tuple(sampled))
     print(f"engine audit: {rep.verdict} ({rep.reason})")
     print(f"  reference: {rep.reference}")
     print(f"  audited: {rep.audited.describe}: {rep.audited.verdict} against the reference")

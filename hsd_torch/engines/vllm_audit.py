@@ -41,7 +41,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._procs import stop_group
+from ._procs import guarded, stop_group
 
 __all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
            "build_job", "file_entry", "find_python", "model_folder", "open_laws", "read_samples_file", "run", "sample", "spec_entry"]
@@ -107,19 +107,24 @@ def spec_entry(method: str, drafter: str | None, drafter_name: str | None = None
 
 def file_entry(prompt_ids: Sequence[Sequence[int]], prompts: Sequence[str | None], seeds: Sequence[int], out: str,
                *, do_sample: bool, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-               max_new_tokens: int = 32) -> dict[str, Any]:
+               max_new_tokens: int = 32, resume: bool = False) -> dict[str, Any]:
     """One samples file of a worker job: draw ``i`` conditions on ``prompt_ids[i % len]`` (recorded
     with the text ``prompts[i % len]``), is seeded with ``seeds[i]`` (distinct) and sampled with the
-    given settings (``do_sample=False``: greedy); the file is written to ``out``."""
+    given settings (``do_sample=False``: greedy); the draws are appended to ``out`` as they come
+    (``resume``: keep the draws ``out`` holds and sample only the missing seeds; the worker's
+    module docstring)."""
     if not prompt_ids or len(prompt_ids) != len(prompts):
         raise ValueError("give one list of prompt ids per prompt (and at least one)")
     if len(set(seeds)) != len(seeds):
         raise ValueError("the seeds of a samples file must be distinct (a repeated seed is not an independent draw)")
     reqs = [{"prompt": prompts[i % len(prompts)], "prompt_ids": [int(t) for t in prompt_ids[i % len(prompt_ids)]],
              "seed": int(s)} for i, s in enumerate(seeds)]
-    return {"out": out, "requests": reqs,
+    entry: dict[str, Any] = {"out": out, "requests": reqs,
             "sampling": {"do_sample": do_sample, "temperature": float(temperature), "top_k": top_k or None,
                          "top_p": top_p, "max_new_tokens": int(max_new_tokens)}}
+    if resume:
+        entry["resume"] = True
+    return entry
 
 
 def build_job(target: str, files: Sequence[dict[str, Any]], speculative: dict[str, Any] | None, *,
@@ -160,7 +165,7 @@ def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: fl
         path = f.name
     try:
         with open(log, "w", encoding="utf-8") as err:
-            proc = subprocess.Popen([python, str(WORKER), "sample", path], stdout=subprocess.PIPE, stderr=err,
+            proc = subprocess.Popen(guarded([python, str(WORKER), "sample", path]), stdout=subprocess.PIPE, stderr=err,
                                     start_new_session=True)
             try:
                 stdout, _ = proc.communicate(timeout=timeout)
@@ -203,7 +208,7 @@ class VllmLaws:
             json.dump({"model": self.target, "dtype": self.dtype, "max_model_len": self.max_model_len}, f)
             self._job = f.name
         self._log = open(self.log or os.devnull, "w", encoding="utf-8")
-        self._proc = subprocess.Popen([self.python, str(WORKER), "laws", self._job], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen(guarded([self.python, str(WORKER), "laws", self._job]), stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
         head = self._proc.stdout.readline()
         if not head:
@@ -390,13 +395,17 @@ def _sample_files(args: argparse.Namespace, python: str, folder: str, runs: list
     paths = {}
     for label, sp, sd in runs:
         paths[label] = out = os.path.join(out_dir, f"{label}.jsonl")
+        resume = bool(getattr(args, "resume", False))
+        if not resume and os.path.exists(out) and os.path.getsize(out) > 0:
+            raise VllmUnavailable(f"{out} exists: --resume to continue it, or another --samples-dir")
         entry = file_entry([prompt_ids], [args.prompt], sd, out, do_sample=not args.greedy, temperature=args.temperature,
-                           top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+                           top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens, resume=resume)
         summary = sample(python, build_job(folder, [entry], sp, target_name=args.target, dtype=args.vllm_dtype,
                                              patch_vllm_cpu_expand=args.patch_vllm_cpu_expand))[0]
         acc = (summary.get("spec_stats") or {}).get("acceptance_rate")
         print(f"vllm {summary['version']} {label}: {n} draws, {summary['tokens']} tokens in {summary['generate_s']:.1f} s "
               f"(engine start {summary['init_s']:.1f} s)" + ("" if acc is None else f", acceptance {acc:.3f}")
+              + (f", {summary['resumed']} of them resumed from the file" if summary.get("resumed") else "")
               + f"; {out}")
     return paths
 
@@ -448,6 +457,8 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
         return error(problem)
     _, tt = load(args.target, args.target_tokenizer)
     n = args.samples if args.samples is not None else 200
+    if getattr(args, "resume", False) and not args.samples_dir:
+        return error("--resume continues the files of --samples-dir DIR: give that DIR")
     out_dir = args.samples_dir or tempfile.mkdtemp(prefix="hsd-vllm-")
     os.makedirs(out_dir, exist_ok=True)
     prompt_ids = [int(t) for t in tt(args.prompt)["input_ids"]]
@@ -463,6 +474,7 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     for k, v in dict(impl=None, samples_file=paths[method], baseline_file=paths.get("none") if spec is not None else None, prompt=None, samples=None,
                      greedy=False, temperature=1.0, top_k=None, top_p=None, max_new_tokens=32, speculative=None,
                      save_samples=None, endpoint=None, baseline_endpoint=None, positions=2, sequences=False,
+                     resume=False, retries=3,
                      drafter=args.drafter if uses_drafter else None,
                      reference="transformers" if reference == "transformers" else f"{__name__}:open_laws").items():
         setattr(ns, k, v)

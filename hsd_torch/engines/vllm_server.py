@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._procs import group_alive, stop_group
+from ._procs import group_alive, guarded, stop_group
 from .vllm_audit import VllmUnavailable
 from .vllm_worker import ENV_DEFAULTS, SPEC_METRICS, speculative_config
 
@@ -180,8 +180,8 @@ class VllmServer:
             raise RuntimeError("this VllmServer is already started")
         t0 = time.monotonic()
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=server_env(os.environ, self.patch_vllm_cpu_expand),
+            self._proc = subprocess.Popen(guarded(self.command()), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=server_env(os.environ, self.patch_vllm_cpu_expand),
                                           start_new_session=True)
         self.pid = self._proc.pid
         try:

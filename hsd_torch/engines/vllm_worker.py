@@ -11,15 +11,21 @@ Modes
     Drives ``vllm.LLM`` offline: one engine (the target, with the job's speculative config or
     none) started once for the job's ``files``, each a sampling setting, its requests and its
     ``out`` path. Every request is seeded with its own ``SamplingParams(seed=...)``; a file's
-    requests go in one ``generate`` call (vLLM batches them; each row keeps its own seeded
-    generator). Writes each samples file (JSONL, format ``hsd-samples/1``:
+    requests go in ``generate`` calls of ``chunk`` requests (default :data:`CHUNK`; vLLM batches
+    them; each row keeps its own seeded generator, so the chunking changes no draw), and each
+    chunk's lines are **appended** to ``out`` as soon as it returns (one ``write`` per line: the
+    file is a valid samples file at every moment, and an interrupted run keeps every chunk it
+    finished). A file entry with ``"resume": true`` keeps the lines ``out`` already holds (same
+    shared settings, seeds of its requests; a last line cut short by a crash is dropped) and asks
+    vLLM only for the missing seeds; a finished file is rewritten in request order (atomically).
+    Writes each samples file (JSONL, format ``hsd-samples/1``:
     docs/auditing-engines.md): one line per request, the prompt ids the engine conditioned on (``TokensPrompt``), the new ids
     (with the end id when it stopped on one), the seed, the sampling and speculative settings, and
     under ``spec_stats`` vLLM's speculative-decoding counters accrued while the file was sampled
     (its Prometheus metrics ``vllm:spec_decode_num_drafts`` / ``num_draft_tokens`` /
-    ``num_accepted_tokens`` / ``num_accepted_tokens_per_pos``, ``scope: "file"``: the same on
-    every line of the file). Prints one JSON summary line per file (seconds, counters) on its
-    result channel.
+    ``num_accepted_tokens`` / ``num_accepted_tokens_per_pos``, ``scope: "file"``: accrued while
+    the chunk of the line was sampled, the same on every line of a chunk). Prints one JSON summary
+    line per file (seconds, counters of the whole file, draws resumed) on its result channel.
 
 ``laws JOB.json``
     The engine's own teacher-forced law: one engine without speculation (``max_logprobs=-1``),
@@ -62,6 +68,9 @@ ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nob
 SPEC_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
 FORMAT = "hsd-samples/1"
+CHUNK = 64
+"""Requests per ``generate`` call of the sample mode (each chunk is written as soon as it returns)."""
+_SHARED = ("format", "engine", "target", "speculative", "sampling")
 
 
 def llm_kwargs(job: dict[str, Any]) -> dict[str, Any]:
@@ -272,8 +281,61 @@ def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def saved_lines(out: str, settings: dict[str, Any], requests: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """The records ``out`` already holds, by seed, to resume a file: a last line without its
+    newline that is not JSON (a write cut short) is cut off the file; ``ValueError`` when a record
+    has other shared settings than ``settings``, a seed that none of ``requests`` has, or other
+    prompt ids than its request."""
+    if not os.path.exists(out):
+        return {}
+    with open(out, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+        except ValueError:
+            with open(out, "r+b") as f:
+                f.truncate(cut)
+            data = data[:cut]
+    wanted, got = {r.get("seed"): r for r in requests}, {}
+    for no, raw in enumerate(data.decode("utf-8").splitlines(), 1):
+        if not raw.strip():
+            continue
+        rec = json.loads(raw)
+        for k in _SHARED:
+            if rec.get(k) != settings.get(k):
+                raise ValueError(f"{out}:{no}: key {k!r} is {json.dumps(rec.get(k))}, this job's is "
+                                 f"{json.dumps(settings.get(k))}: resume only the run that wrote the file")
+        if rec.get("seed") not in wanted:
+            raise ValueError(f"{out}:{no}: seed {rec.get('seed')} is not one of this job's seeds: resume with the seeds "
+                             "of the run that wrote the file")
+        if [int(t) for t in wanted[rec["seed"]]["prompt_ids"]] != rec.get("prompt_ids"):
+            raise ValueError(f"{out}:{no}: the draw of seed {rec['seed']} has other prompt ids than this job gives it")
+        got[rec["seed"]] = rec
+    return got
+
+
+def _append(fd: int, recs: list[dict[str, Any]]) -> None:
+    for rec in recs:
+        view = memoryview((json.dumps(rec) + "\n").encode())
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _rewrite(out: str, recs: list[dict[str, Any]]) -> None:
+    tmp = out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in recs:
+            f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+
+
 def run_sample(job: dict[str, Any], ch: IO[bytes]) -> None:
-    """Mode ``sample`` (module docstring): one engine, then each of ``job["files"]`` in turn."""
+    """Mode ``sample`` (module docstring): one engine, then each of ``job["files"]`` in turn, each
+    in chunks appended to its ``out`` as they return (resumed from it with ``"resume": true``)."""
     SamplingParams, TokensPrompt = _vllm("vllm").SamplingParams, _vllm("vllm.inputs").TokensPrompt
     t0 = time.perf_counter()
     llm = _llm(job)
@@ -281,21 +343,35 @@ def run_sample(job: dict[str, Any], ch: IO[bytes]) -> None:
     speculative = job.get("speculative") is not None
     for file in job["files"]:
         reqs = file["requests"]
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r["prompt_ids"]]) for r in reqs]
-        params = [SamplingParams(**sampling_kwargs(file["sampling"], r.get("seed"))) for r in reqs]
-        before = spec_stats(llm.get_metrics()) if speculative else {}
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        t_gen = time.perf_counter() - t0
-        stats = _minus(spec_stats(llm.get_metrics()), before) if speculative else None
-        lines = records(record_settings(job, file["sampling"], _version()), reqs, outs, stats)
-        tmp = file["out"] + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for rec in lines:
-                f.write(json.dumps(rec) + "\n")
-        os.replace(tmp, file["out"])
-        summary = {"out": file["out"], "draws": len(lines), "init_s": t_init, "generate_s": t_gen,
-                   "tokens": sum(len(r["ids"]) for r in lines), "spec_stats": stats, "version": _version()}
+        settings = record_settings(job, file["sampling"], _version())
+        out = file["out"]
+        done = saved_lines(out, settings, reqs) if file.get("resume") else {}
+        todo = [r for r in reqs if r.get("seed") not in done]
+        chunk = max(1, int(file.get("chunk", CHUNK)))
+        first_stats = spec_stats(llm.get_metrics()) if speculative else {}
+        fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if file.get("resume") else os.O_TRUNC), 0o644)
+        t_gen = 0.0
+        new: dict[Any, dict[str, Any]] = {}
+        try:
+            for c in range(0, len(todo), chunk):
+                part = todo[c:c + chunk]
+                prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r["prompt_ids"]]) for r in part]
+                params = [SamplingParams(**sampling_kwargs(file["sampling"], r.get("seed"))) for r in part]
+                before = spec_stats(llm.get_metrics()) if speculative else {}
+                t1 = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                t_gen += time.perf_counter() - t1
+                stats = _minus(spec_stats(llm.get_metrics()), before) if speculative else None
+                lines = records(settings, part, outs, stats)
+                _append(fd, lines)
+                new.update((r["seed"], rec) for r, rec in zip(part, lines))
+        finally:
+            os.close(fd)
+        ordered = [done.get(r.get("seed")) or new[r.get("seed")] for r in reqs]
+        _rewrite(out, ordered)
+        total = _minus(spec_stats(llm.get_metrics()), first_stats) if speculative else None
+        summary = {"out": out, "draws": len(ordered), "resumed": len(done), "init_s": t_init, "generate_s": t_gen,
+                   "tokens": sum(len(r["ids"]) for r in ordered), "spec_stats": total, "version": _version()}
         ch.write((json.dumps(summary) + "\n").encode())
         ch.flush()
 

@@ -7,6 +7,7 @@ engine is tests/engines/test_vllm_engine.py's (slow, engines)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hsd_core.samples import read_samples
 from hsd_torch.engines import vllm_audit as va
 from hsd_torch.engines import vllm_worker as vw
 
@@ -342,3 +344,52 @@ def test_patch_cpu_expand_overrides_before_and_after_registration(monkeypatch: p
     settings = vw.record_settings(job, {"max_new_tokens": 4}, "0.32.0")
     assert settings["engine"]["patch"] == "cpu-expand"
     assert "patch" not in vw.record_settings({}, {"max_new_tokens": 4}, "0.32.0")["engine"]
+
+
+def test_sample_mode_appends_each_chunk_and_resumes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 48, item 1, for the vLLM adapter: the worker appends each chunk of draws as it returns, so
+    an engine that dies after the first chunk leaves a valid samples file with its draws; resuming
+    asks vLLM only for the missing seeds and ends with the file of an uninterrupted run."""
+    asked: list[int] = []
+    die_after = [2]
+
+    def generate(prompt: dict[str, Any], params: dict[str, Any]) -> Any:
+        if len(asked) >= die_after[0]:
+            raise RuntimeError("engine core died")
+        asked.append(params["seed"])
+        return _out([params["seed"] % 7, 1], prompt["prompt_token_ids"], "length")
+
+    _fake_vllm(monkeypatch, generate)
+    out = str(tmp_path / "s.jsonl")
+    seeds = [30, 31, 32, 33, 34]
+
+    def job(resume: bool, chunk: int = 2) -> dict[str, Any]:
+        entry = va.file_entry([[4, 5], [6]], ["x", "y"], seeds, out, do_sample=True, max_new_tokens=2, resume=resume)
+        entry["chunk"] = chunk
+        return va.build_job("/folder", [entry], None, target_name="smol")
+
+    with pytest.raises(RuntimeError, match="engine core died"):
+        vw.run_sample(job(False), io.BytesIO())
+    kept = read_samples(out)  # hsd's own reader: a valid samples file
+    assert [d.seed for d in kept.draws] == [30, 31] and [d.ids for d in kept.draws] == [(2, 1), (3, 1)]
+    with open(out, "a", encoding="utf-8") as f:
+        f.write('{"format": "hsd-samples/1", "seed": 3')  # a line cut short by a crash
+    asked.clear()
+    die_after[0] = 99
+    ch = io.BytesIO()
+    vw.run_sample(job(True), ch)
+    assert asked == [32, 33, 34] and json.loads(ch.getvalue())["resumed"] == 2
+    whole = read_samples(out)
+    assert [d.seed for d in whole.draws] == seeds and [d.ids for d in whole.draws] == [(s % 7, 1) for s in seeds]
+    assert [d.prompt_ids for d in whole.draws] == [(4, 5), (6,), (4, 5), (6,), (4, 5)]
+    fresh = str(tmp_path / "fresh.jsonl")  # the same draws, uninterrupted, in one chunk
+    entry = va.file_entry([[4, 5], [6]], ["x", "y"], seeds, fresh, do_sample=True, max_new_tokens=2)
+    vw.run_sample(va.build_job("/folder", [entry], None, target_name="smol"), io.BytesIO())
+    assert read_samples(fresh).draws == tuple(dataclasses.replace(d, line=i + 1) for i, d in enumerate(whole.draws))
+    other = va.file_entry([[4, 5], [6]], ["x", "y"], seeds, out, do_sample=True, temperature=0.5, max_new_tokens=2,
+                          resume=True)
+    with pytest.raises(ValueError, match="key 'sampling' .* resume only the run that wrote the file"):
+        vw.run_sample(va.build_job("/folder", [other], None, target_name="smol"), io.BytesIO())
+    strange = va.file_entry([[4, 5]], ["x"], [99], out, do_sample=True, max_new_tokens=2, resume=True)
+    with pytest.raises(ValueError, match="seed 30 is not one of this job's seeds"):
+        vw.run_sample(va.build_job("/folder", [strange], None, target_name="smol"), io.BytesIO())

@@ -114,7 +114,7 @@ def test_server_life_cycle_against_a_fake(tmp_path: Path) -> None:
                         poll_s=0.05, stop_timeout=5)
     with srv:
         assert srv.running() and srv.url == f"http://127.0.0.1:{srv.port}/v1" and srv.startup_s > 0
-        assert _children(srv.pid) == 2 and vs.group_alive(srv.pid)  # the server and its engine
+        assert _children(srv.pid) == 3 and vs.group_alive(srv.pid)  # the guard, the server, its engine
         assert srv.spec_stats() == {"scope": "server", "num_draft_tokens": 4, "num_accepted_tokens": 1,
                                     "acceptance_rate": 0.25}
     assert not srv.running() and not vs.group_alive(srv.pid) and _children(srv.pid) == 0
