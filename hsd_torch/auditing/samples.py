@@ -233,6 +233,21 @@ def check_applicable(s: SamplesFile) -> None:
             "audit such draws against hsd_core.processing's exact laws on the conformance kit (docs/conformance.md)")
 
 
+def _engine_difference(engine: dict[str, object], baseline: dict[str, object]) -> str:
+    """The keys in which two files' ``engine`` objects differ, each with both values (``patch 'cpu-expand'
+    here, absent in the baseline``), in key order."""
+    parts = []
+    for k in sorted(set(engine) | set(baseline)):
+        if engine.get(k, _ABSENT) != baseline.get(k, _ABSENT):
+            here = repr(engine[k]) if k in engine else "absent"
+            there = repr(baseline[k]) if k in baseline else "absent"
+            parts.append(f"{k!r} ({here} here, {there} in the baseline)")
+    return ", ".join(parts)
+
+
+_ABSENT = object()
+
+
 def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
     where = f"the baseline {b.path}"
     if b.is_speculative:
@@ -242,8 +257,8 @@ def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
         raise ValueError(f"{s.path} has no speculation (\"speculative\": null): audit it alone (it is the null control), or "
                          "give the file with speculation and this one as the baseline")
     if dict(s.engine) != dict(b.engine):
-        raise ValueError(f"{where} comes from {b.engine_label()}, {s.path} from {s.engine_label()}: the baseline must be "
-                         "the same engine")
+        raise ValueError(f"{where} comes from {b.engine_label()}, {s.path} from {s.engine_label()}, and their engines "
+                         f"differ in {_engine_difference(dict(s.engine), dict(b.engine))}: the baseline must be the same engine")
     if s.sampling != b.sampling:
         raise ValueError(f"{where} samples with {b.sampling}, {s.path} with {s.sampling}: the baseline needs the same "
                          "sampling settings")

@@ -155,7 +155,20 @@ def one_line(e: BaseException, limit: int = 400) -> str:
 
 
 def _nothing_or_file(path: str) -> str:
-    return "a file" if os.path.exists(path) else "nothing is there"
+    return "a file" if os.path.exists(path) else "nothing is there" + _near_real_model(path)
+
+
+def _near_real_model(path: str) -> str:
+    """``; did you mean the real model 'NAME'?`` when ``path`` is close to the names of
+    :func:`hsd_torch.models.real.names` (a near miss such as ``qwen2.5-coder-1.5b``), else ``""``."""
+    import difflib
+
+    from ..models.real import names
+
+    close = difflib.get_close_matches(os.path.basename(path.rstrip("/")).lower(), names(), n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean the real model " + " or ".join(repr(c) for c in close) + "?"
 
 
 def checkpoint_problem(option: str, path: str) -> str | None:

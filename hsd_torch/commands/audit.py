@@ -45,6 +45,7 @@ from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
 
 from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
+from ..models.real import names as real_model_names
 from . import args as ca
 from . import engine as cli_engine
 
@@ -52,8 +53,8 @@ from . import engine as cli_engine
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hsd audit --impl transformers|hsd_torch`` (``--impl`` is ``hsd_core.cli``'s)."""
     a = p.add_argument
-    a("--target", metavar="DIR", help="target checkpoint folder, or a real model: smollm2-135m-instruct, gemma-3-270m "
-      "(with --impl)")
+    a("--target", metavar="DIR", help="target checkpoint folder, or a real model: " + ", ".join(real_model_names())
+      + " (hsd_torch.models.real; with --impl, --samples-file or --endpoint)")
     a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl; not needed for --impl hsd_torch "
                                         "--method ar)")
     a("--target-tokenizer", metavar="DIR", help="default: --target")

@@ -29,6 +29,7 @@ from typing import Any
 from hsd_core.extensions import Command
 
 from . import args as ca
+from ..models.real import names as real_model_names
 
 METHODS = ca.METHODS
 
@@ -38,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Lossless speculative generation over local Hugging Face checkpoints.")
     a = p.add_argument
     a("--target", required=True, metavar="DIR", help="target checkpoint folder (save_pretrained), or a real model: "
-      "smollm2-135m-instruct, gemma-3-270m, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct "
-      "(hsd_torch.models.real)")
+      + ", ".join(real_model_names()) + " (hsd_torch.models.real)")
     a("--drafter", metavar="DIR", help="drafter checkpoint folder or real model (not needed for --method ar)")
     a("--target-tokenizer", metavar="DIR", help="tokenizer folder (default: --target)")
     a("--drafter-tokenizer", metavar="DIR", help="tokenizer folder (default: --drafter)")

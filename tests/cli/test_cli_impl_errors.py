@@ -274,6 +274,34 @@ def test_a_local_folder_wins_over_a_real_models_name(ckpt: Path, gen: list[str],
     assert_refused(*hsd(with_option(gen, "--target", "gemma-3-270m"), capsys), "--target", "holds no model")
 
 
+@pytest.mark.parametrize("command", ["generate", "audit"])
+def test_a_near_miss_of_a_real_models_name_names_it(ckpt: Path, gen: list[str], command: str, no_loading: None,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``qwen2.5-coder-1.5b`` is no folder and no real model: the refusal names the real models it is
+    close to (a name far from every real model gets no suggestion)."""
+    argv = gen if command == "generate" else audit(ckpt, "hsd_torch")
+    line = assert_refused(*hsd(with_option(argv, "--target", "qwen2.5-coder-1.5b"), capsys), "--target", NOTHING[:-1])
+    assert "did you mean the real model 'qwen2.5-coder-1.5b-instruct'" in line, line
+    line = assert_refused(*hsd(with_option(argv, "--target", "no-such-model-zz"), capsys), "--target", NOTHING)
+    assert "did you mean" not in line, line
+
+
+@pytest.mark.parametrize("command", ["generate", "audit"])
+def test_help_names_every_real_model(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both commands' ``--target`` help lists the same real models, all of them (one list:
+    ``hsd_torch.models.real.names``), and ``hsd audit`` says that --samples-file / --endpoint need it too."""
+    from hsd_torch.models import real as real_models
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert len(real_models.names()) >= 4
+    for name in real_models.names():
+        assert name in text.replace("- ", "-"), (command, name)
+    if command == "audit":
+        assert "with --impl, --samples-file or --endpoint" in text
+
+
 @pytest.mark.parametrize("extra", [["--method", "tli"], ["--lookahead", "3"], ["--min-path-prob", "0.1"],
                                    ["--proposal-map", "longest_prefix"]])
 def test_audit_transformers_refuses_hsd_torch_options(ckpt: Path, extra: list[str], no_loading: None,

@@ -170,6 +170,12 @@ def test_refusals(pair: Any, files: dict[str, Path], tmp_path: Path) -> None:
                           engine=ENGINE, sampling=Sampling(True, 0.5, None, None, L), speculative={"method": "sd"})
     with pytest.raises(ValueError, match="the baseline needs the same sampling settings"):
         audit_samples(other, target, tok, baseline=s)
+    # engines that differ in a field the label does not show (vLLM with and without hsd's patch)
+    patched = write_samples(tmp_path / "z.jsonl", [Draw(ids=d.ids, seed=d.seed + 1, prompt=d.prompt) for d in s.draws],
+                            engine={**ENGINE, "patch": "cpu-expand"}, sampling=SAMPLING, speculative={"method": "sd"})
+    with pytest.raises(ValueError, match=r"their engines differ in 'patch' \('cpu-expand' here, absent in the "
+                                         r"baseline\): the baseline must be the same engine"):
+        audit_samples(patched, target, tok, baseline=s)
 
 
 @pytest.fixture(scope="module")
