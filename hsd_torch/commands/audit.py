@@ -24,7 +24,8 @@ able to detect (a ``plan:`` line: the TV the report will state). Cost: after the
 estimated time of the whole sampling on stderr and refuses to go on (exit status 2) when it is
 above ``--max-minutes`` (default 20), naming the ``--samples`` that fits; the sequence audit then
 prints its own estimate after the first chunk, teacher forcing and the departure it should catch
-included. Progress is counted per draw and per sequence (hsd_torch's rows as they finish).
+included. Progress (:mod:`hsd_core.progress`: a bar on a terminal, a line per 5 % in a log) is counted
+per draw (hsd_torch's rows as they finish), and with ``--sequences`` per sequence sampled and teacher forced.
 ``--threads`` sets torch's CPU threads (default 1).
 """
 
@@ -43,6 +44,7 @@ import torch
 
 from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 from hsd_core.extensions import AuditImpl
+from hsd_core.progress import Progress, progress
 
 from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
 from ..models.real import names as real_model_names
@@ -165,27 +167,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
     return None
 
 
-class _LazyBar:
-    """tqdm, opened at the first draw: an error raised before any draw is the only line on stderr."""
-
-    def __init__(self, **kw: Any) -> None:
-        self.kw = kw
-        self.bar: Any = None
-
-    def update(self, k: int) -> None:
-        if self.bar is None:
-            from tqdm.auto import tqdm  # type: ignore[import-untyped]
-
-            self.bar = tqdm(**self.kw)
-        self.bar.update(k)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 class _Sampler:
-    """``(prompt, seed) -> new ids`` for one implementation, with a tqdm progress bar (per draw,
+    """``(prompt, seed) -> new ids`` for one implementation, with a progress bar (per draw,
     and per finished row of hsd_torch's batches); ``batch`` (hsd_torch) samples a list of prompts
     in one call, row streams from the first seed. After the first draws it prints the estimated
     sampling time of all ``n`` and raises ``ValueError`` when it is above ``--max-minutes``."""
@@ -290,12 +273,14 @@ def run(args: argparse.Namespace) -> int:
     (target, tt), (drafter, dt) = loaded["target"], loaded["drafter"]
     same = dt is not None and len(tt) == len(dt) and tt.get_vocab() == dt.get_vocab()
     n = args.samples if args.samples is not None else (200 if args.sequences else 20000)
-    bar = _LazyBar(total=n, desc=f"sampling {args.impl}", unit="sequence" if args.sequences else "draw",
-                   file=sys.stderr)
+    # sequences: one bar over the sequences sampled and teacher forced (a chunk at a time); draws: each draw
+    bar = progress(n, f"hsd audit: sampling and teacher forcing ({args.impl})", "sequence") if args.sequences \
+        else progress(n, f"hsd audit: sampling {args.impl}", "draw")
     # transformers' sampled UAG rewrites its assistant in place: with --sequences (whose directional test reads
     # the drafter) it samples with its own copy, and the audit reads the untouched one
     own = copy.deepcopy(drafter) if (args.sequences and args.impl == "transformers" and drafter is not None) else drafter
-    sampler = _Sampler(args, target, tt, own, None if (same and args.impl == "transformers") else dt, bar, n)
+    sampler = _Sampler(args, target, tt, own, None if (same and args.impl == "transformers") else dt,
+                       Progress(0, "", mode="off") if args.sequences else bar, n)
     if args.sequences:
         return _run_sequences(args, n, sampler, target, tt, drafter, dt, bar, error)
     try:
@@ -344,8 +329,8 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
                 sample_batch_fn=sampler.batch if batched else None,
                 context_bugs=DEFAULT_CONTEXT_BUGS if args.context_bugs is None else args.context_bugs,
                 name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}",
-                progress=lambda line: print("\nhsd audit: " + line, file=sys.stderr) if line.startswith("estimate")
-                else None)
+                progress=lambda line: print("hsd audit: " + line, file=sys.stderr) if line.startswith("estimate")
+                else None, on_chunk=bar.update)
         finally:
             bar.close()
     except (ValueError, NotImplementedError) as e:

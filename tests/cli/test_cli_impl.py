@@ -59,7 +59,7 @@ def test_impl_audit_passes_and_writes_the_report(ckpt: Path, tmp_path: Path, cap
     assert "lossless-consistent" in out.out
     det = float(re.search(r"detectable TV ([0-9.]+)", out.out).group(1))  # type: ignore[union-attr]
     assert det <= 0.22
-    assert "sampling" in out.err and "draw" in out.err  # the tqdm bar
+    assert "hsd audit: sampling hsd_torch" in out.err and "draw/s" in out.err  # the progress lines (no terminal)
     assert "Verdict: lossless-consistent" in report.read_text()
 
 
@@ -248,10 +248,17 @@ def test_sequences_hsd_torch_passes_and_writes_the_report(ckpt: Path, tmp_path: 
     report = tmp_path / "seq.md"
     assert main(seq_args(ckpt, "hsd_torch", "--samples", "100", "--max-new-tokens", "16", "--report",
                          str(report))) == 0
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
     assert "lossless-consistent (100 sequences" in out and "mixture toward the drafter" in out
     assert "teacher forcing" in out
     assert "Sequence audit" in report.read_text()
+    # progress in a log (stderr is no terminal): a line per chunk of 16 (each chunk is 16 % of 100), not per draw
+    bar = [ln for ln in cap.err.splitlines() if ln.startswith("hsd audit: sampling and teacher forcing (hsd_torch)")]
+    assert [ln.split(" (hsd_torch) ")[1].split(",")[0] for ln in bar] == \
+        ["16/100 (16%)", "32/100 (32%)", "48/100 (48%)", "64/100 (64%)", "80/100 (80%)", "96/100 (96%)",
+         "100/100 (100%)"], cap.err
+    assert "sequence/s" in bar[0] and "ETA" in bar[0] and " in all" in bar[-1]
 
 
 def test_sequences_context_bugs_option(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
