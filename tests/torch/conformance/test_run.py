@@ -214,3 +214,24 @@ def test_cli_run_writes_the_report_and_exits(kit: Path, tmp_path: Path) -> None:
     assert (tmp_path / "o" / "samples" / "hsd_torch" / "sd" / "greedy-p0.jsonl").is_file()
     bad = subprocess.run(env_run[:-1] + ["nonesuch"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "unknown case 'nonesuch'" in bad.stderr
+
+
+def test_transformers_null_control_conforms(kit: Path) -> None:
+    from hsd_torch.conformance.transformers_engine import TransformersEngine
+
+    eng = TransformersEngine(kit)
+    case, name = _case(kit, "greedy_tie", "none")
+    r = audit_case(eng, "transformers", case, name, 20, ALPHA, None)
+    assert r.outcome == "conforms", r.reason
+    case, name = _case(kit, "min_tokens", "none", order="vllm")
+    assert audit_case(eng, "transformers", case, name, 20, ALPHA, None).outcome == "refused"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["none", "assisted"])
+def test_transformers_conforms_slow(kit: Path, mode: str) -> None:
+    from hsd_torch.conformance.transformers_engine import TransformersEngine
+
+    case, name = _case(kit, "plain", mode)
+    r = audit_case(TransformersEngine(kit), "transformers", case, name, 300, ALPHA, None)
+    assert r.outcome == "conforms", r.reason
