@@ -179,6 +179,9 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     except AmbiguousLawError as e:
         row.outcome, row.reason = "not determinable", str(e)
         return row
+    except ValueError as e:  # a setting the engine's order does not have: no law, the engine cannot run it
+        row.outcome, row.reason = "refused", f"no {case.sampling.order}-order law: {e}"
+        return row
     t0 = time.perf_counter()
     try:
         if out is not None:
