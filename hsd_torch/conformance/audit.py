@@ -34,7 +34,7 @@ from scipy import stats as _sps  # type: ignore[import-untyped]
 
 from hsd_core.conformance import length_law, position_laws
 from hsd_core.samples import Draw
-from hsd_core.stats import InvalidTest, TestFamily, decide, gof_test, min_tv_detectable
+from hsd_core.stats import InvalidTest, TestFamily, TestResult, decide, gof_test, min_tv_detectable
 
 __all__ = ["Acceptance", "TestLine", "VERDICTS", "acceptance", "audit_draws"]
 
@@ -135,7 +135,10 @@ def audit_draws(draws: Sequence[Draw], law: Mapping[tuple[int, ...], tuple[float
     a = fam.per_test_alpha
     ran: list[tuple[str, Mapping[Any, float], Any]] = []
     for name, lw, obs in plan:
-        r = fam.run(name, lambda lw=lw, obs=obs, name=name: replace(gof_test(dict(lw), obs, a, "g"), name=name))
+        def test(lw: Mapping[Any, float] = lw, obs: list[Any] = obs, name: str = name) -> TestResult:
+            return replace(gof_test(dict(lw), obs, a, "g"), name=name)
+
+        r = fam.run(name, test)
         if r is not None:
             ran.append((name, lw, r))
     rejected = fam.verdicts()

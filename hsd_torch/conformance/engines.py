@@ -79,7 +79,7 @@ def resume(out: Path | None, seeds: Sequence[int]) -> tuple[list[Draw], list[int
         return [], list(seeds)
     done = [d for d in got.draws]
     have = {d.seed for d in done}
-    extra = have - set(seeds) - {None}
+    extra = {x for x in have if x is not None} - set(seeds)
     if extra:
         raise ValueError(f"{out}: holds draws of seeds {sorted(extra)[:3]} outside this run's; delete it or pick "
                          "another --out")

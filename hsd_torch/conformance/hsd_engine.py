@@ -66,7 +66,8 @@ class HsdTorchEngine:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(self.kit / role, dtype=torch.float32).eval()
+            model: Any = AutoModelForCausalLM.from_pretrained(self.kit / role, dtype=torch.float32)
+            model.eval()
             self._models[role] = (model, AutoTokenizer.from_pretrained(self.kit / role))
         return self._models[role]
 
