@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hsd_core.samples import Sampling, SamplesFile
+from hsd_core.samples import Draw, Sampling, SamplesFile, recover_samples
 
-__all__ = ["Case", "Engine", "EngineRefused"]
+__all__ = ["Case", "Engine", "EngineRefused", "resume"]
 
 
 class EngineRefused(RuntimeError):
@@ -67,3 +67,20 @@ class Engine(Protocol):
     def close(self) -> None:
         """Stop what the engine started (servers, workers)."""
         ...
+
+
+def resume(out: Path | None, seeds: Sequence[int]) -> tuple[list[Draw], list[int]]:
+    """The draws a run already appended to ``out`` (None, or no file: none) and the seeds still to
+    draw, in order: an engine adapter calls this first so an interrupted run goes on where it stopped
+    (:func:`hsd_core.samples.recover_samples`). A file holding a seed outside ``seeds`` is refused
+    (``ValueError``: it belongs to another run)."""
+    got = recover_samples(out) if out is not None else None
+    if got is None:
+        return [], list(seeds)
+    done = [d for d in got.draws]
+    have = {d.seed for d in done}
+    extra = {x for x in have if x is not None} - set(seeds)
+    if extra:
+        raise ValueError(f"{out}: holds draws of seeds {sorted(extra)[:3]} outside this run's; delete it or pick "
+                         "another --out")
+    return done, [s for s in seeds if s not in have]

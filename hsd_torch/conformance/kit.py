@@ -171,7 +171,8 @@ def build_kit(out: str | os.PathLike[str], gguf: bool = True) -> dict[str, Path]
 
 def main(argv: Any = None) -> int:
     """``hsd conformance kit --out DIR [--no-gguf]``: write the kit (module docstring). A folder that
-    cannot be written: one ``error:`` line, exit status 2."""
+    cannot be written: one ``error:`` line, exit status 2. ``hsd conformance run ...``: the matrix
+    (:func:`hsd_torch.conformance.matrix.main`)."""
     import argparse
     import sys
     import time
@@ -182,7 +183,14 @@ def main(argv: Any = None) -> int:
     k = sub.add_parser("kit", help="write the kit of tiny designed checkpoints (HF folders, GGUF, kit.json)")
     k.add_argument("--out", required=True, metavar="DIR")
     k.add_argument("--no-gguf", action="store_true", help="skip the GGUF exports")
+    from .matrix import add_arguments, main as run_main
+
+    r = sub.add_parser("run", help="the matrix: engines x speculative modes x processing cases over the kit, "
+                       "audited against its exact laws, with a report (exit 0: every case conforms)")
+    add_arguments(r)
     args = ap.parse_args(argv)
+    if args.what == "run":
+        return run_main(args, f"{ap.prog} run")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         print(f"{ap.prog}: error: --out {args.out!r} is a file; give a folder (created if missing)", file=sys.stderr)

@@ -107,12 +107,15 @@ def spec_entry(method: str, drafter: str | None, drafter_name: str | None = None
 
 def file_entry(prompt_ids: Sequence[Sequence[int]], prompts: Sequence[str | None], seeds: Sequence[int], out: str,
                *, do_sample: bool, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-               max_new_tokens: int = 32, resume: bool = False) -> dict[str, Any]:
+               max_new_tokens: int = 32, resume: bool = False, processing: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
     """One samples file of a worker job: draw ``i`` conditions on ``prompt_ids[i % len]`` (recorded
     with the text ``prompts[i % len]``), is seeded with ``seeds[i]`` (distinct) and sampled with the
     given settings (``do_sample=False``: greedy); the draws are appended to ``out`` as they come
     (``resume``: keep the draws ``out`` holds and sample only the missing seeds; the worker's
-    module docstring)."""
+    module docstring); ``processing``: the other keys of the draws' ``sampling``
+    (:meth:`hsd_core.samples.Sampling.processing`, e.g. ``min_p``, ``logit_bias``, ``stop``), which the
+    worker passes to vLLM (``vllm_worker.sampling_kwargs``) and records."""
     if not prompt_ids or len(prompt_ids) != len(prompts):
         raise ValueError("give one list of prompt ids per prompt (and at least one)")
     if len(set(seeds)) != len(seeds):
@@ -121,7 +124,8 @@ def file_entry(prompt_ids: Sequence[Sequence[int]], prompts: Sequence[str | None
              "seed": int(s)} for i, s in enumerate(seeds)]
     entry: dict[str, Any] = {"out": out, "requests": reqs,
             "sampling": {"do_sample": do_sample, "temperature": float(temperature), "top_k": top_k or None,
-                         "top_p": top_p, "max_new_tokens": int(max_new_tokens)}}
+                         "top_p": top_p, "max_new_tokens": int(max_new_tokens),
+                         **{k: v for k, v in (processing or {}).items() if k != "order"}}}
     if resume:
         entry["resume"] = True
     return entry

@@ -68,6 +68,9 @@ ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nob
 SPEC_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
 FORMAT = "hsd-samples/1"
+PROCESSING_KEYS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n",
+                   "logit_bias", "bad_words_ids", "allowed_token_ids", "min_tokens", "stop")
+"""``hsd_core.samples.PROCESSING_KEYS`` but ``order`` (this worker runs in vLLM's venv, without hsd)."""
 CHUNK = 64
 """Requests per ``generate`` call of the sample mode (each chunk is written as soon as it returns)."""
 _SHARED = ("format", "engine", "target", "speculative", "sampling")
@@ -121,15 +124,43 @@ def speculative_config(spec: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def sampling_kwargs(sampling: dict[str, Any], seed: int | None) -> dict[str, Any]:
     """``SamplingParams(**kw)`` for one request: greedy is ``temperature=0``; otherwise the
-    temperature, ``top_k`` (None: 0, vLLM's "off") and ``top_p`` (None: 1.0). Every penalty is at
-    vLLM's neutral default, EOS is honoured, and ids are not detokenized."""
+    temperature, ``top_k`` (None: 0, vLLM's "off") and ``top_p`` (None: 1.0). Every other key of a
+    samples file's ``sampling`` (``hsd_core.samples.PROCESSING_KEYS``) is carried: ``min_p``,
+    ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` (ids as
+    ints), ``allowed_token_ids``, ``min_tokens``, ``stop``; absent ones stay at vLLM's neutral
+    default. ``bad_words_ids`` is refused (``ValueError``: vLLM takes bad words as strings, which it
+    tokenizes itself), as are ``penalty_last_n`` (llama.cpp's) and an ``order`` other than vLLM's.
+    EOS is honoured, and ids are not detokenized unless there are stop strings (vLLM matches them
+    on the text)."""
     kw: dict[str, Any] = {"max_tokens": int(sampling["max_new_tokens"]), "seed": seed, "detokenize": False}
     if sampling.get("do_sample", True):
         kw.update(temperature=float(sampling.get("temperature", 1.0)),
                   top_k=int(sampling.get("top_k") or 0),
                   top_p=1.0 if sampling.get("top_p") is None else float(sampling["top_p"]))
+        if sampling.get("min_p") is not None:
+            kw["min_p"] = float(sampling["min_p"])
     else:
         kw.update(temperature=0.0)
+    order = sampling.get("order")
+    if order not in (None, "vllm"):
+        raise ValueError(f"sampling order {order!r}: vLLM applies its own order ('vllm')")
+    for key in ("bad_words_ids", "penalty_last_n"):
+        if sampling.get(key) not in (None, [], ()):
+            raise ValueError(f"sampling key {key!r}: vLLM has no such parameter (bad words are strings there; the "
+                             "penalty window is llama.cpp's)")
+    for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if sampling.get(key) is not None:
+            kw[key] = float(sampling[key])
+    if sampling.get("logit_bias"):
+        kw["logit_bias"] = {int(i): float(b) for i, b in dict(sampling["logit_bias"]).items()}
+    if sampling.get("allowed_token_ids") is not None:
+        kw["allowed_token_ids"] = [int(i) for i in sampling["allowed_token_ids"]]
+    if sampling.get("min_tokens"):
+        kw["min_tokens"] = int(sampling["min_tokens"])
+    stop = sampling.get("stop")
+    if stop:
+        kw["stop"] = [stop] if isinstance(stop, str) else [str(x) for x in stop]
+        kw["detokenize"] = True
     return kw
 
 
@@ -143,6 +174,10 @@ def record_settings(job: dict[str, Any], s: dict[str, Any], version: str) -> dic
             spec.pop("model", None)
     sampling = {"do_sample": bool(s.get("do_sample", True)), "temperature": float(s.get("temperature", 1.0)),
                 "top_k": s.get("top_k"), "top_p": s.get("top_p"), "max_new_tokens": int(s["max_new_tokens"])}
+    extra = {k: v for k, v in s.items() if k in PROCESSING_KEYS and v is not None}
+    if extra:  # every processing key the draws were made with, and vLLM's order
+        sampling.update(extra)
+        sampling["order"] = "vllm"
     engine = {"name": "vllm", "version": version}
     if job.get("dtype", "float32") != "float32":
         engine["dtype"] = str(job["dtype"])

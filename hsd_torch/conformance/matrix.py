@@ -1,0 +1,431 @@
+"""The conformance matrix: engine x speculative mode x processing case x prompt over a kit, audited
+against the kit's exact laws (``hsd conformance run``; docs/conformance.md, "The matrix run").
+
+* Engines are registered in one place, :data:`ENGINES` (name -> factory taking the kit folder); an
+  engine is anything with the :class:`~hsd_torch.conformance.engines.Engine` protocol, plus an
+  optional ``order`` attribute: the engine whose order of processing stages it follows
+  (:data:`hsd_core.samples.ORDERS`; default ``"vllm"``), which the cases' laws then follow.
+* :data:`CASES` is the default matrix of processing cases, each aimed at a designed feature of the
+  kit (the top-p boundary rows, ties, EOS early, min_tokens, stop strings, penalties, logit bias,
+  min-p, bad words, allowed ids, greedy).
+* Every engine runs mode ``"none"`` (the null control: the same engine without speculation) for each
+  case beside its speculative modes. Each case's draws are appended to
+  ``OUT/samples/ENGINE/MODE/CASE-pK.jsonl`` as they arrive; a second run with the same ``--out``
+  goes on from them.
+* A case's outcome is one of :data:`hsd_torch.conformance.audit.VERDICTS`: an engine's refusal
+  (:class:`~hsd_torch.conformance.engines.EngineRefused`) and any other exception (a crash) are
+  recorded with their message, never as a verdict; an ambiguous law is ``not determinable``.
+* The report: ``OUT/report.md``, ``OUT/report.json`` and ``OUT/report.png`` (a grid of verdicts and
+  acceptance ratios; skipped without matplotlib).
+
+Exit status (:func:`exit_status`): 0 every audited case conforms; 1 a case is lossy; 3 a case is a
+performance defect (none lossy); 4 a crash or an inconclusive case (none lossy or defective); 2 a
+usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hsd_core import conformance as kc
+from hsd_core.processing import AmbiguousLawError
+from hsd_core.samples import Sampling, SamplesFile
+
+from .audit import acceptance, audit_draws
+from .engines import Case, Engine, EngineRefused
+
+__all__ = ["CASES", "ENGINES", "MODE_SPECS", "ProcessingCase", "add_arguments", "exit_status", "main", "run_matrix",
+           "write_report"]
+
+
+def _t(text: str) -> int:
+    return kc.kit_model("target").id_of_text[text]
+
+
+def _prompt(*texts: str) -> tuple[int, ...]:
+    return (kc.BOS,) + tuple(_t(x) for x in texts)
+
+
+@dataclass(frozen=True)
+class ProcessingCase:
+    """One processing of the default matrix: ``name``, the :class:`Sampling` (``order`` left None: each
+    engine's own order is put in when the case sets processing beyond temperature / top-k / top-p),
+    its prompts (the target's ids, BOS first) and what it aims at."""
+
+    name: str
+    sampling: Sampling
+    prompts: tuple[tuple[int, ...], ...]
+    aim: str
+
+    def for_engine(self, order: str) -> Sampling:
+        """The sampling as ``order``'s engine runs it."""
+        s = self.sampling
+        return dataclasses.replace(s, order=order) if s.processing() else s
+
+
+def _s(max_new: int = 3, **kw: Any) -> Sampling:
+    do_sample = kw.pop("do_sample", True)
+    return Sampling(do_sample, kw.pop("temperature", 1.0), kw.pop("top_k", None), kw.pop("top_p", None), max_new, **kw)
+
+
+CASES: tuple[ProcessingCase, ...] = (
+    ProcessingCase("plain", _s(), (_prompt(),), "the raw law from BOS: peaked, flat and tied rows, EOS rising"),
+    ProcessingCase("temperature", _s(temperature=0.7), (_prompt(),), "temperature 0.7"),
+    ProcessingCase("top_k", _s(top_k=3), (_prompt(),), "top-k 3; ties at the boundary after ' sat' are kept"),
+    ProcessingCase("top_p_inside", _s(top_p=kc.TOP_P), (_prompt(" cat"),), "top-p 0.8 with '.' just inside"),
+    ProcessingCase("top_p_outside", _s(top_p=kc.TOP_P), (_prompt(" dog"),), "top-p 0.8 with '.' just outside"),
+    ProcessingCase("eos_early", _s(4), (_prompt("a"),), "EOS mass 1/2 at the first position"),
+    ProcessingCase("greedy", _s(do_sample=False), (_prompt(" the"),), "greedy on a peaked row"),
+    ProcessingCase("greedy_tie", _s(do_sample=False), (_prompt(" sat"), _prompt(" ")),
+                   "greedy at exact ties: the lowest id"),
+    ProcessingCase("greedy_near_tie", _s(do_sample=False), (_prompt(" on"),), "greedy at logits 0 and 2^-12"),
+    ProcessingCase("min_tokens", _s(4, min_tokens=2), (_prompt("a"),), "EOS held back for two ids where it is likely"),
+    ProcessingCase("stop", _s(4, stop=(".",)), (_prompt(" cat"),), "the stop string '.' ends the draw"),
+    ProcessingCase("min_p", _s(min_p=0.15), (_prompt(),), "min-p 0.15"),
+    ProcessingCase("repetition_penalty", _s(repetition_penalty=1.5), (_prompt(" sat"),), "repetition penalty 1.5"),
+    ProcessingCase("presence_frequency", _s(presence_penalty=0.5, frequency_penalty=0.3), (_prompt(" sat"),),
+                   "presence 0.5 and frequency 0.3 penalties"),
+    ProcessingCase("logit_bias", _s(logit_bias=((_t("a"), 2.0),)), (_prompt(),), "logit bias +2 on 'a'"),
+    ProcessingCase("bad_words", _s(bad_words_ids=((_t(" cat"),),)), (_prompt(),), "' cat' banned"),
+    ProcessingCase("allowed_ids", _s(allowed_token_ids=(kc.EOS, _t(" the"), _t(" cat"), _t(" dog"), _t(" sat"))),
+                   (_prompt(),), "only EOS, ' the', ' cat', ' dog', ' sat' allowed"),
+)
+"""The default matrix of processing cases (module docstring)."""
+
+MODE_SPECS: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
+    "none": (None, {}, None),
+    "sd": ("drafter", {"num_speculative_tokens": 3}, "sd"),
+    "tli": ("drafter_sp", {"num_speculative_tokens": 3}, None),
+    "slem": ("drafter_sp", {"num_speculative_tokens": 3}, None),
+    "slrs": ("drafter_sp", {"num_speculative_tokens": 1}, None),
+    "assisted": ("drafter", {"num_speculative_tokens": 3}, None),
+    "uag": ("drafter_sp", {"num_speculative_tokens": 3}, None),
+    "ngram": (None, {"num_speculative_tokens": 3}, None),
+    "draft_model": ("drafter", {"num_speculative_tokens": 3}, "sd"),
+}
+"""Mode -> (the kit drafter it uses, its settings, the ``expected_acceptance`` method whose exact
+expectation applies to it, None where hsd has none for that engine's method). TLI has none yet:
+:func:`hsd_core.conformance.toy_models` gives the target the live texts only, while the kit's real
+target vocabulary holds every byte and the merges' intermediates (`` c``, `` ca``), so a real TLI's
+intersection (and its acceptance) differs from the toy's: measured below the toy's expectation by a
+correct TLI (hsd_torch's: 1.53 against 1.73 tokens per call from BOS)."""
+
+
+def _hsd_torch(kit: Path) -> Engine:
+    from .hsd_engine import HsdTorchEngine
+
+    return HsdTorchEngine(kit)
+
+
+def _transformers(kit: Path) -> Engine:
+    from .transformers_engine import TransformersEngine
+
+    return TransformersEngine(kit)
+
+
+def _vllm(kit: Path) -> Engine:
+    from .vllm_engine import VllmEngine
+
+    return VllmEngine(kit)
+
+
+ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm}
+"""Engine name -> factory (the kit folder -> an :class:`Engine`): the one place an adapter is registered."""
+
+
+@dataclass
+class Row:
+    """One cell of the matrix's report."""
+
+    engine: str
+    mode: str
+    case: str
+    prompt_ids: tuple[int, ...]
+    outcome: str
+    reason: str
+    n: int = 0
+    seconds: float = 0.0
+    samples: str | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    acceptance: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["prompt_ids"] = list(self.prompt_ids)
+        return d
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: int, alpha: float,
+               out: Path | None) -> Row:
+    """Draw ``n`` samples of ``case`` from ``engine`` (appended to ``out``) and audit them: a
+    :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such)."""
+    row = Row(engine_name, case.mode, case_name, case.prompt_ids, "crashed", "", samples=str(out) if out else None)
+    try:
+        law = kc.sequence_law(kc.kit_model("target"), case.prompt_ids, case.sampling)
+    except AmbiguousLawError as e:
+        row.outcome, row.reason = "not determinable", str(e)
+        return row
+    except ValueError as e:  # a setting the engine's order does not have: no law, the engine cannot run it
+        row.outcome, row.reason = "refused", f"no {case.sampling.order}-order law: {e}"
+        return row
+    t0 = time.perf_counter()
+    try:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        got: SamplesFile = engine.sample(case, list(range(n)), out)
+    except EngineRefused as e:
+        row.outcome, row.reason = "refused", str(e).strip().splitlines()[0] if str(e).strip() else "refused"
+        return row
+    except Exception as e:  # noqa: BLE001  (an engine's crash is a result of the matrix)
+        row.outcome, row.reason = "crashed", _one_line(e)
+        row.tests = [{"traceback": traceback.format_exc(limit=4)}]
+        return row
+    row.seconds = time.perf_counter() - t0
+    draws = got.draws
+    if not draws:
+        row.outcome, row.reason = "crashed", "the engine returned no draws"
+        return row
+    a = audit_draws(draws, law, alpha)
+    row.outcome, row.reason, row.n, row.tests = a.verdict, a.reason, a.n, [dataclasses.asdict(t) for t in a.tests]
+    method = MODE_SPECS.get(case.mode, (None, {}, None))[2]
+    s = case.sampling
+    if method and s.do_sample and not s.processing():
+        k = int(case.settings.get("num_speculative_tokens", 3))
+        exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s)
+        acc = acceptance(draws, exp["tokens_per_call"], alpha)
+        if acc is not None:
+            row.acceptance = dataclasses.asdict(acc)
+            if acc.defect and row.outcome == "conforms":
+                row.outcome = "performance defect"
+                row.reason = "the draws conform, but it accepts less than the method promises: " + acc.describe()
+    return row
+
+
+def run_matrix(kit: Path, engines: Sequence[str], *, modes: Sequence[str] | None = None,
+               cases: Sequence[ProcessingCase] = CASES, n: int = 2000, alpha: float = 1e-3, out: Path | None = None,
+               registry: dict[str, Callable[[Path], Engine]] | None = None,
+               progress: Callable[[Row], None] | None = None) -> list[Row]:
+    """The matrix (module docstring) over ``kit`` for the named engines of ``registry`` (default
+    :data:`ENGINES`): for each engine, each case, each prompt, the null control then each of the
+    engine's modes in ``modes`` (None: all); ``n`` draws a cell, family-wise ``alpha`` a cell. An
+    engine whose factory raises is one ``crashed`` row."""
+    reg = ENGINES if registry is None else registry
+    rows: list[Row] = []
+
+    def add(r: Row) -> None:
+        rows.append(r)
+        if progress is not None:
+            progress(r)
+
+    for name in engines:
+        try:
+            engine = reg[name](kit)
+        except Exception as e:  # noqa: BLE001
+            add(Row(name, "*", "*", (), "crashed", "the engine did not start: " + _one_line(e)))
+            continue
+        try:
+            order = getattr(engine, "order", "vllm")
+            ems = [m for m in engine.modes() if modes is None or m in modes or m == "none"]
+            for pc in cases:
+                for k, prompt in enumerate(pc.prompts):
+                    for mode in ems:
+                        drafter, settings, _ = MODE_SPECS.get(mode, (None, {}, None))
+                        case = Case(kit, prompt, pc.for_engine(order), mode, drafter, settings)
+                        path = None if out is None else out / "samples" / name / mode / f"{pc.name}-p{k}.jsonl"
+                        add(audit_case(engine, name, case, pc.name, n, alpha, path))
+        finally:
+            engine.close()
+    return rows
+
+
+def audit_samples_files(kit: Path, paths: Sequence[Path], alpha: float = 1e-3) -> list[Row]:
+    """The samples-file engine's rows: each file, each prompt in it, audited against the kit's law
+    in the file's order."""
+    from hsd_core.samples import SamplesFormatError
+
+    from .samples_engine import SamplesFileEngine
+
+    rows: list[Row] = []
+    for p in paths:
+        try:
+            eng = SamplesFileEngine([p])
+            cases = eng.cases(kit)
+        except (SamplesFormatError, EngineRefused) as e:
+            rows.append(Row("samples-file", "*", Path(p).stem, (), "crashed", str(e).splitlines()[0], samples=str(p)))
+            continue
+        rows.extend(audit_case(eng, eng.name, case, name, 0, alpha, None) for name, case in cases)
+    return rows
+
+
+def exit_status(rows: Sequence[Row]) -> int:
+    """0, 1, 3 or 4 (module docstring)."""
+    got = {r.outcome for r in rows}
+    if "lossy" in got:
+        return 1
+    if "performance defect" in got:
+        return 3
+    if got & {"crashed", "inconclusive"}:
+        return 4
+    return 0
+
+
+def _acc_text(r: Row) -> str:
+    a = r.acceptance
+    if not a:
+        return ""
+    return f"{a['measured']:.3f} [{a['low']:.3f}, {a['high']:.3f}] / {a['expected']:.3f}"
+
+
+def _tv_text(r: Row) -> str:
+    tv = {t.get("name"): t.get("detectable_tv") for t in r.tests}
+    parts = [f"{k.split(' (')[0]} {v:.3g}" for k, v in tv.items()
+             if v is not None and k in ("whole draws", "length", "position 0 (first token)")]
+    return ", ".join(parts)
+
+
+def write_report(rows: Sequence[Row], out: Path, meta: dict[str, Any]) -> dict[str, Path]:
+    """``out/report.json`` (every row with its tests), ``out/report.md`` (one line a cell) and
+    ``out/report.png`` (the grid; skipped without matplotlib): the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "report.json", "md": out / "report.md"}
+    status = exit_status(rows)
+    doc = {"format": "hsd-conformance-report/1", **meta, "exit_status": status, "rows": [r.to_json() for r in rows]}
+    paths["json"].write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    lines = ["# Conformance run", "", f"kit `{meta.get('kit')}`, {meta.get('n')} draws a cell, family-wise alpha "
+             f"{meta.get('alpha')} a cell (Holm); exit status {status}.", "",
+             "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
+             "| engine | mode | case | prompt | outcome | draws | s | tokens/call measured [interval] / expected | "
+             "detectable TV (power 0.99) | reason |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        reason = r.reason.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r.engine} | {r.mode} | {r.case} | {list(r.prompt_ids)} | **{r.outcome}** | {r.n} | "
+                     f"{r.seconds:.1f} | {_acc_text(r)} | {_tv_text(r)} | {reason} |")
+    paths["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    png = _plot(rows, out / "report.png")
+    if png is not None:
+        paths["png"] = png
+    return paths
+
+
+COLOURS = {"conforms": "#4caf50", "lossy": "#e53935", "performance defect": "#fb8c00", "inconclusive": "#fdd835",
+           "not determinable": "#9e9e9e", "refused": "#e0e0e0", "crashed": "#8e24aa"}
+
+
+def _plot(rows: Sequence[Row], path: Path) -> Path | None:
+    from hsd_core._plot import pyplot
+
+    plt = pyplot(str(path))
+    if plt is None or not rows:
+        return None
+    ys = list(dict.fromkeys((r.engine, r.mode) for r in rows))
+    xs = list(dict.fromkeys(f"{r.case}/{list(r.prompt_ids)[1:]}" for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(xs) + 3), max(2.5, 0.45 * len(ys) + 1.5)))
+    for r in rows:
+        x, y = xs.index(f"{r.case}/{list(r.prompt_ids)[1:]}"), ys.index((r.engine, r.mode))
+        ax.add_patch(plt.Rectangle((x, y), 1, 1, color=COLOURS.get(r.outcome, "white"), ec="white"))
+        if r.acceptance:
+            ax.text(x + .5, y + .5, f"{r.acceptance['measured'] / r.acceptance['expected']:.2f}", ha="center",
+                    va="center", fontsize=7)
+    ax.set_xlim(0, len(xs))
+    ax.set_ylim(0, len(ys))
+    ax.set_xticks([i + .5 for i in range(len(xs))], xs, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks([i + .5 for i in range(len(ys))], [f"{e} {m}" for e, m in ys], fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
+    ax.legend(handles, list(COLOURS), fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("conformance: outcome per cell (number: measured / expected tokens per target call)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``hsd conformance run``'s options."""
+    p.add_argument("--kit", metavar="DIR", help="the kit folder (hsd conformance kit); default: built into OUT/kit")
+    p.add_argument("--out", required=True, metavar="DIR", help="samples files and the report go here (resumable)")
+    p.add_argument("--engine", action="append", metavar="NAME", help=f"an engine ({', '.join(ENGINES)}); repeat; "
+                   "default hsd_torch")
+    p.add_argument("--mode", action="append", metavar="MODE", help="a speculative mode (the null control 'none' "
+                   "always runs); repeat; default every mode of each engine")
+    p.add_argument("--case", action="append", metavar="NAME", help="a processing case (--list shows them); repeat")
+    p.add_argument("--samples", action="append", metavar="FILE", help="audit this samples file against the kit "
+                   "(the samples-file engine); repeat; with it no engine runs unless --engine is given")
+    p.add_argument("-n", "--n", type=int, default=2000, help="draws per cell (default 2000)")
+    p.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-fail rate per cell (default 1e-3)")
+    p.add_argument("--list", action="store_true", help="list the engines, modes and cases, and exit")
+
+
+def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
+    """Run the matrix from parsed :func:`add_arguments` options: print a line a cell, write the
+    report, return :func:`exit_status` (2 on a usage error, one ``error:`` line)."""
+    def usage(msg: str) -> int:
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+
+    if args.list:
+        print("engines: " + ", ".join(ENGINES))
+        print("modes: " + ", ".join(MODE_SPECS))
+        for pc in CASES:
+            print(f"case {pc.name}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
+        return 0
+    engines = args.engine or ([] if args.samples else ["hsd_torch"])
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        return usage(f"unknown engine {unknown[0]!r}; one of {', '.join(ENGINES)}")
+    bad_mode = [m for m in (args.mode or []) if m not in MODE_SPECS]
+    if bad_mode:
+        return usage(f"unknown mode {bad_mode[0]!r}; one of {', '.join(MODE_SPECS)}")
+    names = {pc.name for pc in CASES}
+    bad_case = [c for c in (args.case or []) if c not in names]
+    if bad_case:
+        return usage(f"unknown case {bad_case[0]!r}; one of {', '.join(sorted(names))}")
+    if args.n < 1 or not (0 < args.alpha < 1):
+        return usage("--n must be >= 1 and --alpha in (0, 1)")
+    missing = [f for f in (args.samples or []) if not Path(f).is_file()]
+    if missing:
+        return usage(f"--samples {missing[0]!r} is not a file")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return usage(f"--out {args.out!r} is a file; give a folder")
+    kit = Path(args.kit) if args.kit else out / "kit"
+    if args.kit and not (kit / "kit.json").is_file():
+        return usage(f"--kit {args.kit!r} holds no kit.json; build one with hsd conformance kit --out DIR")
+    if not args.kit and not (kit / "kit.json").is_file():
+        from .kit import build_kit
+
+        build_kit(kit, gguf=False)
+    cases = [pc for pc in CASES if not args.case or pc.name in args.case]
+
+    def show(r: Row) -> None:
+        acc = f", tokens/call {_acc_text(r)}" if r.acceptance else ""
+        print(f"{r.engine} {r.mode} {r.case} {list(r.prompt_ids)}: {r.outcome} ({r.n} draws, {r.seconds:.1f} s{acc})"
+              + (f": {r.reason}" if r.outcome not in ("conforms",) else ""), flush=True)
+
+    t0 = time.perf_counter()
+    rows = run_matrix(kit, engines, modes=args.mode, cases=cases, n=args.n, alpha=args.alpha, out=out, progress=show)
+    if args.samples:
+        for r in audit_samples_files(kit, [Path(f) for f in args.samples], args.alpha):
+            show(r)
+            rows.append(r)
+    meta = {"kit": str(kit), "n": args.n, "alpha": args.alpha, "engines": engines, "seconds": time.perf_counter() - t0}
+    paths = write_report(rows, out, meta)
+    for k, p in paths.items():
+        print(f"report ({k}): {p}")
+    return exit_status(rows)

