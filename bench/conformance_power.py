@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench.bench_record import save  # noqa: E402
+from bench_record import save  # noqa: E402
 from hsd_core import conformance as kc  # noqa: E402
 from hsd_core.processing import AmbiguousLawError  # noqa: E402
 from hsd_core.stats import InvalidTest, min_num_samples_for_tv  # noqa: E402
