@@ -271,6 +271,24 @@ def _check_pair(s: SamplesFile, b: SamplesFile) -> None:
 
 
 @torch.inference_mode()
+def reference_description(target: Any) -> str:
+    """What the default reference law is, in words, with what the target's dtype does to it: in
+    float32, transformers' law; in a reduced precision (``--dtype bfloat16``), the law from logits that
+    the forward rounded (the laws are computed in float32 from them), stated as such."""
+    dtype = next((p.dtype for p in target.parameters()), None) if hasattr(target, "parameters") else None
+    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+    base = (f"transformers' {name} teacher-forced law of the target (the default: no law provider of the "
+            "engine was given; an engine whose numerics differ may fail against it, which the null control shows)")
+    if name in ("float32", "float64"):
+        return base
+    return base + (f"; its forward passes ran in {name} and the laws are computed in float32 from their logits: "
+                   f"{name} keeps {8 if name == 'bfloat16' else 11} significant bits of every activation, so the "
+                   "reference departs from the float32 law by a small per-token TV and can break exact or near ties "
+                   "the other way; an engine that is lossless against the float32 law can fail against it at a large "
+                   "enough N, and its null control (the same engine without speculation) then fails too: read a "
+                   "'lossy' verdict against a reduced-precision reference only with a null control that passes")
+
+
 def audit_samples(
     samples: SamplesFile | str | os.PathLike[str],
     target: Any,
@@ -309,8 +327,7 @@ def audit_samples(
     width = _width(target)
     if reference is None:
         law: Any = target
-        ref = ("transformers' float32 teacher-forced law of the target (the default: no law provider of the "
-               "engine was given; an engine whose numerics differ may fail against it, which the null control shows)")
+        ref = reference_description(target)
     else:
         law = reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width, reference_name)
         ref = (f"the engine's own law from the provider {law.name} (given: the engine's numerics, not "

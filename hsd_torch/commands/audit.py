@@ -99,7 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     engines_vllm.add_arguments(p)
 
 
-def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
+def load(path: str, tokenizer_path: str | None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """The model at ``path`` (a checkpoint folder or a real model's name) in ``dtype``, in eval mode,
+    and its tokenizer (from ``tokenizer_path`` when given)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -107,9 +109,9 @@ def load(path: str, tokenizer_path: str | None) -> tuple[Any, Any]:
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bar per checkpoint (as hsd generate)
     if (name := real_models.named(path)) is not None:
-        model, tok = real_models.load(name)
+        model, tok = real_models.load(name, dtype=dtype)
     else:
-        model, tok = real_models.load_checkpoint(path), None  # damaged or mismatched weights: one line
+        model, tok = real_models.load_checkpoint(path, dtype), None  # damaged or mismatched weights: one line
     model.eval()
     tok_path = tokenizer_path or path
     if tok is not None and tokenizer_path is None:
@@ -134,6 +136,9 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
     ``generate`` would refuse. The ranges were checked while parsing (:mod:`hsd_torch.commands.args`)."""
     if args.target is None:
         return f"--impl {args.impl} needs --target DIR"
+    if getattr(args, "dtype", "float32") not in ("float32", "fp32"):
+        return (f"--dtype {args.dtype} is the engine audits' (the reference target of --samples-file, --endpoint, --impl "
+                f"vllm); --impl {args.impl} samples and audits the model in float32")
     if args.impl == "transformers":
         given = [flag for dest, flag in _HSD_TORCH_ONLY if getattr(args, dest) is not None]
         if given:
@@ -252,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     if args.samples_file is not None or args.endpoint is not None:
-        return cli_engine.run(args, load)
+        return cli_engine.run(args, cli_engine.loader(load, args))
     try:
         problem = problem_before_loading(args)
     except ca.Refusal as e:  # a tokenizer that does not load (the sd check reads both)
@@ -365,7 +370,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
     from ..engines import vllm_audit as engines_vllm
 
-    return engines_vllm.run(args, load, lambda ns: cli_engine.run(ns, load))
+    ref_load = cli_engine.loader(load, args)
+    return engines_vllm.run(args, ref_load, lambda ns: cli_engine.run(ns, ref_load))
 
 
 VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm)

@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--retries", type=ca.int_at_least(0), default=3, metavar="N",
       help="with --endpoint: retries per draw of HTTP 429/500/502/503/504 and resets, with backoff (default 3; 0: "
            "none; another 4xx is never retried)")
+    a("--dtype", default="float32", choices=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"),
+      help="with --samples-file, --endpoint or --impl vllm: the dtype of the target whose teacher-forced law is the "
+           "reference (default float32; bf16 needs about half the memory and time on a CPU with AMX, and the report "
+           "states what it changes in the reference)")
     a("--reference", metavar="transformers|MODULE:ATTR", default="transformers",
       help="the reference law: transformers' teacher-forced law of --target (default), or a law provider "
            "(prompt_ids, ids) -> [len(ids), V] raw log-probabilities named by MODULE:ATTR")
@@ -172,6 +176,16 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
                                      out=out, stats=stats, **kw))
         notes.append(f"{name} {url}: {stats.requests} requests, {stats.describe()}")
     return files[0], files[1], notes
+
+
+def loader(load: Callable[..., tuple[Any, Any]], args: argparse.Namespace) -> Callable[[str, str | None], tuple[Any, Any]]:
+    """``load(path, tokenizer_path)`` with the engine audits' ``--dtype`` (the reference target's dtype)."""
+    import torch
+
+    from ..engine._precision import as_dtype
+
+    dtype = as_dtype(getattr(args, "dtype", None) or "float32") or torch.float32
+    return lambda path, tok: load(path, tok, dtype)
 
 
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]]) -> int:

@@ -210,6 +210,37 @@ def test_cli_samples_file(folder: Path, files: dict[str, Path], capsys: pytest.C
         assert __import__("re").search(msg, err), err
 
 
+def test_cli_dtype_sets_the_reference_target_and_the_report_says_so(folder: Path, files: dict[str, Path],
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``--dtype bfloat16`` loads the reference target in bfloat16 (half the memory) and the reference
+    line says what that changes; float32 says transformers' float32 law as before; ``--impl`` refuses
+    --dtype (it samples and audits in float32)."""
+    from hsd_torch.auditing.samples import reference_description
+    from hsd_torch.commands import audit as cmd
+
+    seen: list[Any] = []
+    real_load = cmd.load
+
+    def spy(path: str, tok: str | None, dtype: Any = torch.float32) -> Any:
+        seen.append(dtype)
+        return real_load(path, tok, dtype)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(cmd, "load", spy):
+        rc = hsd_main(["audit", "--samples-file", str(files["plain"]), "--target", str(folder), "--context-bugs",
+                       "none", "--dtype", "bf16"])
+    out = capsys.readouterr().out
+    assert rc == 0 and seen == [torch.bfloat16], (rc, seen, out)
+    assert "reference: transformers' bfloat16 teacher-forced law" in out and "8 significant bits" in out
+    m32 = cmd.load(str(folder), None)[0]
+    assert reference_description(m32).startswith("transformers' float32 teacher-forced law")
+    assert "significant bits" not in reference_description(m32)
+    assert hsd_main(["audit", "--impl", "hsd_torch", "--method", "ar", "--target", str(folder), "--prompt", "x",
+                     "--dtype", "bfloat16"]) == 2
+    assert "--dtype bfloat16 is the engine audits'" in capsys.readouterr().err
+
+
 class _Handler(BaseHTTPRequestHandler):
     pair: Any = None
 
