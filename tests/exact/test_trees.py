@@ -389,18 +389,19 @@ def test_greedy_static_tree_is_a_sum_over_nodes() -> None:
     prop()
 
 
-def test_rrs_accepts_at_least_exact_match() -> None:
-    """On the same tree law, RRS accepts at least as much as exact match (per node, the RRS residual
-    chain dominates the target's own draw), checked exactly on 25 small worlds; and a wider tree
-    accepts at least as much as a narrower one."""
+def test_wider_tree_accepts_at_least_as_much() -> None:
+    """Adding a second branch under the root (widths (1, 1) -> (2, 1)) never lowers the expected
+    accepted length, for RRS and for exact match: the first branch has the same law in both trees and
+    keeps its reach probabilities (RRS tries it first; exact match descends into the first child with
+    the drawn token), and the new nodes add non-negative reach. Checked exactly on 25 small worlds."""
     @settings(max_examples=25)
     @given(w=worlds(**SMALL))  # type: ignore[arg-type]
     def prop(w: World) -> None:
         st = State(w.prompt, (), 2)
-        rrs = tree_expected(TLITree(Static((2, 1))), w.target, w.drafter, st)[0]
-        match = tree_expected(TLITree(Static((2, 1)), verification="match"), w.target, w.drafter, st)[0]
-        narrow = tree_expected(TLITree(Static((1, 1))), w.target, w.drafter, st)[0]
-        assert rrs >= match and rrs >= narrow
+        for verification in ("rrs", "match"):
+            wide = tree_expected(TLITree(Static((2, 1)), verification=verification), w.target, w.drafter, st)[0]
+            narrow = tree_expected(TLITree(Static((1, 1)), verification=verification), w.target, w.drafter, st)[0]
+            assert wide >= narrow
 
     prop()
 
