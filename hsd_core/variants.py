@@ -7,9 +7,10 @@ registry :data:`VARIANTS` maps a name to a factory ``() -> Method``; ``PINNED`` 
 finds it lossy, and by how much.
 
 The token-tree variants (:data:`TREE_VARIANTS`, pinned in :data:`TREE_PINNED` with their own
-``max_new_tokens``: a tree bug may need three tokens to show) are kept out of :data:`VARIANTS`, which
-feeds ``hsd audit`` and the sequence audits on the single-path methods' budgets; their exact and
-sampled tests are in ``tests/exact/test_trees.py``.
+``max_new_tokens``: a tree bug may need three tokens to show) form a registry of their own, so the
+tests that iterate :data:`VARIANTS` with :data:`PINNED_MAX_NEW_TOKENS` (the statistical suite, the
+sequence audits) keep their stated sizes. ``hsd audit`` lists them after the others (exact, and
+sampled with ``--sampled``); their exact and sized sampled tests are in ``tests/exact/test_trees.py``.
 """
 
 from __future__ import annotations
