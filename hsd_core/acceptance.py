@@ -32,7 +32,7 @@ from .methods.sd import SD
 from .methods.slem import SLEM, draft_candidates
 from .methods.slrs import SLRS
 from .methods.tli import TLI, drafter_context, intersection
-from .methods.tree import SLEMTree, TokenTree, _TokenTreeMethod
+from .methods.tree import SLEMTree, TokenTree, TokenTreeMethod
 from .models import Model
 from .rand import Enumerator, Rand
 
@@ -130,11 +130,11 @@ def tree_given(tree: TokenTree, target: Model, ctx: tuple[int, ...], budget: int
     return accepted, accepted + 1 - ends
 
 
-def tree_expected(method: SLEMTree | _TokenTreeMethod, target: Model, drafter: Model, state: State) -> tuple[Prob, Prob]:
+def tree_expected(method: SLEMTree | TokenTreeMethod, target: Model, drafter: Model, state: State) -> tuple[Prob, Prob]:
     """(E[accepted length], E[emitted tokens]) of one round of a tree method from ``state``: the
     closed form of :func:`tree_given`, averaged over the exact law of the round's tree."""
     trees = Enumerator().law(lambda rand: method.draft(target, drafter, state, rand))
-    rrs = isinstance(method, _TokenTreeMethod) and method.verification == "rrs"
+    rrs = isinstance(method, TokenTreeMethod) and method.verification == "rrs"
     ctx = state.target_context(target)
     zero: Prob = Fraction(0)
     acc, tok = zero, zero

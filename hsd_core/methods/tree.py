@@ -352,7 +352,7 @@ class TreeVerifier:
 VERIFICATIONS = ("rrs", "match")
 
 
-class _TokenTreeMethod(TreeVerifier, Method):
+class TokenTreeMethod(TreeVerifier, Method):
     """SD-tree and TLI-tree: a tree of target ids drafted from a known law, then verified."""
 
     def __init__(self, shape: Shape = Static((2, 1, 1)), greedy: bool = False, draws: str = "distinct",
@@ -389,7 +389,7 @@ class _TokenTreeMethod(TreeVerifier, Method):
                 f"verification={self.verification!r})")
 
 
-class SDTree(_TokenTreeMethod):
+class SDTree(TokenTreeMethod):
     """SD over a token tree, drafter and target sharing one vocabulary.
 
     Defaults: ``shape=Static((2, 1, 1))``, ``greedy=False``, ``draws="distinct"``,
@@ -415,7 +415,7 @@ class SDTree(_TokenTreeMethod):
         return law
 
 
-class TLITree(_TokenTreeMethod, HeterogeneousMethod):
+class TLITree(TokenTreeMethod, HeterogeneousMethod):
     """TLI over a token tree: every node's children are drawn from q_cap pushed to target ids.
 
     The node's drafter context is TLI's context followed by, for each token of its path, the lowest
