@@ -52,6 +52,13 @@ Steps of one round (SLEM-tree)
 The randomness of a round is drawn through :class:`~hsd_core.rand.Rand` only, drafting first, then
 verification, so :mod:`hsd_core.exact` enumerates it and :class:`~hsd_core.rand.UniformRand` replays it.
 Nothing is carried across rounds: the tree is a function of the state and the round's own draws.
+The uniforms a round consumes, in order (what a batched backend must record to be mirrored):
+
+* drafting: for each expanded node in expansion order (static: node order, which is breadth first;
+  dynamic: best first), one ``categorical`` per child drawn (none when greedy);
+* exact match: one ``categorical`` per node visited (none when greedy);
+* RRS: at each node visited, one ``bernoulli`` per child tried, in drafting order, until one is
+  accepted; if none is, one ``categorical`` from the residual (at a leaf: from ``p``, the bonus).
 """
 
 from __future__ import annotations
@@ -221,6 +228,8 @@ def draft_tree(
     nothing. ``laws`` records, per node, the law its token was drawn from. ``sampling_law`` exists for
     the deliberately lossy variants only (it replaces the law actually sampled, not the one recorded).
     """
+    shape = check_shape(shape)
+    draws = check_draws(draws)
     b = _Builder()
     score: list[Prob] = [Fraction(1)]
     depth_cap = min(max_depth, shape.depth)
@@ -241,7 +250,7 @@ def draft_tree(
             else:
                 drawn_from = cur if sampling_law is None else sampling_law(path, cur)
                 x = rand.categorical(drawn_from)
-            c = b.add(v, x, cur)
+            b.add(v, x, cur)
             score.append(score[v] * law[x])
             cur = law if (draws == "iid" and not greedy) else _without(cur, x)
 
