@@ -418,7 +418,8 @@ def sampled_audit_all(
 ) -> int:
     """Audit, with ``n`` samples each, every ``(label, method)`` of ``methods`` on the built-in
     world (against the target law; greedy methods against the greedy one) and every variant of
-    :data:`hsd_core.variants.VARIANTS` on its pinned world (against the target law).
+    :data:`hsd_core.variants.VARIANTS` and :data:`hsd_core.variants.TREE_VARIANTS` on its pinned
+    world (against the target law).
 
     Prints one line per sampler (verdict and detectable TV) to stdout and ``[i/total] label ...``
     progress lines to ``progress`` (default stderr). With ``report_path``, writes the markdown
@@ -441,6 +442,10 @@ def sampled_audit_all(
     for name, mk in variants.VARIANTS.items():
         target, drafter, prompt = from_spec(variants.PINNED[name])
         jobs.append(("variant:" + name, False, mk(), target, drafter, prompt, variants.PINNED_MAX_NEW_TOKENS))
+    for name, mk in variants.TREE_VARIANTS.items():
+        target, drafter, prompt = from_spec(variants.TREE_PINNED[name])
+        jobs.append(("variant:" + name, False, mk(), target, drafter, prompt,
+                     int(variants.TREE_PINNED[name]["max_new_tokens"])))
     print()
     print(f"Sampled audit (hsd_core.audit.audit_sampler, n={n} samples each, family-wise alpha 1e-6, "
           "against the target law; variants on their pinned worlds):")

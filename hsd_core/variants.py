@@ -5,19 +5,27 @@ so the exact engine and the statistical audits are shown to fail on exactly that
 registry :data:`VARIANTS` maps a name to a factory ``() -> Method``; ``PINNED`` (in
 ``tests/exact/test_variants.py``) holds for each one a small world on which the exact engine
 finds it lossy, and by how much.
+
+The token-tree variants (:data:`TREE_VARIANTS`, pinned in :data:`TREE_PINNED` with their own
+``max_new_tokens``: a tree bug may need three tokens to show) form a registry of their own, so the
+tests that iterate :data:`VARIANTS` with :data:`PINNED_MAX_NEW_TOKENS` (the statistical suite, the
+sequence audits) keep their stated sizes. ``hsd audit`` lists them after the others (exact, and
+sampled with ``--sampled``); their exact and sized sampled tests are in ``tests/exact/test_trees.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from fractions import Fraction
 
-from .laws import Law, Prob
+from .laws import Law, Prob, normalized
 from .methods.base import Method, State
 from .methods.sd import SD
 from .methods.slem import SLEM
 from .methods.slrs import SLRS, Proposal
 from .methods.tli import TLI, Intersection
+from .methods.tree import Dynamic, SDTree, Static, TLITree, TokenTree
 from .models import Model
 from .rand import Rand
 
@@ -237,3 +245,86 @@ PINNED: dict[str, dict[str, object]] = {
 Hypothesis and shrunk, on which the exact engine shows it lossy with ``max_new_tokens=2``."""
 
 PINNED_MAX_NEW_TOKENS = 2
+
+
+class TLITreeStaleResidual(TLITree):
+    """Sampled TLI-tree whose recursive rejection does not update the residual after a rejected
+    sibling: every child of a node is tested against the target's law ``p`` itself, and the correction
+    comes from ``p`` (a verifier that treats siblings as independent single drafts)."""
+
+    name = "tli_tree_stale_residual"
+
+    def _next_residual(self, r: Law, q: Law) -> Law:
+        return r
+
+
+class TLITreeDistinctWithIIDResidual(TLITree):
+    """Sampled TLI-tree that drafts a node's children without replacement but verifies every child
+    against the node's full law (the with-replacement ``q``), in the ratio and in the residual,
+    instead of the law with the earlier siblings removed that the child was drawn from."""
+
+    name = "tli_tree_distinct_iid_residual"
+
+    def _child_law(self, tree: TokenTree, c: int) -> Law:
+        first = tree.children(tree.parents[c])[0]
+        law = tree.laws[first]
+        assert law is not None
+        return law
+
+
+class SDTreeMatchAnyNodeAtDepth(SDTree):
+    """SD-tree by exact match that accepts the target's draw when it matches *any* node at the next
+    depth rather than a child of the current node, and goes on from that node (whose path, which
+    the next target law is computed from, is not what was emitted)."""
+
+    name = "sd_tree_match_any_node_at_depth"
+
+    def _match_child(self, tree: TokenTree, v: int, t: int) -> int | None:
+        for c in range(1, len(tree.tokens)):
+            if tree.depths[c] == tree.depths[v] + 1 and tree.tokens[c] == t:
+                return c
+        return None
+
+
+class TLITreePeeksAtTarget(TLITree):
+    """Dynamic sampled TLI-tree whose expansion peeks at the target: it drafts a node's children only
+    among tokens the target gives positive probability at that node (q restricted to p > 0), while
+    the verifier is told the drafter's law q. With exact match such a tree would be harmless; the
+    ratio test needs the law the draft was actually drawn from."""
+
+    name = "tli_tree_peeks_at_target"
+
+    def _sampling_law(self, target: Model, state: State) -> Callable[[tuple[int, ...], Law], Law] | None:
+        ctx = state.target_context(target)
+
+        def peek(path: tuple[int, ...], law: Law) -> Law:
+            p = target.next_probs(ctx + path)
+            zero = law[0] - law[0]
+            kept = normalized([w if p[i] > 0 else zero for i, w in enumerate(law)])
+            return law if kept is None else kept
+
+        return peek
+
+
+TREE_VARIANTS: dict[str, Callable[[], Method]] = {
+    "tli_tree_stale_residual": lambda: TLITreeStaleResidual(Static((2,))),
+    "tli_tree_distinct_iid_residual": lambda: TLITreeDistinctWithIIDResidual(Static((2,))),
+    "sd_tree_match_any_node_at_depth": lambda: SDTreeMatchAnyNodeAtDepth(Static((2, 1)), verification="match"),
+    "tli_tree_peeks_at_target": lambda: TLITreePeeksAtTarget(Dynamic(budget=3, width=2, depth=2)),
+}
+"""Name -> factory of each deliberately lossy token-tree method."""
+
+TREE_PINNED: dict[str, dict[str, Any]] = {
+    "tli_tree_stale_residual": {"target": {"tokens": _ABC, "random": 0},
+                                "drafter": {"tokens": _ABC, "random": 100}, "max_new_tokens": 2},
+    "tli_tree_distinct_iid_residual": {"target": {"tokens": _ABC, "random": 7},
+                                       "drafter": {"tokens": _ABC, "random": 107, "zero_prob": 0.5},
+                                       "max_new_tokens": 2},
+    "sd_tree_match_any_node_at_depth": {"target": {"tokens": ["a", "b"], "random": 5, "zero_prob": 0.5},
+                                        "drafter": {"random": 5}, "max_new_tokens": 3},
+    "tli_tree_peeks_at_target": {"target": {"tokens": _ABC, "random": 0, "zero_prob": 0.5},
+                                 "drafter": {"tokens": _ABC, "random": 100}, "max_new_tokens": 2},
+}
+"""For each tree variant, the spec (:func:`hsd_core.worlds.from_spec`; its ``max_new_tokens`` key is
+the budget) of a small world on which the exact engine shows it lossy: found by a search over a few
+seeds for a large TV (``tests/exact/test_trees.py`` records each TV)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -257,6 +258,25 @@ class RejectionVerifier:
         return RoundOutcome(tuple(out) + (bonus,), len(drafts), len(drafts))
 
 
+def check_confidence(min_confidence: object) -> Prob | None:
+    """``min_confidence`` as ``None`` (no dynamic draft length) or a probability in (0, 1] (an int,
+    ``Fraction`` or float), else ``ValueError``/``TypeError``."""
+    if min_confidence is None:
+        return None
+    if isinstance(min_confidence, (bool, np.bool_)) or not isinstance(min_confidence, (int, float, Fraction, np.number)):
+        raise TypeError(f"min_confidence must be None or a probability in (0, 1], got {min_confidence!r}")
+    value: Prob
+    if isinstance(min_confidence, (Fraction, float)):
+        value = min_confidence
+    elif isinstance(min_confidence, (int, np.integer)):
+        value = Fraction(int(min_confidence))
+    else:
+        value = float(min_confidence)
+    if not 0 < value <= 1:
+        raise ValueError(f"min_confidence must be None or a probability in (0, 1], got {min_confidence!r}")
+    return value
+
+
 def draft_autoregressive(
     model: Model,
     ctx: tuple[int, ...],
@@ -264,12 +284,16 @@ def draft_autoregressive(
     rand: Rand,
     greedy: bool,
     transform: Callable[[Law], Law | None] | None = None,
+    min_confidence: Prob | None = None,
 ) -> tuple[list[int], list[Law]]:
     """Draft up to ``k`` ids from ``model`` after ``ctx``; returns the ids and the laws drawn from.
 
     ``transform`` maps the model's law to the law actually sampled (e.g. TLI's renormalization
     onto the intersection); when it returns ``None`` (no mass left) drafting stops early. Drafting
-    also stops after the model's EOS.
+    also stops after the model's EOS. The dynamic draft length: with ``min_confidence``, drafting
+    stops before the second and every later draft whose law's largest probability (the drafter's
+    confidence in its next token) is below ``min_confidence``; the first draft is always made. The
+    stop reads only the drafter's laws, which are functions of the drafts so far.
     """
     drafts: list[int] = []
     laws: list[Law] = []
@@ -278,6 +302,8 @@ def draft_autoregressive(
         q = model.next_probs(ctx + tuple(drafts))
         qq = q if transform is None else transform(q)
         if qq is None:
+            break
+        if drafts and min_confidence is not None and max(qq) < min_confidence:
             break
         d = sample(qq, rand, greedy)
         drafts.append(d)

@@ -28,9 +28,10 @@ token is the target's own draw given its own history: SLEM is lossless for any d
 
 from __future__ import annotations
 
-from ..laws import argmax
+from ..laws import Prob, argmax
 from ..models import Model
-from .base import HeterogeneousMethod, RoundOutcome, State, check_greedy, check_lookahead, check_lookbehind, draft_autoregressive, sample
+from .base import (HeterogeneousMethod, RoundOutcome, State, check_confidence, check_greedy, check_lookahead, check_lookbehind,
+                   draft_autoregressive, sample)
 from ..rand import Rand
 from ..tokenizers import Unencodable, encode_free
 from .resync import Resync, as_resync, drafter_context_ids
@@ -74,9 +75,11 @@ def draft_candidates(
     lookbehind: int,
     target_ctx: tuple[int, ...] | None = None,
     resync: Resync | None = None,
+    min_confidence: Prob | None = None,
 ) -> tuple[int, ...]:
     """SLEM's proposal: steps 1-3 of a round (shared with SLRS, whose psi is this function's law);
-    the drafter's context is :func:`drafter_context` under ``resync`` (``None``: the default).
+    the drafter's context is :func:`drafter_context` under ``resync`` (``None``: the default); with
+    ``min_confidence`` the draft length is dynamic (:func:`~hsd_core.methods.base.draft_autoregressive`).
 
     Returns the candidate target ids: empty when the target cannot encode the drafted text
     (:class:`~hsd_core.tokenizers.Unencodable`: a character outside its alphabet), else never
@@ -84,7 +87,7 @@ def draft_candidates(
     """
     ctx_t = state.target_context(target) if target_ctx is None else target_ctx
     d_ctx = drafter_context(target, drafter, state, resync)
-    drafts, _ = draft_autoregressive(drafter, d_ctx, lookahead, rand, greedy)
+    drafts, _ = draft_autoregressive(drafter, d_ctx, lookahead, rand, greedy, min_confidence=min_confidence)
     ended = bool(drafts) and drafts[-1] == drafter.vocab.eos_id
     text = drafter.tokenizer.decode(drafts)
     try:
@@ -99,17 +102,20 @@ class SLEM(HeterogeneousMethod):
     agrees with its own draws, plus one token of its own.
 
     Defaults: ``lookahead=3``, ``greedy=False``, ``lookbehind=4`` (the target's re-tokenization),
-    ``resync=Resync(stride=256, lookbehind=4)`` (the drafter's context, :mod:`.resync`).
+    ``resync=Resync(stride=256, lookbehind=4)`` (the drafter's context, :mod:`.resync`),
+    ``min_confidence=None`` (with a probability: stop drafting before a later draft whose law's top
+    probability is below it).
     """
 
     name = "SLEM"
 
     def __init__(self, lookahead: int = 3, greedy: bool = False, lookbehind: int = 4,
-                 resync: Resync | None = Resync()) -> None:
+                 resync: Resync | None = Resync(), min_confidence: Prob | None = None) -> None:
         self.lookahead = check_lookahead(lookahead)
         self.greedy = check_greedy(greedy)
         self.lookbehind = check_lookbehind(lookbehind)
         self.resync = as_resync(resync)
+        self.min_confidence = check_confidence(min_confidence)
 
     def _target_context(self, target: Model, state: State) -> tuple[int, ...]:
         return state.target_context(target)
@@ -117,7 +123,7 @@ class SLEM(HeterogeneousMethod):
     def candidates(self, target: Model, drafter: Model, state: State, rand: Rand) -> tuple[int, ...]:
         """The round's candidate target ids (steps 1-3)."""
         return draft_candidates(target, drafter, state, rand, min(self.lookahead, state.budget), self.greedy,
-                                self.lookbehind, state.target_context(target), self.resync)
+                                self.lookbehind, state.target_context(target), self.resync, self.min_confidence)
 
     def step(self, target: Model, drafter: Model | None, state: State, rand: Rand) -> RoundOutcome:
         assert drafter is not None

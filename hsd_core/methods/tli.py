@@ -30,7 +30,7 @@ from fractions import Fraction
 from ..laws import Law, Prob, normalized
 from ..models import Model
 from .base import (HeterogeneousMethod, Method, RejectionVerifier, RoundOutcome, State, check_alphabet_covers,
-                   check_greedy, check_lookahead, draft_autoregressive)
+                   check_confidence, check_greedy, check_lookahead, draft_autoregressive)
 from ..rand import Rand
 from ..vocab import Vocabulary
 
@@ -103,14 +103,16 @@ def drafter_context(target: Model, drafter: Model, state: State, inter: Intersec
 class TLI(RejectionVerifier, HeterogeneousMethod):
     """Token-level intersection: SD with the drafter renormalized onto the shared tokens.
 
-    Defaults: ``lookahead=3``, ``greedy=False``.
+    Defaults: ``lookahead=3``, ``greedy=False``, ``min_confidence=None`` (with a probability: stop
+    drafting before a later draft whose q_cap's top probability is below it).
     """
 
     name = "TLI"
 
-    def __init__(self, lookahead: int = 3, greedy: bool = False) -> None:
+    def __init__(self, lookahead: int = 3, greedy: bool = False, min_confidence: Prob | None = None) -> None:
         self.lookahead = check_lookahead(lookahead)
         self.greedy = check_greedy(greedy)
+        self.min_confidence = check_confidence(min_confidence)
 
     def check_models(self, target: Model, drafter: Model | None) -> None:
         """As every heterogeneous method, except that the drafter's alphabet need only contain the
@@ -137,7 +139,7 @@ class TLI(RejectionVerifier, HeterogeneousMethod):
         d_ctx = drafter_context(target, drafter, state, inter)
         k = min(self.lookahead, state.budget)
         drafts, sampled = draft_autoregressive(
-            drafter, d_ctx, k, rand, self.greedy, lambda q: self._sampling_law(inter, q))
+            drafter, d_ctx, k, rand, self.greedy, lambda q: self._sampling_law(inter, q), self.min_confidence)
         n = len(target.vocab)
         qs = [self._verification_law(inter, drafter.next_probs(d_ctx + tuple(drafts[:j])), s, n)
               for j, s in enumerate(sampled)]

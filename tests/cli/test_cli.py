@@ -13,7 +13,7 @@ def test_audit_runs_and_lists_everything(capsys: object) -> None:
     for name in ("AR", "SD", "SLEM", "TLI", "SLRS", "SLRS-multi", "TLI/greedy"):
         assert f"\n{name} " in out
     assert out.count("lossless") >= 9
-    for name in variants.VARIANTS:
+    for name in [*variants.VARIANTS, *variants.TREE_VARIANTS]:
         assert f"{name}" in out
     assert "NOT caught" not in out
     assert "psi drafter evals" in out

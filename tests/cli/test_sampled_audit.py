@@ -14,7 +14,8 @@ def test_sampled_audit_writes_report(tmp_path: pathlib.Path, capsys: object) -> 
     captured = capsys.readouterr()  # type: ignore[attr-defined]
     assert report.exists()
     text = report.read_text(encoding="utf-8")
-    names = [label(m) for m in default_methods()] + ["variant:" + n for n in variants.VARIANTS]
+    names = [label(m) for m in default_methods()] + ["variant:" + n for n in [*variants.VARIANTS,
+                                                                             *variants.TREE_VARIANTS]]
     for name in names:
         assert f"| {name} |" in text, name
         assert f"## {name}\n" in text, name

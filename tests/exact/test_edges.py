@@ -88,9 +88,9 @@ def test_truncate_stops_at_eos_and_budget() -> None:
 
 DEFAULTS: dict[type, dict[str, Any]] = {
     AR: {"greedy": False},
-    SD: {"lookahead": 3, "greedy": False},
-    SLEM: {"lookahead": 3, "greedy": False, "lookbehind": 4, "resync": Resync()},
-    TLI: {"lookahead": 3, "greedy": False},
+    SD: {"lookahead": 3, "greedy": False, "min_confidence": None},
+    SLEM: {"lookahead": 3, "greedy": False, "lookbehind": 4, "resync": Resync(), "min_confidence": None},
+    TLI: {"lookahead": 3, "greedy": False, "min_confidence": None},
     SLRS: {"lookahead": 2, "max_tokens": 1, "greedy": False, "lookbehind": 4, "max_psi_calls": 200_000,
            "min_path_prob": None, "proposal_map": "retokenize", "resync": Resync()},
 }

@@ -119,8 +119,9 @@ def test_main_fails_on_a_missing_test(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_the_real_proofs_validate() -> None:
-    """The repository's proofs: every named test exists and every method has a proof."""
+    """The repository's proofs: every named test exists and every method has a proof. The checks live
+    in the lemma tests, and the token-tree proofs' in the tree tests (``tests/exact/test_trees.py``)."""
     checks, errors = check.validate()
     assert errors == []
-    assert checks and {c.path for c in checks} <= {"tests/proofs/test_lemmas.py"}
+    assert checks and {c.path for c in checks} <= {"tests/proofs/test_lemmas.py", "tests/exact/test_trees.py"}
     assert {"AR", "SD", "SLEM", "TLI", "SLRS"} <= set(check.method_names())
