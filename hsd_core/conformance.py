@@ -53,7 +53,7 @@ from .samples import Sampling
 
 __all__ = ["CLOCK", "DEAD", "DRAFTER_ROWS", "EMBED_SCALE", "EOS_RISE", "HEAD_DIM", "HIDDEN", "KitModel", "ROLES",
            "SP_ROWS", "TARGET_ROWS", "TOP_P", "expected_acceptance", "kit_model", "length_law", "next_law",
-           "position_laws", "sequence_law", "toy_models"]
+           "position_laws", "sequence_law", "toy_ids", "toy_models"]
 
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
@@ -211,9 +211,11 @@ class KitModel:
 
     @cached_property
     def id_of_text(self) -> dict[str, int]:
-        """The id of each row text (the first id whose text it is; ``"<s>"`` and ``"</s>"``: BOS, EOS)."""
+        """The id of each row text (``"<s>"`` and ``"</s>"``: BOS, EOS): where several ids have the text,
+        the **last** one, a piece rather than its byte-fallback ``<0xNN>`` (``"a"``, not ``<0x61>``),
+        which is the id the kit's tokenizer encodes the text into (``tests/torch/conformance``)."""
         out: dict[str, int] = {"<s>": BOS, "</s>": EOS}
-        for i in range(len(self.tokens) - 1, len(SPECIALS) - 1, -1):  # the merged token wins over its bytes
+        for i in range(len(SPECIALS), len(self.tokens)):  # later ids (pieces, merges) win over byte fallbacks
             out[self.texts[i].decode("utf-8", "replace")] = i
         for ctx, row in self.rows.items():  # a live text must be one id: the longest written form
             for text in [ctx, *row]:
@@ -368,11 +370,36 @@ def position_laws(law: Mapping[tuple[int, ...], tuple[float, str]]) -> list[dict
     return out
 
 
+def toy_ids(km: KitModel) -> list[int]:
+    """The kit ids a toy vocabulary of ``km`` holds, increasing: every id whose text is valid UTF-8 on
+    its own (not the lone bytes 0x80-0xFF, which no row reaches), one id per text -- a piece rather than
+    a byte-fallback ``<0xNN>`` of the same byte, as the kit's tokenizer encodes that text. The whole
+    vocabulary, not only the live ids: which ids the two vocabularies share decides TLI's intersection
+    (the target's BPE holds the merge steps `` c`` and `` ca`` that the SentencePiece drafter proposes).
+    Every live id is among them (``AssertionError`` otherwise)."""
+    chosen: dict[str, tuple[int, bool]] = {}
+    for i in range(len(SPECIALS), km.vocab_size):
+        try:
+            text = km.texts[i].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if not text:
+            continue
+        fallback = km.kind == "sentencepiece" and km.tokens[i].startswith("<0x")
+        if text not in chosen or (chosen[text][1] and not fallback):
+            chosen[text] = (i, fallback)
+    ids = sorted(i for i, _ in chosen.values())
+    missing = set(km.live_ids) - set(ids) - {BOS, EOS}
+    if missing:
+        raise AssertionError(f"{km.role}: live ids {sorted(missing)} have no place in the toy vocabulary")
+    return ids
+
+
 def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
                drafter_sampling: Sampling | None = None) -> tuple[Any, Any, Any, str]:
     """The kit as ``hsd_core`` explicit models for one prompt: ``(target, drafter, drafter_sp,
-    prompt_text)``: vocabularies of the live ids' texts (plus the single characters their words need,
-    which get probability 0), longest-match tokenizers, and float64 laws from :func:`next_law` (the
+    prompt_text)``: vocabularies of every id's text (:func:`toy_ids`; plus any single character their
+    words need, which gets probability 0), longest-match tokenizers, and float64 laws from :func:`next_law` (the
     target processed by ``sampling``, the drafters by ``drafter_sampling``; None: their raw laws), the
     kit's BOS implied before every context. ``prompt_text`` (the prompt without BOS) encodes back to
     ``prompt_ids`` (``ValueError`` otherwise)."""
@@ -385,7 +412,7 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
     built = []
     for role, s in (("target", sampling), ("drafter", drafter_sampling), ("drafter_sp", drafter_sampling)):
         km = kit_model(role)
-        live = [i for i in km.live_ids if i not in (BOS, EOS)]
+        live = toy_ids(km)
         strings = [km.texts[i].decode() for i in live]
         chars = sorted({ch for t in strings for ch in t} - set(strings))
         vocab = Vocabulary(strings + chars)

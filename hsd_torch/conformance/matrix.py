@@ -104,7 +104,7 @@ CASES: tuple[ProcessingCase, ...] = (
 MODE_SPECS: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
     "none": (None, {}, None),
     "sd": ("drafter", {"num_speculative_tokens": 3}, "sd"),
-    "tli": ("drafter_sp", {"num_speculative_tokens": 3}, None),
+    "tli": ("drafter_sp", {"num_speculative_tokens": 3}, "tli"),
     "slem": ("drafter_sp", {"num_speculative_tokens": 3}, None),
     "slrs": ("drafter_sp", {"num_speculative_tokens": 1}, None),
     "assisted": ("drafter", {"num_speculative_tokens": 3}, None),
@@ -113,11 +113,10 @@ MODE_SPECS: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
     "draft_model": ("drafter", {"num_speculative_tokens": 3}, "sd"),
 }
 """Mode -> (the kit drafter it uses, its settings, the ``expected_acceptance`` method whose exact
-expectation applies to it, None where hsd has none for that engine's method). TLI has none yet:
-:func:`hsd_core.conformance.toy_models` gives the target the live texts only, while the kit's real
-target vocabulary holds every byte and the merges' intermediates (`` c``, `` ca``), so a real TLI's
-intersection (and its acceptance) differs from the toy's: measured below the toy's expectation by a
-correct TLI (hsd_torch's: 1.53 against 1.73 tokens per call from BOS)."""
+expectation applies to it, None where hsd has none for that engine's method). TLI's is the exact
+engine's over the kit's whole vocabularies (:func:`hsd_core.conformance.toy_models`: the target's BPE
+holds the merge steps `` c`` and `` ca`` that the SentencePiece drafter proposes, so they are in the
+intersection)."""
 
 
 def _hsd_torch(kit: Path) -> Engine:

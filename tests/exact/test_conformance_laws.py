@@ -63,8 +63,7 @@ def test_sequence_law_equals_the_exact_engines_target_law(prompt: list[str], s: 
     ref = kc.sequence_law(T, ids, s)
     assert sum(p for p, _ in ref.values()) == pytest.approx(1.0, abs=1e-12)
     toy, _, _, text = kc.toy_models(ids, s)
-    live = [i for i in T.live_ids if i not in (kc.BOS, kc.EOS)]
-    to_kit = {j: i for j, i in enumerate(live)} | {len(toy.vocab) - 1: kc.EOS}
+    to_kit = {j: i for j, i in enumerate(kc.toy_ids(T))} | {len(toy.vocab) - 1: kc.EOS}
     exact = {tuple(to_kit[j] for j in seq): float(p) for seq, p in target_law(toy, text, s.max_new_tokens).items()}
     assert set(exact) == set(ref)
     for seq, (p, why) in ref.items():

@@ -58,7 +58,7 @@ def test_hsd_torch_conforms_in_every_method(kit: Path, engine: HsdTorchEngine, m
     assert r.outcome == "conforms", r.reason
     assert r.n == N and {t["name"] for t in r.tests} >= {"whole draws", "length", "position 0 (first token)"}
     assert all(t["alpha"] == pytest.approx(ALPHA / len(r.tests)) for t in r.tests)
-    if mode == "sd":  # the exact expected acceptance applies: measured within its interval
+    if mode in ("sd", "tli"):  # the exact expected acceptance applies: measured within its interval
         assert r.acceptance is not None and r.acceptance["low"] <= r.acceptance["expected"] <= r.acceptance["high"]
 
 
@@ -90,10 +90,13 @@ BLIND = {"cache_cropped_short": "a kept rejected column moves the kit's clock (B
 def test_every_zoo_variant_is_caught_through_the_kit(kit: Path, engine: HsdTorchEngine, variant: str) -> None:
     v = VARIANTS[variant]
     if v.lossless:
+        # lossless, but its drafter reads a context short of a token, so it may accept less than TLI's exact
+        # expectation: its draws conform, and at most it is a performance defect, never lossy
         case, name = _case(kit, "plain", "tli")
         with v.patch():
             r = audit_case(engine, "hsd_torch", case, name, N, ALPHA, None)
-        assert r.outcome == "conforms", r.reason
+        assert r.outcome in ("conforms", "performance defect"), r.reason
+        assert not any(t["rejected"] for t in r.tests), r.tests
         return
     if variant in BLIND:
         pytest.xfail(f"the kit cannot show {variant}: {BLIND[variant]}")
