@@ -537,6 +537,7 @@ def sample_endpoint(
     stats: EndpointStats | None = None,
     server_kind: str | None = None,
     api: str = "openai",
+    extra_of: Callable[[Any], dict[str, Any]] | None = None,
 ) -> SamplesFile:
     """Draw one completion per seed from the OpenAI-compatible server at ``url`` (its ``/v1`` base):
     draw ``i`` conditions on ``prompt_ids[i % len(prompt_ids)]`` (recorded with the text
@@ -561,7 +562,9 @@ def sample_endpoint(
     file's ``engine`` object (``server_kind`` and ``request``: the processing keys of every request);
     None: only the stages ``sampling`` names (the server's defaults act on the others).
     ``api`` (:data:`APIS`): ``"openai"``, or ``"llama.cpp"`` for llama.cpp's native ``/completion``
-    at the server's root (``url`` with or without its ``/v1``; ``server_kind`` then ``"llama.cpp"``)."""
+    at the server's root (``url`` with or without its ``/v1``; ``server_kind`` then ``"llama.cpp"``).
+    ``extra_of``: a function of an answer (its JSON) whose keys are kept with its draw (written on the
+    draw's line, :attr:`~hsd_core.samples.Draw.extra`), e.g. a server's draft counters."""
     base = check_endpoint(url, allow_remote)
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}; one of {', '.join(APIS)}")
@@ -647,7 +650,7 @@ def sample_endpoint(
         ids, fr = _ids_of(ans, base + path)
         _check_ids(ids, i, int(seeds[i]), sampling.max_new_tokens, vocab_size, base + path)
         return Draw(ids=tuple(ids), seed=int(seeds[i]), prompt=prompts[i % len(prompts)], prompt_ids=pid,
-                    finish_reason=fr)
+                    finish_reason=fr, extra={} if extra_of is None else dict(extra_of(ans)))
 
     draws: dict[int, Draw] = {}
     if out_path is not None and resume:
