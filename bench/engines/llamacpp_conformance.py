@@ -1,0 +1,225 @@
+"""llama.cpp's ``llama-server`` on the conformance kit against exact laws (issue 47, llama.cpp's part).
+
+    python bench/engines/llamacpp_conformance.py [--n 2000] [--modes none,draft-simple,...] [--json OUT]
+
+Needs the binary (``bench/engines/setup_llamacpp.sh``). Writes the kit into a temporary folder, then:
+
+1. **Raw law**: for each kit prompt, llama-server's post-sampling probabilities of every id
+   (``n_probs`` = the vocabulary, ``post_sampling_probs``, temperature 1, every other stage neutral) at
+   each generated position, against :func:`hsd_core.conformance.next_law` after the same prefix: the
+   largest absolute difference (float32 engine against a float64 reference).
+2. **Batch invariance**: greedy draws with raw ``n_probs`` (the softmax of the logits at each position)
+   in every mode: the same context's probabilities from the plain server (one position per pass) and from
+   the speculative servers (drafts verified in one batch), largest difference.
+3. **Exact-law tests** per mode and processing case (:data:`CASES`): ``--n`` draws, one seed each, against
+   :func:`hsd_core.conformance.sequence_law` in llama.cpp's order: whole draws (with their finish reasons),
+   the first token, the length (where EOS comes) and each position alone, chi-square with low-count cells
+   pooled (:func:`hsd_core.stats.gof_test`), Holm over the case's tests at family-wise alpha ``--alpha``;
+   each test's detectable TV (power 0.99) is recorded. Greedy cases: every draw must be the one sequence.
+   Draft modes also record the measured acceptance (the server's ``draft_n_accepted / draft_n``).
+
+The JSON (``--json``, through ``bench/bench_record.py``) holds every number the docs quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from hsd_core import conformance as kc  # noqa: E402
+from hsd_core.endpoint import request_settings  # noqa: E402
+from hsd_core.samples import Sampling  # noqa: E402
+from hsd_core.stats import InvalidTest, gof_test, holm, min_tv_detectable  # noqa: E402
+
+M = kc.kit_model("target")
+ID = M.id_of_text
+B = kc.BOS
+
+
+def _s(**kw: Any) -> Sampling:
+    base: dict[str, Any] = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=3,
+                                order="llama.cpp")
+    base.update(kw)
+    return Sampling(**base)
+
+
+CASES: dict[str, tuple[list[int], Sampling]] = {
+    "plain": ([B], _s()),
+    "temperature 0.6": ([B, ID[" the"]], _s(temperature=0.6)),
+    "top-k 2": ([B, ID[" the"]], _s(top_k=2, max_new_tokens=2)),
+    "top-p 0.8 inside": ([B, ID[" cat"]], _s(top_p=kc.TOP_P)),
+    "top-p 0.8 outside": ([B, ID[" dog"]], _s(top_p=kc.TOP_P)),
+    "temperature 0.6 + top-p 0.8": ([B, ID[" cat"]], _s(temperature=0.6, top_p=kc.TOP_P)),
+    "min-p 0.3": ([B], _s(min_p=0.3)),
+    "penalties": ([B, ID["b"]], _s(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)),
+    "logit bias": ([B, ID[" on"]], _s(logit_bias=((ID["b"], 1.0), (kc.EOS, -1.0)))),
+    "greedy": ([B], _s(do_sample=False, max_new_tokens=4)),
+    "greedy near tie": ([B, ID[" on"]], _s(do_sample=False, max_new_tokens=4)),
+}
+"""The processing cases: name -> (prompt ids, sampling); rows of the kit each one reaches are in
+docs/conformance.md."""
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def raw_law(url: str, prompts: list[list[int]], seeds: int = 20) -> dict[str, Any]:
+    """Part 1 (module docstring): the largest |engine - reference| over prompts, seeds and positions."""
+    s = _s()
+    worst, n = 0.0, 0
+    for p in prompts:
+        for seed in range(seeds):
+            body = {"prompt": p, "n_predict": s.max_new_tokens, "seed": seed, "return_tokens": True,
+                    "cache_prompt": False, "n_probs": M.vocab_size, "post_sampling_probs": True,
+                    **request_settings("llama.cpp", s, len(p) + s.max_new_tokens)}
+            ans = _post(url, body)
+            toks = ans["tokens"]
+            for j, cp in enumerate(ans["completion_probabilities"]):
+                got = np.zeros(M.vocab_size)
+                for e in cp["top_probs"]:
+                    got[e["id"]] = e["prob"]
+                ref = kc.next_law(M, p, toks[:j], s)
+                worst = max(worst, float(np.abs(got - ref).max()))
+                n += 1
+    return {"positions": n, "max_abs_diff": worst}
+
+
+def raw_logprobs(url: str, prompt: list[int], n: int) -> list[dict[int, float]]:
+    """Greedy draw with the raw law's top ids at each position (part 2)."""
+    s = _s(do_sample=False, max_new_tokens=n)
+    body = {"prompt": prompt, "n_predict": n, "seed": 0, "return_tokens": True, "cache_prompt": False, "n_probs": 8,
+            **request_settings("llama.cpp", s, len(prompt) + n)}
+    ans = _post(url, body)
+    return [{e["id"]: e["logprob"] for e in cp["top_logprobs"]} for cp in ans["completion_probabilities"]]
+
+
+def exact_tests(draws: list[tuple[tuple[int, ...], str | None]], prompt: list[int], s: Sampling,
+                alpha: float) -> dict[str, Any]:
+    """Part 3 for one case: each test's statistic, p-value, detectable TV and the Holm verdict."""
+    law = kc.sequence_law(M, prompt, s)
+    n = len(draws)
+    if not s.do_sample:
+        (only,) = law
+        bad = [d for d in draws if d[0] != only]
+        return {"n": n, "expected": list(only), "verdict": "lossless" if not bad else "lossy",
+                "mismatches": len(bad), "example": list(bad[0][0]) if bad else None}
+    parts: dict[str, tuple[dict[Any, float], list[Any]]] = {
+        "whole draw": ({(k, fr): p for k, (p, fr) in law.items()}, [(d, "stop" if fr == "stop" else "length")
+                                                                      for d, fr in draws]),
+        "length": (kc.length_law(law), [len(d) for d, _ in draws]),
+    }
+    for j, pl in enumerate(kc.position_laws(law)):
+        parts[f"position {j + 1}"] = (pl, [d[j] if j < len(d) else -1 for d, _ in draws])
+    each = alpha / len(parts)
+    rows: dict[str, Any] = {}
+    pv = []
+    for name, (lw, obs) in parts.items():
+        live = {k: v for k, v in lw.items() if v > 0}
+        k = max(2, len(live))
+        try:
+            r, test = gof_test(live, obs, each), "chi2"
+        except InvalidTest:  # one cell left after pooling: the distribution-free TV test
+            r, test = gof_test(live, obs, each, test="tv"), "tv"
+        rows[name] = {"test": test, "statistic": r.statistic, "p_value": r.p_value, "cells": len(live),
+                      "detectable_tv": min_tv_detectable(k, n, each, test=test),
+                      "outside_support": sum(o not in live for o in obs)}
+        pv.append(r.p_value)
+    rejected = holm(pv, alpha)
+    for (name, row), rej in zip(rows.items(), rejected):
+        row["rejected"] = bool(rej)
+    return {"n": n, "alpha": alpha, "tests": rows, "verdict": "lossy" if any(rejected) else "lossless"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench_record import save
+
+    from hsd_torch.conformance.engines import Case, EngineRefused
+    from hsd_torch.conformance.kit import build_kit
+    from hsd_torch.conformance.llama_server import LlamaServer, LlamaServerEngine, MODES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="draws per sampled case (default 2000)")
+    ap.add_argument("--greedy-n", type=int, default=30, help="draws per greedy case (default 30)")
+    ap.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-fail rate per case (default 1e-3)")
+    ap.add_argument("--modes", default="none,draft-simple,draft-simple-probabilistic,ngram-mod")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m}; one of {', '.join(MODES)}")
+    kit = Path(tempfile.mkdtemp(prefix="hsd-kit-"))
+    build_kit(kit)
+    eng = LlamaServerEngine()
+    record: dict[str, Any] = {"engine": eng.name, "build": eng.info, "n": args.n, "alpha": args.alpha, "modes": {}}
+    print(eng.name, flush=True)
+    with LlamaServer(str(kit / "gguf" / "target.gguf"), binary=eng.binary) as srv:
+        prompts = [p for p, _ in CASES.values()]
+        record["raw_law"] = raw_law(srv.url, prompts)
+        print("raw law:", record["raw_law"], flush=True)
+    batch: dict[str, Any] = {}
+    for mode in modes:
+        res: dict[str, Any] = {}
+        for name in args.cases.split(","):
+            prompt, s = CASES[name]
+            case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
+                        drafter="drafter" if mode.startswith("draft") else None)
+            n = args.n if s.do_sample else args.greedy_n
+            t0 = time.perf_counter()
+            try:
+                f = eng.sample(case, list(range(1, n + 1)))
+            except EngineRefused as e:
+                res[name] = {"refused": str(e)}
+                continue
+            except Exception as e:  # a crash is a result of its own
+                res[name] = {"crash": f"{type(e).__name__}: {e}"}
+                print(f"{mode} / {name}: crash {e}", flush=True)
+                continue
+            dt = time.perf_counter() - t0
+            out = exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, args.alpha)
+            out["seconds"] = round(dt, 2)
+            dn = sum(int(d.extra.get("draft_n", 0)) for d in f.draws)
+            da = sum(int(d.extra.get("draft_n_accepted", 0)) for d in f.draws)
+            if dn:
+                out["drafted"], out["accepted"], out["acceptance"] = dn, da, da / dn
+            res[name] = out
+            print(f"{mode} / {name}: {out['verdict']} ({n} draws, {dt:.1f} s"
+                  + (f", acceptance {da}/{dn}" if dn else "") + ")", flush=True)
+        record["modes"][mode] = res
+        srv2 = eng._ensure(Case(kit=kit, prompt_ids=(B,), sampling=_s(), mode=mode,
+                                drafter="drafter" if mode.startswith("draft") else None))
+        batch[mode] = {name: raw_logprobs(srv2.url, p, 6) for name, (p, _) in
+                       (("greedy", CASES["greedy"]), ("greedy near tie", CASES["greedy near tie"]))}
+    eng.close()
+    if "none" in batch:
+        diffs = {}
+        for mode, got in batch.items():
+            worst = 0.0
+            for name, per in got.items():
+                for a, b in zip(batch["none"][name], per):
+                    for t in set(a) & set(b):
+                        worst = max(worst, abs(a[t] - b[t]))
+            diffs[mode] = worst
+        record["batch_invariance_max_logprob_diff"] = diffs
+        print("batch invariance (max |logprob diff| vs none):", diffs, flush=True)
+    save(record, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
