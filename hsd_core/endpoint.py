@@ -631,7 +631,7 @@ def sample_endpoint(
         except (KeyError, IndexError, TypeError) as e:
             raise EndpointError(f"{base}/models did not name a model ({' '.join(str(e).split())[:120]}): give the "
                                 "model's name") from None
-    eng = dict(engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"})
+    eng: dict[str, Any] = dict(engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"})
     if sent is not None:
         eng.update(server_kind=server_kind, request=sent)
     path = "/completions" if api == "openai" else "/completion"
