@@ -31,7 +31,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -144,10 +144,12 @@ def exact_tests(draws: list[tuple[tuple[int, ...], str | None]], prompt: list[in
     for name, (lw, obs) in parts.items():
         live = {k: v for k, v in lw.items() if v > 0}
         k = max(2, len(live))
+        test: Literal["chi2", "tv"] = "chi2"
         try:
-            r, test = gof_test(live, obs, each), "chi2"
+            r = gof_test(live, obs, each)
         except InvalidTest:  # one cell left after pooling: the distribution-free TV test
-            r, test = gof_test(live, obs, each, test="tv"), "tv"
+            test = "tv"
+            r = gof_test(live, obs, each, test=test)
         rows[name] = {"test": test, "statistic": r.statistic, "p_value": r.p_value, "cells": len(live),
                       "detectable_tv": min_tv_detectable(k, n, each, test=test),
                       "outside_support": sum(o not in live for o in obs)}
