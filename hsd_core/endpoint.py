@@ -564,7 +564,7 @@ def sample_endpoint(
     ``api`` (:data:`APIS`): ``"openai"``, or ``"llama.cpp"`` for llama.cpp's native ``/completion``
     at the server's root (``url`` with or without its ``/v1``; ``server_kind`` then ``"llama.cpp"``).
     ``extra_of``: a function of an answer (its JSON) whose keys are kept with its draw (written on the
-    draw's line, :attr:`~hsd_core.samples.Draw.extra`), e.g. a server's draft counters."""
+    draw's line, the draw's ``extra``), e.g. a server's draft counters."""
     base = check_endpoint(url, allow_remote)
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}; one of {', '.join(APIS)}")
