@@ -270,7 +270,11 @@ class LlamaServerEngine:
         self.binary = binary or find_binary()
         self.info = build_info(self.binary)
         build = self.info.get("llama_cpp_build")
-        self.name = f"llama.cpp llama-server b{build}" if build else f"llama.cpp llama-server {self.info.get('version')}"
+        pkg = self.info.get("package")
+        # an sdist build has no git history: its build number is 0, so the sdist's version names it
+        self.version = f"b{build}" if build and build != "0" else (f"{pkg} {self.info.get('version')}" if pkg else
+                                                                    str(self.info.get("version")))
+        self.name = f"llama.cpp llama-server {self.version}"
         self.threads, self.timeout = int(threads), float(timeout)
         self._server: LlamaServer | None = None
         self._key: tuple[Any, ...] | None = None
@@ -311,7 +315,7 @@ class LlamaServerEngine:
         text = kc.kit_model("target").text(case.prompt_ids).decode("utf-8", "replace")
         spec = None if case.mode == "none" else {"method": case.mode, **dict(case.settings)}
         return sample_endpoint(srv.url, [text], [case.prompt_ids], list(seeds), sampling, api="llama.cpp",
-                               engine={"name": "llama.cpp llama-server", "version": self.name.split("llama-server ")[-1]},
+                               engine={"name": "llama.cpp llama-server", "version": self.version},
                                speculative=spec, target="hsd-conformance-target", out=out,
                                vocab_size=kc.kit_model("target").vocab_size, timeout=self.timeout,
                                max_requests=max(10_000, len(seeds)), extra_of=_draft_counters)
