@@ -55,6 +55,17 @@ def _s(**kw: Any) -> Sampling:
     return Sampling(**base)
 
 
+NGRAM_SETTINGS: dict[str, dict[str, Any]] = {
+    "ngram-mod": {"args": ["--spec-ngram-mod-n-match", "2", "--spec-ngram-mod-n-min", "1",
+                           "--spec-ngram-mod-n-max", "4"]},
+    "ngram-simple": {"args": ["--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4"]},
+}
+"""Settings under which the n-gram modes draft on the kit's short contexts (their defaults look up 24
+and 12 ids, and ngram-mod drafts at least 48: nothing on a ten-id context)."""
+
+REPEAT = [B] + [ID[t] for t in (" the", " cat", " sat", "\n") * 2] + [ID[" the"]]
+"""A prompt that repeats itself, so that the n-gram modes find drafts in it."""
+
 CASES: dict[str, tuple[list[int], Sampling]] = {
     "plain": ([B], _s()),
     "temperature 0.6": ([B, ID[" the"]], _s(temperature=0.6)),
@@ -65,7 +76,14 @@ CASES: dict[str, tuple[list[int], Sampling]] = {
     "min-p 0.3": ([B], _s(min_p=0.3)),
     "penalties": ([B, ID["b"]], _s(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)),
     "logit bias": ([B, ID[" on"]], _s(logit_bias=((ID["b"], 1.0), (kc.EOS, -1.0)))),
+    "plain, 8 tokens": ([B], _s(max_new_tokens=8)),
+    "temperature 0.6 + top-p 0.8, 8 tokens": ([B, ID[" the"]], _s(temperature=0.6, top_p=kc.TOP_P, max_new_tokens=8)),
+    "penalties, 8 tokens": ([B, ID["b"]], _s(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3,
+                                             max_new_tokens=8)),
     "greedy": ([B], _s(do_sample=False, max_new_tokens=4)),
+    "greedy, 8 tokens": ([B], _s(do_sample=False, max_new_tokens=8)),
+    "repetitive prompt, 8 tokens": (REPEAT, _s(max_new_tokens=8)),
+    "greedy, repetitive prompt, 8 tokens": (REPEAT, _s(do_sample=False, max_new_tokens=8)),
     "greedy near tie": ([B, ID[" on"]], _s(do_sample=False, max_new_tokens=4)),
 }
 """The processing cases: name -> (prompt ids, sampling); rows of the kit each one reaches are in
@@ -160,6 +178,30 @@ def exact_tests(draws: list[tuple[tuple[int, ...], str | None]], prompt: list[in
     return {"n": n, "alpha": alpha, "tests": rows, "verdict": "lossy" if any(rejected) else "lossless"}
 
 
+def greedy_draft_acceptance(prompt: list[int], s: Sampling) -> tuple[float, float] | None:
+    """The exact expected acceptance of ``draft-simple`` with greedy drafts on a 3-id case: the server
+    samples the first id from the prompt, drafts one id (the budget leaves room for one), the drafter's
+    argmax after ``prompt + [t1]``, and keeps it iff the target's sample there equals it; so the rate
+    per draft is ``sum_t1 P(t1) p(d(t1) | prompt, t1) / P(t1 is no end id)``. Where the drafter's
+    largest logits tie, its sort picks the draft: returned as ``(lowest, highest)`` over the tied
+    choices; None for another budget."""
+    if s.max_new_tokens != 3 or not s.do_sample:
+        return None
+    dm = kc.kit_model("drafter")
+    first = kc.next_law(M, prompt, (), s)
+    lo = hi = mass = 0.0
+    for t1 in np.flatnonzero(first > 0):
+        if int(t1) == kc.EOS:
+            continue
+        q = dm.logits(list(prompt) + [int(t1)])
+        tied = np.flatnonzero(q == q.max())
+        p2 = kc.next_law(M, prompt, (int(t1),), s)
+        lo += float(first[t1]) * float(min(p2[tied]))
+        hi += float(first[t1]) * float(max(p2[tied]))
+        mass += float(first[t1])
+    return lo / mass, hi / mass
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench_record import save
 
@@ -172,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy-n", type=int, default=30, help="draws per greedy case (default 30)")
     ap.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-fail rate per case (default 1e-3)")
     ap.add_argument("--modes", default="none,draft-simple,draft-simple-probabilistic,ngram-mod")
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=";".join(CASES), help="case names separated by ';' (default: all)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--update", action="store_true", help="keep the other rows of an existing --json file (a run "
+                                                          "of some cases updates theirs)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
@@ -193,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         print("batch invariance:", record["batch_invariance"], flush=True)
     for mode in modes:
         res: dict[str, Any] = {}
-        for name in args.cases.split(","):
+        for name in args.cases.split(";"):
             prompt, s = CASES[name]
             case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
-                        drafter="drafter" if mode.startswith("draft") else None)
+                        drafter="drafter" if mode.startswith("draft") else None, settings=NGRAM_SETTINGS.get(mode, {}))
             n = args.n if s.do_sample else args.greedy_n
             t0 = time.perf_counter()
             try:
@@ -215,11 +259,25 @@ def main(argv: list[str] | None = None) -> int:
             da = sum(int(d.extra.get("draft_n_accepted", 0)) for d in f.draws)
             if dn:
                 out["drafted"], out["accepted"], out["acceptance"] = dn, da, da / dn
+                exp = greedy_draft_acceptance(prompt, s) if mode == "draft-simple" else None
+                if exp is not None:  # a 99.9% normal interval around the measured rate
+                    half = 3.29 * (out["acceptance"] * (1 - out["acceptance"]) / dn) ** 0.5
+                    out["expected_acceptance"] = list(exp)
+                    out["acceptance_interval"] = [out["acceptance"] - half, out["acceptance"] + half]
+                    out["acceptance_as_expected"] = bool(exp[0] - 1e-9 <= out["acceptance"] + half
+                                                         and out["acceptance"] - half <= exp[1] + 1e-9)
             res[name] = out
             print(f"{mode} / {name}: {out['verdict']} ({n} draws, {dt:.1f} s"
                   + (f", acceptance {da}/{dn}" if dn else "") + ")", flush=True)
         record["modes"][mode] = res
     eng.close()
+    if args.update and args.json and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text(encoding="utf-8"))
+        for mode, res in record["modes"].items():
+            old.setdefault("modes", {}).setdefault(mode, {}).update(res)
+        record["modes"] = old["modes"]
+        for k in ("commit", "date", "machine"):
+            record.pop(k, None)
     save(record, args.json)
     return 0
 
