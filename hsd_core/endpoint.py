@@ -5,9 +5,22 @@
 request, each with its own ``seed``, the prompt as the target's ids (``prompt`` takes a list of ids
 in the OpenAI API) and ``return_tokens_as_token_ids`` with ``logprobs`` so that the generated ids
 come back as ids: a decoded string cannot be mapped back to ids (several id sequences decode to one
-text). The ids are read from ``choices[0].token_ids`` where the server returns them, else from
-``choices[0].logprobs.tokens`` written ``"token_id:N"``; a server that returns neither is refused
-(:class:`EndpointError`) rather than guessed. The draws come back as a
+text). **Id shapes**: the ids are read from whichever of these the answer holds (a server that returns
+none is refused, :class:`EndpointError`, rather than guessed):
+
+* ``choices[0].token_ids`` (vLLM's and SGLang's ``return_token_ids``);
+* ``choices[0].logprobs.tokens`` written ``"token_id:N"`` (vLLM's ``return_tokens_as_token_ids``);
+* ``choices[0].logprobs.content[i].id`` (llama.cpp's server on ``/v1/completions``: its chat-logprobs
+  shape; it ignores ``return_tokens_as_token_ids``);
+* ``tokens`` with ``stop_type`` (llama.cpp's native ``/completion`` with ``return_tokens``; ``eos`` and
+  ``word`` read as finish reason ``"stop"``, ``limit`` as ``"length"``);
+* ``output_ids`` with ``meta_info.finish_reason.type`` (SGLang's native ``/generate``).
+
+**Neutral values** (``server_kind``): a server applies its own defaults to every stage a request does
+not name (llama.cpp: top-k 40, top-p 0.95, min-p 0.05, a repetition window, DRY, XTC, typical-p; vLLM
+and SGLang: the model's generation config). Told the server's kind, the client sends the neutral value
+of every stage the request's processing does not name (:func:`request_settings`) and records what it
+sent in the samples file (``engine.server_kind``, ``engine.request``). The draws come back as a
 :class:`~hsd_core.samples.SamplesFile` (and can be written with :func:`hsd_core.samples.write_samples`),
 so the audit of a samples file runs on them unchanged.
 
@@ -58,8 +71,8 @@ from typing import Any
 from .samples import Draw, Sampling, SamplesAppender, SamplesFile, format_draw, parse_samples, recover_samples, \
     write_samples
 
-__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "EndpointError", "EndpointStats", "MAX_ANSWER_BYTES", "RETRY_STATUS",
-           "check_endpoint", "sample_endpoint"]
+__all__ = ["APIS", "BACKOFF_FIRST", "BACKOFF_MAX", "EndpointError", "EndpointStats", "LLAMA_CPP_SAMPLERS",
+           "MAX_ANSWER_BYTES", "RETRY_STATUS", "SERVER_KINDS", "check_endpoint", "request_settings", "sample_endpoint"]
 
 MAX_ANSWER_BYTES = 32 << 20
 """The largest answer read from a server (32 MiB); a longer one is refused before it is read whole."""
@@ -115,14 +128,102 @@ class EndpointStats:
         return r + (f", {self.resumed} draws resumed from the saved file" if self.resumed else "")
 
 
-def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling) -> dict[str, Any]:
-    """The completions request of one draw: the prompt as ids, the seed, the ids asked back
-    (``return_tokens_as_token_ids`` with ``logprobs``, and ``return_token_ids``), greedy as
-    temperature 0, top-k / top-p only when set, and the other processing keys of the samples format that
-    are set, under the same names (vLLM's OpenAI server reads them; ``bad_words_ids``: ``ValueError``)."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens, "n": 1,
-                            "seed": seed, "logprobs": 1, "return_tokens_as_token_ids": True,
-                            "return_token_ids": True, "stream": False}
+SERVER_KINDS = ("vllm", "llama.cpp", "sglang")
+"""The servers whose neutral values :func:`request_settings` knows (``--server-kind``)."""
+APIS = ("openai", "llama.cpp")
+"""The request shapes :func:`sample_endpoint` speaks: the OpenAI ``/completions`` API under the
+``/v1`` base, or llama.cpp's native ``/completion`` at the server's root."""
+LLAMA_CPP_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+"""The sampler chain hsd asks llama.cpp's server for (its ``samplers`` key): the stages
+:mod:`hsd_core.processing` models, in its ``"llama.cpp"`` order (a logit bias is applied before the
+chain, ``dist`` after it)."""
+
+# Each kind's neutral value of every stage it has (the value that switches the stage off), under its names.
+_NEUTRAL: dict[str, dict[str, Any]] = {
+    "vllm": {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+             "frequency_penalty": 0.0},
+    "sglang": {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+               "frequency_penalty": 0.0},
+    # common/common.h, common_params_sampling: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8, a penalty
+    # window of 64, DRY, XTC, typical-p, top-n-sigma, mirostat, dynamic temperature, adaptive-p
+    "llama.cpp": {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
+                  "dry_multiplier": 0.0, "mirostat": 0, "dynatemp_range": 0.0, "adaptive_target": -1.0, "min_keep": 0,
+                  "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_last_n": 0,
+                  "samplers": list(LLAMA_CPP_SAMPLERS)},
+}
+# The samples format's name of a stage -> each kind's name (absent: the kind has no such stage).
+_NAMES: dict[str, dict[str, str]] = {
+    "vllm": {k: k for k in ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                            "logit_bias", "allowed_token_ids", "min_tokens", "stop")},
+    "sglang": {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+               "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+               "logit_bias": "logit_bias", "min_tokens": "min_tokens", "stop": "stop"},
+    "llama.cpp": {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "repetition_penalty": "repeat_penalty",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "penalty_last_n": "repeat_last_n", "logit_bias": "logit_bias", "stop": "stop"},
+}
+
+
+def request_settings(kind: str, sampling: Sampling, context: int) -> dict[str, Any]:
+    """The processing keys of a request to a ``kind`` server (:data:`SERVER_KINDS`): every stage
+    ``sampling`` sets, under the server's name, and **every other stage the server has at its
+    neutral value**, so that no server default acts unseen (llama.cpp's top-k 40, top-p 0.95, min-p 0.05,
+    penalty window 64, DRY, XTC, ...; vLLM's and SGLang's defaults from the model's generation
+    config). Greedy: temperature 0 (top-k / top-p / min-p then neutral). ``context``: the longest
+    prompt plus ``max_new_tokens``, llama.cpp's penalty window when ``sampling`` penalizes every id
+    (``penalty_last_n`` None or -1; the server takes no -1). For llama.cpp the ``samplers`` chain is
+    :data:`LLAMA_CPP_SAMPLERS`. A stage ``sampling`` sets that the server does not have (llama.cpp:
+    allowed token ids, min_tokens; SGLang: allowed token ids; any: bad words as ids) raises
+    ``ValueError`` naming it. ``order`` is not sent (it is the file's word on which order applies)."""
+    if kind not in SERVER_KINDS:
+        raise ValueError(f"unknown server kind {kind!r}; one of {', '.join(SERVER_KINDS)}")
+    names = _NAMES[kind]
+    out: dict[str, Any] = dict(_NEUTRAL[kind])
+    out["temperature"] = float(sampling.temperature) if sampling.do_sample else 0.0
+    named: dict[str, Any] = dict(sampling.processing())
+    named.pop("order", None)
+    if sampling.do_sample:
+        if sampling.top_k is not None:
+            named["top_k"] = sampling.top_k
+        if sampling.top_p is not None:
+            named["top_p"] = sampling.top_p
+    else:
+        named.pop("min_p", None)
+    if "bad_words_ids" in named:
+        raise ValueError("bad_words_ids cannot be sent: the servers' APIs take bad words as text")
+    penalizes = any(named.get(k, off) != off for k, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                                                             ("frequency_penalty", 0.0)))
+    if kind == "llama.cpp":
+        window = named.pop("penalty_last_n", None)
+        if penalizes:
+            named["penalty_last_n"] = int(context) if window is None or window < 0 else int(window)
+    for key, value in named.items():
+        if key not in names:
+            raise ValueError(f"{key} is not a {kind} sampling parameter: such draws cannot be asked of this server")
+        out[names[key]] = value
+    return out
+
+
+def _body(model: str, prompt_ids: list[int], seed: int, sampling: Sampling, kind: str | None = None,
+          context: int = 0, api: str = "openai") -> dict[str, Any]:
+    """The request of one draw. ``api="openai"``: the completions request, the prompt as ids, the
+    seed, the ids asked back (``return_tokens_as_token_ids`` with ``logprobs``, and
+    ``return_token_ids``); ``api="llama.cpp"``: llama.cpp's native ``/completion`` request
+    (``n_predict``, ``return_tokens``, no prompt cache). Without ``kind``: greedy as temperature 0,
+    top-k / top-p only when set, and the other processing keys of the samples format that are set,
+    under the same names (vLLM's OpenAI server reads them; ``bad_words_ids``: ``ValueError``); with
+    ``kind``: :func:`request_settings` (every stage, the unnamed ones neutral)."""
+    if api == "llama.cpp":
+        body: dict[str, Any] = {"prompt": prompt_ids, "n_predict": sampling.max_new_tokens, "seed": seed,
+                                "return_tokens": True, "cache_prompt": False, "stream": False}
+        body.update(request_settings(kind or "llama.cpp", sampling, context))
+        return body
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens, "n": 1,
+            "seed": seed, "logprobs": 1, "return_tokens_as_token_ids": True,
+            "return_token_ids": True, "stream": False}
+    if kind is not None:
+        body.update(request_settings(kind, sampling, context))
+        return body
     if sampling.do_sample:
         body["temperature"] = sampling.temperature
         if sampling.top_k is not None:
@@ -286,23 +387,52 @@ def _request(url: str, body: dict[str, Any] | None, deadline: float, conns: _Con
         raise EndpointError(f"{url} answered JSON nested too deeply: not one completion") from None
 
 
+def _int_list(x: Any) -> list[int] | None:
+    if isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x):
+        return list(x)
+    return None
+
+
+def _finish(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
 def _ids_of(ans: Any, url: str) -> tuple[list[int], str | None]:
+    """The generated ids and the finish reason of one answer, in every shape the common servers use
+    (module docstring, "Id shapes"); :class:`EndpointError` when none holds ids."""
+    if isinstance(ans, dict) and "choices" not in ans:
+        ids = _int_list(ans.get("tokens"))
+        if ids is not None and isinstance(ans.get("stop_type"), str):  # llama.cpp's native /completion
+            st = ans["stop_type"]
+            return ids, "stop" if st in ("eos", "word") else "length" if st == "limit" else st
+        ids = _int_list(ans.get("output_ids"))
+        if ids is not None:  # SGLang's native /generate
+            fr = (ans.get("meta_info") or {}).get("finish_reason") if isinstance(ans.get("meta_info"), dict) else None
+            return ids, _finish(fr.get("type") if isinstance(fr, dict) else fr)
+        raise EndpointError(f"{url} answered without choices[0] (and without llama.cpp's tokens with stop_type or "
+                            "SGLang's output_ids): not a completions answer")
     try:
         choice = ans["choices"][0]
-        fr = choice.get("finish_reason")
+        fr = _finish(choice.get("finish_reason"))
     except (KeyError, IndexError, TypeError, AttributeError):
         raise EndpointError(f"{url} answered without choices[0]: not an OpenAI completions answer") from None
-    ids = choice.get("token_ids")
-    if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return list(ids), fr if isinstance(fr, str) else None
-    toks = (choice.get("logprobs") or {}).get("tokens") if isinstance(choice.get("logprobs"), dict) else None
+    ids = _int_list(choice.get("token_ids"))  # vLLM's and SGLang's return_token_ids
+    if ids is not None:
+        return ids, fr
+    lp = choice.get("logprobs")
+    toks = lp.get("tokens") if isinstance(lp, dict) else None
     if isinstance(toks, list) and all(isinstance(t, str) and t.startswith("token_id:") for t in toks):
-        try:
-            return [int(t[len("token_id:"):]) for t in toks], fr if isinstance(fr, str) else None
+        try:  # vLLM's return_tokens_as_token_ids
+            return [int(t[len("token_id:"):]) for t in toks], fr
         except ValueError:
             pass
-    raise EndpointError(f"{url} returned no token ids (neither choices[0].token_ids nor logprobs.tokens as "
-                        "'token_id:N'): a server that cannot return ids (return_tokens_as_token_ids) cannot be audited")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if isinstance(content, list) and all(isinstance(c, dict) for c in content):
+        ids = _int_list([c.get("id") for c in content])  # llama.cpp's OpenAI answer: logprobs.content[i].id
+        if ids is not None:
+            return ids, fr
+    raise EndpointError(f"{url} returned no token ids (neither choices[0].token_ids, logprobs.tokens as 'token_id:N' "
+                        "nor logprobs.content[i].id): a server that cannot return ids cannot be audited")
 
 
 def _check_ids(ids: list[int], i: int, seed: int, max_tokens: int, vocab_size: int | None, url: str) -> None:
@@ -405,6 +535,9 @@ def sample_endpoint(
     out: str | os.PathLike[str] | None = None,
     resume: bool = False,
     stats: EndpointStats | None = None,
+    server_kind: str | None = None,
+    api: str = "openai",
+    extra_of: Callable[[Any], dict[str, Any]] | None = None,
 ) -> SamplesFile:
     """Draw one completion per seed from the OpenAI-compatible server at ``url`` (its ``/v1`` base):
     draw ``i`` conditions on ``prompt_ids[i % len(prompt_ids)]`` (recorded with the text
@@ -423,8 +556,24 @@ def sample_endpoint(
     and prompt, and the draws come back in seed order whatever order they finish in.
     ``out``: the samples file every draw is appended to as it arrives (module docstring; an
     existing file is refused unless ``resume``); ``resume``: continue the run saved in ``out``.
-    ``stats``: an :class:`EndpointStats` to fill in (requests, retries, resumed draws)."""
+    ``stats``: an :class:`EndpointStats` to fill in (requests, retries, resumed draws).
+    ``server_kind`` (:data:`SERVER_KINDS`): send every stage of that server, the ones ``sampling``
+    does not name at their neutral values (:func:`request_settings`), and record what was sent in the
+    file's ``engine`` object (``server_kind`` and ``request``: the processing keys of every request);
+    None: only the stages ``sampling`` names (the server's defaults act on the others).
+    ``api`` (:data:`APIS`): ``"openai"``, or ``"llama.cpp"`` for llama.cpp's native ``/completion``
+    at the server's root (``url`` with or without its ``/v1``; ``server_kind`` then ``"llama.cpp"``).
+    ``extra_of``: a function of an answer (its JSON) whose keys are kept with its draw (written on the
+    draw's line, the draw's ``extra``), e.g. a server's draft counters."""
     base = check_endpoint(url, allow_remote)
+    if api not in APIS:
+        raise ValueError(f"unknown api {api!r}; one of {', '.join(APIS)}")
+    if api == "llama.cpp":
+        if server_kind not in (None, "llama.cpp"):
+            raise ValueError(f"api 'llama.cpp' is llama.cpp's server, not server_kind {server_kind!r}")
+        server_kind = "llama.cpp"
+    context = max((len(p) for p in prompt_ids), default=0) + sampling.max_new_tokens
+    sent = None if server_kind is None else request_settings(server_kind, sampling, context)
     if len(seeds) > max_requests:
         raise EndpointError(f"{len(seeds)} draws need {len(seeds)} requests, more than max_requests={max_requests}")
     if not prompts or len(prompts) != len(prompt_ids):
@@ -471,6 +620,8 @@ def sample_endpoint(
                     raise _BudgetSpent from None
         raise AssertionError("unreachable")
 
+    if model is None and api == "llama.cpp":
+        model = "llama.cpp server"
     if model is None:
         try:
             model = str(call("/models", None)["data"][0]["id"])
@@ -480,7 +631,12 @@ def sample_endpoint(
         except (KeyError, IndexError, TypeError) as e:
             raise EndpointError(f"{base}/models did not name a model ({' '.join(str(e).split())[:120]}): give the "
                                 "model's name") from None
-    eng = engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"}
+    eng: dict[str, Any] = dict(engine or {"name": f"openai-compatible endpoint {base}", "version": f"model {model}"})
+    if sent is not None:
+        eng.update(server_kind=server_kind, request=sent)
+    path = "/completions" if api == "openai" else "/completion"
+    if api == "llama.cpp":
+        base = base.removesuffix("/v1")
 
     def pid_of(i: int) -> tuple[int, ...]:
         return tuple(int(t) for t in prompt_ids[i % len(prompt_ids)])
@@ -490,11 +646,11 @@ def sample_endpoint(
 
     def one(i: int) -> Draw:
         pid = pid_of(i)
-        ans = call("/completions", _body(str(model), list(pid), int(seeds[i]), sampling))
-        ids, fr = _ids_of(ans, base + "/completions")
-        _check_ids(ids, i, int(seeds[i]), sampling.max_new_tokens, vocab_size, base + "/completions")
+        ans = call(path, _body(str(model), list(pid), int(seeds[i]), sampling, server_kind, context, api))
+        ids, fr = _ids_of(ans, base + path)
+        _check_ids(ids, i, int(seeds[i]), sampling.max_new_tokens, vocab_size, base + path)
         return Draw(ids=tuple(ids), seed=int(seeds[i]), prompt=prompts[i % len(prompts)], prompt_ids=pid,
-                    finish_reason=fr)
+                    finish_reason=fr, extra={} if extra_of is None else dict(extra_of(ans)))
 
     draws: dict[int, Draw] = {}
     if out_path is not None and resume:

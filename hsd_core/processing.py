@@ -26,7 +26,7 @@ composed by :func:`vllm_logits`, :func:`llama_cpp_logits` and :func:`transformer
     ``common/sampling.cpp``, ``common_sampler_init``: a logit-bias sampler first, then the chain
     ``params.samplers`` (the default of ``common/common.h``: penalties, DRY, top-n-sigma, top-k,
     typical-p, top-p, min-p, XTC, temperature; this module models penalties, top-k, top-p, min-p and
-    temperature, the others being off), then ``dist``. Penalties (``src/llama-sampling.cpp``,
+    temperature, the others being off), then ``dist``. Penalties (``src/llama-sampler.cpp``,
     ``llama_sampler_penalties_apply``) act on the ids the sampler accepted, counted over the last
     ``penalty_last_n`` of them (the server pushes the prompt's ids in too): a logit ``<= 0``
     multiplied by the repetition penalty, else divided, then ``count * frequency + presence``

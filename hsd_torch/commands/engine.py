@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--concurrency", type=ca.positive_int, default=1, metavar="N",
       help="with --endpoint: requests in flight at once (default 1; a batching server such as vLLM draws faster "
            "with more)")
+    a("--server-kind", choices=("vllm", "llama.cpp", "sglang"), default=None,
+      help="with --endpoint: the server's kind; every sampling stage the audit does not set is then sent at its "
+           "neutral value (llama.cpp's defaults are top-k 40, top-p 0.95, min-p 0.05, penalties, DRY, XTC, ...; "
+           "vLLM's and SGLang's come from the model's generation config) and recorded in the samples file; "
+           "llama.cpp's draws follow its order of stages (top-p before temperature). Default: only the stages set "
+           "are sent")
     a("--speculative", metavar="JSON", default=None,
       help="with --endpoint: what the server speculates with, as the samples format's JSON object (default "
            "{\"method\": \"unknown\"})")
@@ -90,6 +96,7 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
                                   ("--top-k", args.top_k is not None), ("--top-p", args.top_p is not None),
                                   ("--max-new-tokens", args.max_new_tokens != 32),
                                   ("--speculative", args.speculative is not None),
+                                  ("--server-kind", args.server_kind is not None),
                                   ("--save-samples", args.save_samples is not None),
                                   ("--resume", args.resume), ("--retries", args.retries != 3)) if bad]
         if given:
@@ -151,12 +158,14 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
 
     n = args.samples if args.samples is not None else 200
     sampling = Sampling(not args.greedy, 1.0 if args.greedy else args.temperature, None if args.greedy else
-                        (args.top_k or None), None if args.greedy else args.top_p, args.max_new_tokens)
+                        (args.top_k or None), None if args.greedy else args.top_p, args.max_new_tokens,
+                        order="llama.cpp" if args.server_kind == "llama.cpp" else None)
     pid = TokenText.get(tt, width).prompt_ids(args.prompt)
     spec = {"method": "unknown"} if args.speculative is None else json.loads(args.speculative)
     kw = dict(model=args.model, allow_remote=args.allow_remote, max_requests=args.max_requests,
               timeout=args.request_timeout, time_budget=args.time_budget, target=args.target,
-              concurrency=args.concurrency, retries=args.retries, vocab_size=width, resume=args.resume)
+              concurrency=args.concurrency, retries=args.retries, vocab_size=width, resume=args.resume,
+              server_kind=args.server_kind)
     if args.baseline_endpoint is not None:  # two servers, one engine: one label (their URLs differ, at least by port)
         kw["engine"] = {"name": "openai-compatible endpoints",
                         "version": f"{check_endpoint(args.endpoint, True)} with speculation, "

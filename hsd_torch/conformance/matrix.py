@@ -111,6 +111,12 @@ MODE_SPECS: dict[str, tuple[str | None, dict[str, Any], str | None]] = {
     "uag": ("drafter_sp", {"num_speculative_tokens": 3}, None),
     "ngram": (None, {"num_speculative_tokens": 3}, None),
     "draft_model": ("drafter", {"num_speculative_tokens": 3}, "sd"),
+    # llama.cpp's server (hsd_torch/conformance/llama_server.py): its draft model drafts greedily (or, with
+    # -probabilistic, from its own unprocessed law), so SD's expectation does not apply
+    "draft-simple": ("drafter", {"num_speculative_tokens": 3}, None),
+    "draft-simple-probabilistic": ("drafter", {"num_speculative_tokens": 3}, None),
+    "ngram-simple": (None, {}, None), "ngram-map-k": (None, {}, None), "ngram-map-k4v": (None, {}, None),
+    "ngram-mod": (None, {}, None), "ngram-cache": (None, {}, None),
 }
 """Mode -> (the kit drafter it uses, its settings, the ``expected_acceptance`` method whose exact
 expectation applies to it, None where hsd has none for that engine's method). TLI's is the exact
@@ -137,7 +143,14 @@ def _vllm(kit: Path) -> Engine:
     return VllmEngine(kit)
 
 
-ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm}
+def _llama_cpp(kit: Path) -> Engine:
+    from .llama_server import LlamaServerEngine
+
+    return LlamaServerEngine()
+
+
+ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm,
+                                                "llama.cpp": _llama_cpp}
 """Engine name -> factory (the kit folder -> an :class:`Engine`): the one place an adapter is registered."""
 
 
@@ -409,7 +422,7 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
     if not args.kit and not (kit / "kit.json").is_file():
         from .kit import build_kit
 
-        build_kit(kit, gguf=False)
+        build_kit(kit, gguf=True)  # the GGUF files too: llama.cpp's server loads them
     cases = [pc for pc in CASES if not args.case or pc.name in args.case]
 
     def show(r: Row) -> None:

@@ -29,6 +29,7 @@ class _Handler(BaseHTTPRequestHandler):
     mode = "ok"
     fail_from = 10**9
     seeds: list[int] = []
+    last: dict[str, Any] = {}
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -37,6 +38,7 @@ class _Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         cls = type(self)
         cls.seeds.append(req["seed"])
+        cls.last = req
         ids = [(req["seed"] * 31 + 7 * k) % 200 for k in range(req["max_tokens"])]
         code = 200
         obj: dict[str, Any] = {"choices": [{"token_ids": ids}]}
@@ -44,6 +46,9 @@ class _Handler(BaseHTTPRequestHandler):
             code, obj = 500, {"error": "engine crashed"}
         elif cls.mode == "huge_id":
             obj = {"choices": [{"token_ids": ids[:-1] + [10**9]}]}
+        elif cls.mode == "llama_oai":  # llama.cpp's /v1/completions: ids only in logprobs.content[i].id
+            obj = {"choices": [{"text": "", "finish_reason": "length",
+                                "logprobs": {"content": [{"id": t, "token": "", "logprob": -1.0} for t in ids]}}]}
         body = json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
@@ -108,3 +113,19 @@ def test_resume_needs_the_folder(server: str, folder: Path, capsys: pytest.Captu
     args = [a for a in _audit(server, folder, Path("x")) if a not in ("--save-samples", "x")] + ["--resume"]
     assert hsd_main(args) == 2
     assert "--resume continues the run saved by --save-samples DIR" in capsys.readouterr().err
+
+
+def test_llama_cpp_server_is_read_and_told_every_stage(server: str, folder: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 49 item 2: llama.cpp's OpenAI answer (ids in ``logprobs.content[i].id``) is audited, not refused
+    with "returned no token ids"; ``--server-kind llama.cpp`` sends its neutral values (top-k 0, top-p 1,
+    min-p 0, ...) and the samples file records them with llama.cpp's order."""
+    _Handler.mode, _Handler.fail_from, _Handler.seeds = "llama_oai", 10**9, []
+    rc = hsd_main(_audit(server, folder, tmp_path, "--server-kind", "llama.cpp"))
+    out = capsys.readouterr()
+    assert rc in (0, 1) and "returned no token ids" not in out.err, out.err
+    assert _Handler.last["top_k"] == 0 and _Handler.last["min_p"] == 0.0 and _Handler.last["top_p"] == 1.0
+    assert _Handler.last["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
+    f = read_samples(tmp_path / "endpoint.jsonl")
+    assert f.engine["server_kind"] == "llama.cpp" and f.engine["request"]["typical_p"] == 1.0
+    assert f.sampling.order == "llama.cpp" and len(f.draws) == 20

@@ -57,15 +57,23 @@ class _Handler(BaseHTTPRequestHandler):
         mode = type(self).mode
         if mode == "slow":
             time.sleep(1.0)  # the budget test below leaves 0.5 s for one request's overhead
-        if self.path != "/v1/completions":
+        native = self.path == "/completion"  # llama.cpp's native API, at the server's root
+        if self.path != "/v1/completions" and not native:
             return self._send({"error": "no"}, 404)
         prompt = TOK.decode(req["prompt"])
-        engine = ENGINES["lossless" if mode in ("slow", "text", "token_ids") else mode]
-        ids = engine.generate(TARGET, None if mode == "plain" else DRAFTER, prompt, req["max_tokens"], rng=req["seed"])
-        choice: dict[str, Any] = {"text": TOK.decode(ids), "finish_reason": "length" if len(ids) == req["max_tokens"]
+        engine = ENGINES["lossless" if mode in ("slow", "text", "token_ids", "llama_oai") else mode]
+        budget = req["n_predict"] if native else req["max_tokens"]
+        ids = engine.generate(TARGET, None if mode == "plain" else DRAFTER, prompt, budget, rng=req["seed"])
+        if native:  # llama.cpp's /completion with return_tokens: tokens and stop_type, no choices
+            return self._send({"content": TOK.decode(ids), "tokens": ids, "stop": True,
+                               "stop_type": "limit" if len(ids) == budget else "eos"})
+        choice: dict[str, Any] = {"text": TOK.decode(ids), "finish_reason": "length" if len(ids) == budget
                                   else "stop"}
         if mode == "token_ids":
             choice["token_ids"] = ids
+        elif mode == "llama_oai":  # llama.cpp's /v1/completions: chat-logprobs shape, token_id:N ignored
+            choice["logprobs"] = {"content": [{"id": t, "token": TOK.decode([t]), "bytes": [], "logprob": -0.5,
+                                               "top_logprobs": []} for t in ids]}
         elif mode != "text":
             choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in ids]}
         self._send({"choices": [choice]})
@@ -178,3 +186,84 @@ def test_the_request_carries_the_processing_keys() -> None:
     assert "order" not in body and body["temperature"] == 0.5 and body["top_k"] == 3
     with pytest.raises(ValueError, match="bad_words_ids cannot be sent"):
         _body("m", [1], 7, replace(s, bad_words_ids=((3,),)))
+
+
+def test_every_id_shape_is_read(server: str) -> None:
+    """Issue 49 item 2: the same draws come back whatever shape the server answers in: vLLM's
+    ``token_id:N`` and ``token_ids`` (SGLang's OpenAI answer too), llama.cpp's OpenAI chat-logprobs
+    shape (``logprobs.content[i].id``) and its native ``/completion`` (``tokens``, ``stop_type``)."""
+    ref = _sample(server, "lossless", 6)
+    assert _sample(server, "token_ids", 6).draws == ref.draws
+    assert _sample(server, "llama_oai", 6).draws == ref.draws
+    _Handler.mode = "lossless"
+    native = sample_endpoint(server, PROMPTS, [TOK.encode(p) for p in PROMPTS], sequence_seeds(0, 6), SAMPLING,
+                             api="llama.cpp")
+    assert [d.ids for d in native.draws] == [d.ids for d in ref.draws]
+    assert [d.finish_reason for d in native.draws] == [d.finish_reason for d in ref.draws]
+    assert _Handler.requests[-1]["return_tokens"] is True and _Handler.requests[-1]["n_predict"] == L
+    assert native.engine["server_kind"] == "llama.cpp"
+
+
+def test_native_shapes_and_refusals() -> None:
+    """The parser alone: SGLang's native ``/generate`` answer, llama.cpp's stop types, and an answer
+    whose ``logprobs.content`` has no ids (text only) refused, not guessed."""
+    from hsd_core.endpoint import _ids_of
+
+    assert _ids_of({"text": "ab", "output_ids": [4, 5], "meta_info": {"finish_reason": {"type": "length"}}}, "u") \
+        == ([4, 5], "length")
+    assert _ids_of({"tokens": [4, 2], "stop_type": "eos"}, "u") == ([4, 2], "stop")
+    assert _ids_of({"tokens": [4, 7], "stop_type": "word"}, "u") == ([4, 7], "stop")
+    assert _ids_of({"tokens": [4], "stop_type": "limit"}, "u") == ([4], "length")
+    with pytest.raises(EndpointError, match="returned no token ids"):
+        _ids_of({"choices": [{"logprobs": {"content": [{"token": "a", "logprob": -1.0}]}}]}, "u")
+    with pytest.raises(EndpointError, match=r"without choices\[0\]"):
+        _ids_of({"content": "ab", "tokens": [], "stop": True}, "u")  # no stop_type: return_tokens not honoured?
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llama.cpp", "sglang"])
+def test_neutral_values_are_sent_and_recorded(server: str, kind: str, tmp_path: Any) -> None:
+    """Issue 49 item 2: with a server kind, every stage the processing does not name goes out at its
+    neutral value (llama.cpp: top-k 0, top-p 1, min-p 0, no penalty window, DRY / XTC / typical-p /
+    top-n-sigma / mirostat off, the sampler chain hsd models), the named ones under the server's names,
+    and the samples file records what was sent."""
+    from hsd_core.endpoint import LLAMA_CPP_SAMPLERS
+    from hsd_core.samples import read_samples
+
+    s = Sampling(True, 0.7, None, 0.9, L, repetition_penalty=1.3, order="llama.cpp" if kind == "llama.cpp" else "vllm")
+    _Handler.mode = "lossless"
+    out = tmp_path / "draws.jsonl"
+    sample_endpoint(server, PROMPTS, [TOK.encode(p) for p in PROMPTS], sequence_seeds(0, 2), s, server_kind=kind,
+                    out=out)
+    r = _Handler.requests[-1]
+    assert r["temperature"] == 0.7 and r["top_p"] == 0.9 and "order" not in r
+    if kind == "llama.cpp":
+        assert r["top_k"] == 0 and r["min_p"] == 0.0 and r["typical_p"] == 1.0 and r["xtc_probability"] == 0.0
+        assert r["dry_multiplier"] == 0.0 and r["mirostat"] == 0 and r["top_n_sigma"] == -1.0
+        assert r["repeat_penalty"] == 1.3 and "repetition_penalty" not in r
+        assert r["repeat_last_n"] == max(len(TOK.encode(p)) for p in PROMPTS) + L  # every id, not the default 64
+        assert r["samplers"] == list(LLAMA_CPP_SAMPLERS)
+    else:
+        assert r["top_k"] == -1 and r["min_p"] == 0.0 and r["repetition_penalty"] == 1.3
+        assert r["presence_penalty"] == 0.0 and r["frequency_penalty"] == 0.0
+    f = read_samples(out)
+    assert f.engine["server_kind"] == kind
+    sent = {k: v for k, v in r.items() if k in f.engine["request"]}
+    assert sent == f.engine["request"]  # what the file says was sent is what the server received
+
+
+def test_stages_a_server_lacks_are_refused() -> None:
+    from dataclasses import replace
+
+    from hsd_core.endpoint import request_settings
+
+    base = Sampling(True, 1.0, None, None, 4, order="llama.cpp")
+    for key, value in (("allowed_token_ids", (1, 2)), ("min_tokens", 2)):
+        with pytest.raises(ValueError, match=f"{key} is not a llama.cpp sampling parameter"):
+            request_settings("llama.cpp", replace(base, **{key: value}), 8)
+    with pytest.raises(ValueError, match="allowed_token_ids is not a sglang sampling parameter"):
+        request_settings("sglang", replace(base, allowed_token_ids=(1,), order="vllm"), 8)
+    with pytest.raises(ValueError, match="unknown server kind"):
+        request_settings("tgi", base, 8)
+    greedy = request_settings("llama.cpp", Sampling(False, 1.0, None, None, 4, min_p=0.2, order="llama.cpp"), 8)
+    assert greedy["temperature"] == 0.0 and greedy["min_p"] == 0.0  # greedy: min-p carries no meaning
+    assert request_settings("llama.cpp", replace(base, repetition_penalty=1.1, penalty_last_n=3), 8)["repeat_last_n"] == 3

@@ -1,0 +1,92 @@
+"""The real ``llama-server`` on the conformance kit (markers ``slow`` and ``engines``): the kit's GGUF
+loads, the server's raw next-token law (post-sampling probabilities, every stage neutral) equals the
+kit's float64 law to float32 accuracy at every position of a draw, its sampled draws follow the exact
+law in llama.cpp's order without and with the draft model, and its greedy draws are the law's one
+sequence in every mode. Skipped without the binary (``bench/engines/setup_llamacpp.sh``,
+``HSD_LLAMA_SERVER``); ``HSD_REQUIRE_LLAMACPP=1`` turns the skip into a failure. About a minute."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hsd_torch.conformance import llama_server as ls
+from hsd_torch.conformance.engines import Case
+
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> Any:
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("llamacpp_conformance", ROOT / "bench/engines/llamacpp_conformance.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    try:
+        return ls.find_binary()
+    except ls.LlamaServerUnavailable as e:
+        if os.environ.get(ls.REQUIRE_ENV) == "1":
+            pytest.fail(f"{ls.REQUIRE_ENV}=1 but {e}")
+        pytest.skip(str(e))
+        raise
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hsd_torch.conformance.kit import build_kit
+
+    d = tmp_path_factory.mktemp("kit")
+    build_kit(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def engine(binary: str) -> Iterator[ls.LlamaServerEngine]:
+    eng = ls.LlamaServerEngine(binary)
+    yield eng
+    eng.close()
+
+
+def test_the_raw_law_is_the_kits(binary: str, kit: Path) -> None:
+    """Post-sampling probabilities of every id, temperature 1 and every other stage neutral, after each
+    kit prompt and each prefix a draw reaches: within 1e-4 of the float64 law (float32 logits)."""
+    lc = _bench()
+    with ls.LlamaServer(str(kit / "gguf" / "target.gguf"), binary=binary) as srv:
+        got = lc.raw_law(srv.url, [p for p, _ in lc.CASES.values()], seeds=4)
+    assert got["positions"] > 0 and got["max_abs_diff"] < 1e-4, got
+
+
+@pytest.mark.parametrize("mode", ["none", "draft-simple"])
+def test_sampled_draws_follow_the_exact_law(engine: ls.LlamaServerEngine, kit: Path, mode: str) -> None:
+    """1,000 draws of the top-p-boundary case against the exact law: whole draws, length and each
+    position, Holm at family-wise alpha 1e-3 (each test's detectable TV at power 0.99 is about 0.1)."""
+    lc = _bench()
+    prompt, s = lc.CASES["temperature 0.6 + top-p 0.8"]
+    case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
+                drafter="drafter" if mode != "none" else None)
+    f = engine.sample(case, list(range(1, 1001)))
+    out = lc.exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, 1e-3)
+    assert out["verdict"] == "lossless", out
+
+
+@pytest.mark.parametrize("mode", ["none", "draft-simple", "ngram-mod"])
+def test_greedy_draws_are_the_one_sequence(engine: ls.LlamaServerEngine, kit: Path, mode: str) -> None:
+    lc = _bench()
+    prompt, s = lc.CASES["greedy"]
+    case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
+                drafter="drafter" if mode.startswith("draft") else None)
+    f = engine.sample(case, list(range(1, 6)))
+    out = lc.exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, 1e-3)
+    assert out["verdict"] == "lossless", out
