@@ -317,6 +317,7 @@ class LlamaServerEngine:
         return sample_endpoint(srv.url, [text], [case.prompt_ids], list(seeds), sampling, api="llama.cpp",
                                engine={"name": "llama.cpp llama-server", "version": self.version},
                                speculative=spec, target="hsd-conformance-target", out=out,
+                               resume=out is not None and out.exists(),  # a rerun of the matrix continues it
                                vocab_size=kc.kit_model("target").vocab_size, timeout=self.timeout,
                                max_requests=max(10_000, len(seeds)), extra_of=_draft_counters)
 

@@ -123,6 +123,12 @@ def test_the_engine_samples_through_the_native_api(fake: tuple[str, Path], tmp_p
         assert r["prompt"] == [kc.BOS, 5] and r["seed"] == 3 and r["return_tokens"] is True and r["n_predict"] == 3
         assert r["top_p"] == kc.TOP_P and r["top_k"] == 0 and r["min_p"] == 0.0 and r["temperature"] == 0.7
         assert r["cache_prompt"] is False and r["repeat_last_n"] == 0 and r["dry_multiplier"] == 0.0
+        # a rerun into the same file (the matrix's rerun) continues it: only the missing seed is requested
+        before = len([e for e in _log(log) if "req" in e])
+        again = eng.sample(_case(tmp_path), [3, 4, 5, 9], out=tmp_path / "a.jsonl")
+        assert [d.seed for d in again.draws] == [3, 4, 5, 9]
+        assert [d.ids for d in again.draws[:3]] == [d.ids for d in f.draws]
+        assert [e["req"]["seed"] for e in _log(log) if "req" in e][before:] == [9]
         first = eng._server
         assert first is not None
         eng.sample(_case(tmp_path), [6])  # the same mode: the same server
