@@ -538,6 +538,7 @@ def sample_endpoint(
     server_kind: str | None = None,
     api: str = "openai",
     extra_of: Callable[[Any], dict[str, Any]] | None = None,
+    on_draw: Callable[[int], None] | None = None,
 ) -> SamplesFile:
     """Draw one completion per seed from the OpenAI-compatible server at ``url`` (its ``/v1`` base):
     draw ``i`` conditions on ``prompt_ids[i % len(prompt_ids)]`` (recorded with the text
@@ -564,7 +565,9 @@ def sample_endpoint(
     ``api`` (:data:`APIS`): ``"openai"``, or ``"llama.cpp"`` for llama.cpp's native ``/completion``
     at the server's root (``url`` with or without its ``/v1``; ``server_kind`` then ``"llama.cpp"``).
     ``extra_of``: a function of an answer (its JSON) whose keys are kept with its draw (written on the
-    draw's line, the draw's ``extra``), e.g. a server's draft counters."""
+    draw's line, the draw's ``extra``), e.g. a server's draft counters. ``on_draw(k)``: called with
+    the number of draws each time some arrive (the resumed ones first), e.g. a progress bar's
+    ``update`` (:mod:`hsd_core.progress`)."""
     base = check_endpoint(url, allow_remote)
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}; one of {', '.join(APIS)}")
@@ -656,6 +659,8 @@ def sample_endpoint(
     if out_path is not None and resume:
         draws = _resume(out_path, line, {int(s): i for i, s in enumerate(seeds)}, pid_of)
         st.resumed = len(draws)
+        if on_draw is not None and draws:
+            on_draw(len(draws))
     appender = None if out_path is None else SamplesAppender(out_path, engine=eng, sampling=sampling,
                                                              speculative=speculative, target=target)
 
@@ -663,6 +668,8 @@ def sample_endpoint(
         if appender is not None:
             appender.append(d)
         draws[i] = d
+        if on_draw is not None:
+            on_draw(1)
 
     saved = "" if out_path is None else f"; they are saved in {out_path} (resume: resume=True, --resume)"
     try:

@@ -151,6 +151,7 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
     ``--save-samples DIR``'s file as it arrives (``--resume``: continued from it), and a note per
     endpoint on its retries. Ids outside the target's ``width`` ids are refused as engine errors."""
     from hsd_core.endpoint import EndpointStats, check_endpoint, sample_endpoint
+    from hsd_core.progress import progress
     from hsd_core.samples import Sampling
     from hsd_core.seqaudit import sequence_seeds
 
@@ -181,8 +182,9 @@ def _endpoint_files(args: argparse.Namespace, tt: Any, width: int) -> tuple[Any,
             continue
         stats = EndpointStats()
         out = os.path.join(args.save_samples, f"{name}.jsonl") if args.save_samples else None
-        files.append(sample_endpoint(url, [args.prompt], [pid], sequence_seeds(s, n), sampling, speculative=sp,
-                                     out=out, stats=stats, **kw))
+        with progress(n, f"hsd audit: drawing from the {name} {url}", "draw") as bar:
+            files.append(sample_endpoint(url, [args.prompt], [pid], sequence_seeds(s, n), sampling, speculative=sp,
+                                         out=out, stats=stats, on_draw=bar.update, **kw))
         notes.append(f"{name} {url}: {stats.requests} requests, {stats.describe()}")
     return files[0], files[1], notes
 

@@ -89,12 +89,18 @@ def test_a_failing_server_loses_no_draw_and_the_run_resumes(server: str, folder:
     assert hsd_main(_audit(server, folder, tmp_path, "--retries", "0")) == 2
     err = capsys.readouterr().err
     assert "answered HTTP 500" in err and f"(10 of 20 draws made; they are saved in {tmp_path}" in err, err
+    # progress in a log: a line per 5 % of the 20 draws (each draw is 5 %), the last at the tenth
+    bar = [ln.split(", ")[0] for ln in err.splitlines() if ln.startswith("hsd audit: drawing from the endpoint")]
+    assert bar == [f"hsd audit: drawing from the endpoint {server} {k}/20 ({5 * k}%)" for k in range(1, 11)], err
     assert len(read_samples(tmp_path / "endpoint.jsonl").draws) == 10
     assert hsd_main(_audit(server, folder, tmp_path)) == 2
     assert "exists: resume it" in capsys.readouterr().err
     _Handler.fail_from, _Handler.seeds = 10**9, []
     rc = hsd_main(_audit(server, folder, tmp_path, "--resume", "--report", str(tmp_path / "r.md")))
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
+    assert f"hsd audit: drawing from the endpoint {server} 10/20 (50%)" in cap.err  # the resumed draws count
+    assert f"hsd audit: drawing from the endpoint {server} 20/20 (100%)" in cap.err
     assert rc in (0, 1) and len(_Handler.seeds) == 10, out
     assert "10 requests, no retries, 10 draws resumed from the saved file" in out and "v1>" not in out
     assert "10 draws resumed" in (tmp_path / "r.md").read_text()
