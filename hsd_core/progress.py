@@ -55,6 +55,13 @@ class Progress:
         self._closed = False
         self._printed_at = -1
 
+    def start(self) -> Progress:
+        """Start the clock now (else it starts at the first :meth:`update`, which then has no rate):
+        for a few long units, such as the phases of a conversion. Prints nothing."""
+        if self._t0 is None:
+            self._t0 = time.monotonic()
+        return self
+
     def update(self, k: int = 1) -> None:
         """``k`` more units done."""
         if self.mode == "off" or k <= 0:
@@ -81,7 +88,10 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else math.inf
         left = (self.total - self.done) / rate if rate > 0 and math.isfinite(rate) else math.inf
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        rate_s = f"{rate:.3g} {self.unit}/s" if math.isfinite(rate) else f"- {self.unit}/s"
+        if not math.isfinite(rate) or rate <= 0:
+            rate_s = f"- {self.unit}/s"
+        else:
+            rate_s = f"{rate:.3g} {self.unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{self.unit}"
         tail = f", ETA {_fmt_seconds(left)}" if self.done < self.total else f", {_fmt_seconds(elapsed)} in all"
         print(f"{self.desc} {self.done}/{self.total}{pct}, {rate_s}{tail}", file=self.stream, flush=True)
         self._printed_at = self.done

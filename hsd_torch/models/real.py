@@ -307,9 +307,16 @@ def _convert(name: str, src: _Source, folder: Path) -> None:
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    from hsd_core.progress import progress
+
+    # the conversion's phases, once per model (bench/convert_real.py: 30 s for SmolLM2, 130 s for Gemma here)
+    bar = progress(3, f"hsd: converting {name} once into {folder} (GGUF read, de-quantized, saved): phase", "phase",
+                   every=1 / 3).start()
     try:
         gguf = _gguf_file(src, tmp)
+        bar.update(1)
         tok, model = _read_gguf(gguf, src)
+        bar.update(1)
         # the weights are dequantized; what marks the model as GGUF-quantized only blocks saving it
         model.hf_quantizer = None
         model.is_quantized = False
@@ -323,7 +330,9 @@ def _convert(name: str, src: _Source, folder: Path) -> None:
         (tmp / STAMP).write_text(json.dumps(_stamp(src), indent=1) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
+        bar.update(1)
     finally:
+        bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -75,3 +75,22 @@ def test_bad_arguments() -> None:
         Progress(-1, "x")
     with pytest.raises(ValueError, match="every must be in"):
         Progress(1, "x", every=0)
+
+
+def test_slow_units_show_seconds_per_unit_and_start_starts_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few long units (a conversion's phases): the clock runs from ``start()``, so the first line has a
+    rate, given as seconds per unit when below one unit a second."""
+    import hsd_core.progress as hp
+
+    monkeypatch.delenv("HSD_PROGRESS", raising=False)
+    now = [100.0]
+    monkeypatch.setattr(hp.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    with progress(3, "phase", "phase", stream=out, every=1 / 3).start() as bar:
+        now[0] += 20
+        bar.update(1)
+        now[0] += 40
+        bar.update(1)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "phase 1/3 (33%), 20 s/phase, ETA 40 s", lines
+    assert lines[1] == "phase 2/3 (67%), 30 s/phase, ETA 30 s", lines
