@@ -138,7 +138,14 @@ def _vllm(kit: Path) -> Engine:
     return VllmEngine(kit)
 
 
-ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm}
+def _vllm_patched(kit: Path) -> Engine:
+    from .vllm_engine import VllmEngine
+
+    return VllmEngine(kit, patch_cpu_expand=True)
+
+
+ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm,
+                                                "vllm_patched": _vllm_patched}
 """Engine name -> factory (the kit folder -> an :class:`Engine`): the one place an adapter is registered."""
 
 

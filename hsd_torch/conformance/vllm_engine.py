@@ -13,6 +13,7 @@ records as a crash of that engine.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from ..engines.vllm_worker import sampling_kwargs
 from .engines import Case, EngineRefused
 
 __all__ = ["VLLM_MODES", "VllmEngine"]
+
+MAX_MODEL_LEN = 1024
+"""The longest context the vLLM engine asks for (the kit's prompts and draws are a few ids)."""
 
 VLLM_MODES = {"none": "none", "ngram": "ngram", "draft_model": "draft_model", "tli": "tli"}
 """The matrix's mode -> vLLM's speculative method (:data:`hsd_torch.engines.vllm_audit.SPEC_METHODS`)."""
@@ -44,6 +48,19 @@ class VllmEngine:
         self.patch = patch_cpu_expand
         self.timeout = timeout
         self.name = "vllm" + (" (cpu-expand patched)" if patch_cpu_expand else "")
+        self.summaries: list[dict[str, Any]] = []
+        """The worker's summary of each case sampled (``init_s``, ``generate_s``, ``tokens``,
+        ``spec_stats``: vLLM's speculative counters over the case's draws), in order."""
+
+    def max_model_len(self) -> int:
+        """The engine's context length: the kit target's ``max_position_embeddings`` (vLLM refuses a
+        longer ``max_model_len`` than the checkpoint's), :data:`MAX_MODEL_LEN` where the kit has no
+        config (a fake kit in tests) or a longer one."""
+        cfg = self.kit / "target" / "config.json"
+        if not cfg.is_file():
+            return MAX_MODEL_LEN
+        n = json.loads(cfg.read_text(encoding="utf-8")).get("max_position_embeddings")
+        return MAX_MODEL_LEN if n is None else min(MAX_MODEL_LEN, int(n))
 
     def modes(self) -> Sequence[str]:
         return tuple(VLLM_MODES)
@@ -65,8 +82,9 @@ class VllmEngine:
                               temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                               max_new_tokens=s.max_new_tokens, resume=out.exists(), processing=s.processing())
         job = va.build_job(str(self.kit / "target"), [entry], spec, target_name="conformance-kit/target",
-                           patch_vllm_cpu_expand=self.patch)
-        self._job(self.python, job, timeout=self.timeout)
+                           max_model_len=self.max_model_len(), patch_vllm_cpu_expand=self.patch)
+        got = self._job(self.python, job, timeout=self.timeout)
+        self.summaries.extend(got or [])
         return read_samples(out)
 
     def close(self) -> None:

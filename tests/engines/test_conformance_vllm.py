@@ -73,6 +73,23 @@ def test_vllm_engine_through_a_fake_worker(tmp_path: Path) -> None:
     assert r.outcome == "conforms", r.reason
     job = fake.jobs[0]
     assert job["speculative"]["method"] == "draft_model" and job["files"][0]["sampling"]["min_p"] == 0.15
+    assert job["max_model_len"] == 1024  # no kit config here: the default
+
+
+def test_vllm_engine_asks_no_longer_context_than_the_kit(tmp_path: Path) -> None:
+    """vLLM refuses a ``max_model_len`` above the checkpoint's ``max_position_embeddings`` (the kit's
+    is 512): the engine takes the kit's."""
+    from hsd_torch.conformance.kit import build_kit
+    from hsd_torch.conformance.vllm_engine import VllmEngine
+
+    build_kit(tmp_path / "kit", gguf=False)
+    limit = json.loads((tmp_path / "kit" / "target" / "config.json").read_text())["max_position_embeddings"]
+    fake = FakeWorker()
+    eng = VllmEngine(tmp_path / "kit", python="python", sample_job=fake)
+    r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), Sampling(True, 1.0, None, None, 3), "ngram"), "x", 50,
+                   1e-3, tmp_path / "o" / "x.jsonl")
+    assert r.outcome == "conforms", r.reason
+    assert fake.jobs[0]["max_model_len"] == limit < 1024
     bad = Sampling(True, 1.0, None, None, 3, bad_words_ids=((5,),), order="vllm")
     r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), bad, "none"), "y", 10, 1e-3, tmp_path / "o" / "y.jsonl")
     assert r.outcome == "refused" and "bad_words_ids" in r.reason
