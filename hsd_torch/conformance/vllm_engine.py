@@ -22,7 +22,7 @@ from hsd_core.samples import SamplesFile, read_samples
 
 from ..engines import vllm_audit as va
 from ..engines.vllm_worker import sampling_kwargs
-from .engines import Case, EngineRefused
+from .engines import Case, EngineRefused, resume
 
 __all__ = ["VLLM_MODES", "VllmEngine"]
 
@@ -75,6 +75,8 @@ class VllmEngine:
             sampling_kwargs({**s.to_json()}, None)
         except ValueError as e:
             raise EngineRefused(str(e)) from None
+        if out.exists() and not resume(out, seeds)[1]:  # a finished file: no engine to start
+            return read_samples(out)
         k = int(case.settings.get("num_speculative_tokens", 3))
         drafter = None if case.drafter is None else str(self.kit / case.drafter)
         spec = va.spec_entry(VLLM_MODES[case.mode], drafter, case.drafter, num_speculative_tokens=k)

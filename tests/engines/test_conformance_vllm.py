@@ -90,6 +90,9 @@ def test_vllm_engine_asks_no_longer_context_than_the_kit(tmp_path: Path) -> None
                    1e-3, tmp_path / "o" / "x.jsonl")
     assert r.outcome == "conforms", r.reason
     assert fake.jobs[0]["max_model_len"] == limit < 1024
+    r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), Sampling(True, 1.0, None, None, 3), "ngram"), "x", 50,
+                   1e-3, tmp_path / "o" / "x.jsonl")
+    assert r.outcome == "conforms" and len(fake.jobs) == 1  # the file holds every seed: no engine started again
     bad = Sampling(True, 1.0, None, None, 3, bad_words_ids=((5,),), order="vllm")
     r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), bad, "none"), "y", 10, 1e-3, tmp_path / "o" / "y.jsonl")
     assert r.outcome == "refused" and "bad_words_ids" in r.reason
