@@ -4,7 +4,9 @@ case's speculative config: ``none``, ``ngram``, ``draft_model`` with the same-vo
 ``tli`` with the SentencePiece-style one), every processing key of the case's :class:`Sampling`
 passed to ``SamplingParams`` (:func:`hsd_torch.engines.vllm_worker.sampling_kwargs`), the draws
 appended to the case's samples file as they come and resumed. Processing vLLM has no parameter for
-(bad words as ids, llama.cpp's penalty window) and orders other than vLLM's are refused.
+(bad words as ids, llama.cpp's penalty window) and orders other than vLLM's are refused; a request
+vLLM itself refuses (its ``VLLMValidationError``, e.g. min-p or logit bias with speculation) is
+recorded as a refusal with vLLM's message, any other failure of the worker as a crash.
 
 vLLM is found by :func:`hsd_torch.engines.vllm_audit.find_python` (``$HSD_VLLM_PYTHON``); without it
 the engine does not start (:class:`hsd_torch.engines.vllm_audit.VllmUnavailable`), which the matrix
@@ -31,6 +33,20 @@ MAX_MODEL_LEN = 1024
 
 VLLM_MODES = {"none": "none", "ngram": "ngram", "draft_model": "draft_model", "tli": "tli"}
 """The matrix's mode -> vLLM's speculative method (:data:`hsd_torch.engines.vllm_audit.SPEC_METHODS`)."""
+
+
+VALIDATION_ERROR = "VLLMValidationError: "
+"""How vLLM's log names a request it refuses (``SamplingParams`` validation, e.g. min-p or logit bias
+with speculative decoding: ``vllm/sampling_params.py``, ``_validate_spec_decode``)."""
+
+
+def validation_error(message: str) -> str | None:
+    """vLLM's own one-line refusal in a failed worker's message (the tail of its log), or None
+    when the failure is not a refusal of the request's parameters (a crash)."""
+    at = message.find(VALIDATION_ERROR)
+    if at < 0:
+        return None
+    return "vLLM refuses the request: " + message[at + len(VALIDATION_ERROR):].split(" | ")[0].strip()
 
 
 class VllmEngine:
@@ -85,7 +101,13 @@ class VllmEngine:
                               max_new_tokens=s.max_new_tokens, resume=out.exists(), processing=s.processing())
         job = va.build_job(str(self.kit / "target"), [entry], spec, target_name="conformance-kit/target",
                            max_model_len=self.max_model_len(), patch_vllm_cpu_expand=self.patch)
-        got = self._job(self.python, job, timeout=self.timeout)
+        try:
+            got = self._job(self.python, job, timeout=self.timeout)
+        except va.VllmUnavailable as e:
+            refusal = validation_error(str(e))
+            if refusal is not None:
+                raise EngineRefused(refusal) from None
+            raise
         self.summaries.extend(got or [])
         return read_samples(out)
 
