@@ -143,6 +143,12 @@ def _vllm(kit: Path) -> Engine:
     return VllmEngine(kit)
 
 
+def _vllm_patched(kit: Path) -> Engine:
+    from .vllm_engine import VllmEngine
+
+    return VllmEngine(kit, patch_cpu_expand=True)
+
+
 def _llama_cpp(kit: Path) -> Engine:
     from .llama_server import LlamaServerEngine
 
@@ -150,7 +156,7 @@ def _llama_cpp(kit: Path) -> Engine:
 
 
 ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transformers": _transformers, "vllm": _vllm,
-                                                "llama.cpp": _llama_cpp}
+                                                "vllm_patched": _vllm_patched, "llama.cpp": _llama_cpp}
 """Engine name -> factory (the kit folder -> an :class:`Engine`): the one place an adapter is registered."""
 
 

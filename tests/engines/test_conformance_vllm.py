@@ -73,6 +73,26 @@ def test_vllm_engine_through_a_fake_worker(tmp_path: Path) -> None:
     assert r.outcome == "conforms", r.reason
     job = fake.jobs[0]
     assert job["speculative"]["method"] == "draft_model" and job["files"][0]["sampling"]["min_p"] == 0.15
+    assert job["max_model_len"] == 1024  # no kit config here: the default
+
+
+def test_vllm_engine_asks_no_longer_context_than_the_kit(tmp_path: Path) -> None:
+    """vLLM refuses a ``max_model_len`` above the checkpoint's ``max_position_embeddings`` (the kit's
+    is 512): the engine takes the kit's."""
+    from hsd_torch.conformance.kit import build_kit
+    from hsd_torch.conformance.vllm_engine import VllmEngine
+
+    build_kit(tmp_path / "kit", gguf=False)
+    limit = json.loads((tmp_path / "kit" / "target" / "config.json").read_text())["max_position_embeddings"]
+    fake = FakeWorker()
+    eng = VllmEngine(tmp_path / "kit", python="python", sample_job=fake)
+    r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), Sampling(True, 1.0, None, None, 3), "ngram"), "x", 50,
+                   1e-3, tmp_path / "o" / "x.jsonl")
+    assert r.outcome == "conforms", r.reason
+    assert fake.jobs[0]["max_model_len"] == limit < 1024
+    r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), Sampling(True, 1.0, None, None, 3), "ngram"), "x", 50,
+                   1e-3, tmp_path / "o" / "x.jsonl")
+    assert r.outcome == "conforms" and len(fake.jobs) == 1  # the file holds every seed: no engine started again
     bad = Sampling(True, 1.0, None, None, 3, bad_words_ids=((5,),), order="vllm")
     r = audit_case(eng, "vllm", Case(tmp_path / "kit", (1,), bad, "none"), "y", 10, 1e-3, tmp_path / "o" / "y.jsonl")
     assert r.outcome == "refused" and "bad_words_ids" in r.reason
@@ -88,3 +108,33 @@ def test_vllm_real_run(vllm_python: str, tmp_path: Path) -> None:
     rows = run_matrix(tmp_path / "kit", ["vllm"], modes=["ngram"], cases=[c for c in CASES if c.name == "plain"],
                       n=200, out=tmp_path / "o")
     assert rows and all(r.outcome in ("conforms", "lossy", "refused") for r in rows), [r.reason for r in rows]
+
+
+def test_a_request_vllm_refuses_is_a_refusal_and_other_failures_crash(tmp_path: Path) -> None:
+    """vLLM 0.32 refuses min-p and logit bias with speculation (``VLLMValidationError`` in the
+    worker's log): the matrix records that as ``refused`` with vLLM's message; any other failure of
+    the worker stays a crash."""
+    from hsd_torch.conformance.vllm_engine import VllmEngine, validation_error
+    from hsd_torch.engines.vllm_audit import VllmUnavailable
+
+    tail = ("the vLLM worker failed (exit status 1; log x.log): [rank0]:     raise VLLMValidationError( | [rank0]: "
+            "vllm.exceptions.VLLMValidationError: The min_p and logit_bias sampling parameters are not yet supported "
+            "with speculative decoding. | done")
+    crash = "the vLLM worker failed (exit status 1; log x.log): RuntimeError: max(): Expected reduction dim"
+
+    def failing(message: str) -> Any:
+        def job(python: str, job: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:
+            raise VllmUnavailable(message)
+        return job
+
+    assert validation_error(crash) is None
+    assert validation_error(tail) == ("vLLM refuses the request: The min_p and logit_bias sampling parameters are not "
+                                      "yet supported with speculative decoding.")
+    s = Sampling(True, 1.0, None, None, 3, min_p=0.15, order="vllm")
+    case = Case(tmp_path / "kit", (1,), s, "ngram", None, {"num_speculative_tokens": 3})
+    r = audit_case(VllmEngine(tmp_path / "kit", python="python", sample_job=failing(tail)), "vllm", case, "x", 10,
+                   1e-3, tmp_path / "o" / "x.jsonl")
+    assert r.outcome == "refused" and "not yet supported with speculative decoding" in r.reason
+    r = audit_case(VllmEngine(tmp_path / "kit", python="python", sample_job=failing(crash)), "vllm", case, "y", 10,
+                   1e-3, tmp_path / "o" / "y.jsonl")
+    assert r.outcome == "crashed" and "max()" in r.reason
