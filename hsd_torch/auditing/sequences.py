@@ -87,8 +87,7 @@ def audit_sequences(
     progress: Callable[[str], None] | None = None, name: str | None = None,
     context_bugs: Sequence[str] | None = DEFAULT_CONTEXT_BUGS,
     prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None, length_mismatch: str = "error",
-    reference: LawProvider | ProvidedLaw | None = None, text: bool = False,
-    on_chunk: Callable[[int], None] | None = None,
+    reference: LawProvider | ProvidedLaw | None = None, text: bool = False, on_chunk: Callable[[int], None] | None = None,
 ) -> SequenceAuditReport:
     """Audit ``sample_fn(prompt, seed) -> list[int]`` (new target ids) against ``target``'s
     conditional law at every position of ``n`` sequences (module docstring; the tests, the power
@@ -110,9 +109,8 @@ def audit_sequences(
     ``drafter_tokenizer``: add the directional test and the mixture family (the sampler must not
     change this drafter: ``ValueError`` after the chunk that did; module docstring).
     ``progress(line)`` gets, after the first chunk, the estimated cost of the whole audit and the
-    departure it should then catch, and after every chunk the time so far and the time left;
-    ``on_chunk(k)`` is called after each chunk with the number ``k`` of sequences it sampled and
-    teacher forced (for a progress bar: :mod:`hsd_core.progress`). ``context_bugs``:
+    departure it should then catch, and after every chunk the time so far and the time left; ``on_chunk(k)``
+    after each chunk, ``k`` its sequences (a progress bar's ``update``). ``context_bugs``:
     names of :data:`hsd_core.context_bugs.CONTEXT_BUGS` to aim a test at (sampling only; each costs
     one more teacher-forced pass of the target; None or empty: none). Returns a
     :class:`~hsd_core.seqaudit.SequenceAuditReport` whose ``cost`` gives the seconds spent sampling
@@ -157,10 +155,7 @@ def audit_sequences(
         length_mismatch=length_mismatch, reference=reference, seed=int(seed),
         evidence=dict(alpha=alpha, power=power, bins=bins, positions=positions, power_steps=power_steps))
     for c0 in range(0, n, batch_size):
-        idx = list(range(c0, min(n, c0 + batch_size)))
-        run.chunk(idx, sample_fn, sample_batch_fn, progress)
-        if on_chunk is not None:
-            on_chunk(len(idx))
+        run.chunk(list(range(c0, min(n, c0 + batch_size))), sample_fn, sample_batch_fn, progress, on_chunk)
     return run.report(name or str(getattr(fn, "__qualname__", "") or type(fn).__name__), max_detectable_tv)
 
 
@@ -282,7 +277,8 @@ class _SequenceAudit:
             self.forcer.run(self.ev, rows, seqs)
 
     def chunk(self, idx: list[int], sample_fn: Callable[[str, int], Sequence[int]] | None,
-              sample_batch_fn: SampleBatchFn | None, progress: Callable[[str], None] | None) -> None:
+              sample_batch_fn: SampleBatchFn | None, progress: Callable[[str], None] | None,
+              on_chunk: Callable[[int], None] | None = None) -> None:
         """Sample the sequences ``idx`` and add their evidence; ``progress`` gets the estimated cost
         after the first chunk and the time so far and left after every chunk."""
         t0 = time.perf_counter()
@@ -299,6 +295,8 @@ class _SequenceAudit:
                 progress(_estimate(self.ev, done, n, self.t_sample, self.t_force, self.max_new_tokens))
             progress(f"{done}/{n} sequences, {spent:.1f} s (sampling {self.t_sample:.1f} s, teacher forcing "
                      f"{self.t_force:.1f} s), about {spent / done * (n - done):.0f} s left")
+        if on_chunk is not None:
+            on_chunk(len(idx))
 
     def report(self, label: str, max_detectable_tv: float | None) -> SequenceAuditReport:
         """The evidence's report (:mod:`hsd_core.seqaudit`), with the processing the tokens fit best

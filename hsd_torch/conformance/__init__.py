@@ -9,7 +9,7 @@ __all__ = ["COMMAND"]
 
 
 def _main(argv: object) -> int:
-    from .kit import main
+    from .cli import main
 
     return main(argv)
 
