@@ -336,7 +336,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 parser.error(problem)
         rc = run_audit()
         if sampled > 0:
-            from .audit import sampled_audit_all
+            from .sampled_audit import sampled_audit_all
             rc = max(rc, sampled_audit_all([(label(m), m) for m in default_methods()], sampled, report))
         return rc
     parser.error(f"unknown command {args.command!r}")

@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .byte_strings import _BYTES_CACHE, _CACHE_SIZE, _STATES, TokenBytes, token_bytes, tokenizer_state_cached
+from .byte_strings import _BYTES_CACHE, TokenBytes, token_bytes
+from .tokenizer_identity import _CACHE_SIZE, _STATES, tokenizer_state_cached
 
 __all__ = ["Restricted", "VocabBridge", "clear_cache"]
 

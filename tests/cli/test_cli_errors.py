@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from hsd_core import audit, cli
+from hsd_core import cli, sampled_audit
 
 
 def _no_audit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -15,7 +15,7 @@ def _no_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> int:
         raise AssertionError("the audit ran before the report path was validated")
     monkeypatch.setattr(cli, "run_audit", boom)
-    monkeypatch.setattr(audit, "sampled_audit_all", boom)
+    monkeypatch.setattr(sampled_audit, "sampled_audit_all", boom)
 
 
 def test_empty_report_path_is_refused(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,

@@ -176,7 +176,7 @@ def test_the_request_carries_the_processing_keys() -> None:
     not the order (the file's word about the engine), and refuses bad words given as ids."""
     from dataclasses import replace
 
-    from hsd_core.endpoint import _body
+    from hsd_core.dialects import request_body as _body
 
     s = replace(Sampling(True, 0.5, 3, 0.9, 4), min_p=0.1, repetition_penalty=1.2, logit_bias=((30, 5.0),),
                 min_tokens=2, stop=("\n",), allowed_token_ids=(1, 30), order="vllm")
@@ -207,7 +207,7 @@ def test_every_id_shape_is_read(server: str) -> None:
 def test_native_shapes_and_refusals() -> None:
     """The parser alone: SGLang's native ``/generate`` answer, llama.cpp's stop types, and an answer
     whose ``logprobs.content`` has no ids (text only) refused, not guessed."""
-    from hsd_core.endpoint import _ids_of
+    from hsd_core.dialects import ids_of as _ids_of
 
     assert _ids_of({"text": "ab", "output_ids": [4, 5], "meta_info": {"finish_reason": {"type": "length"}}}, "u") \
         == ([4, 5], "length")

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from hsd_core import endpoint as ep
+from hsd_core import transport
 from hsd_core.endpoint import EndpointError, EndpointStats, sample_endpoint
 from hsd_core.samples import Sampling, read_samples
 from hsd_core.seqaudit import sequence_seeds
@@ -333,7 +334,7 @@ def test_an_answer_too_long_is_refused(fake: tuple[Fake, str], monkeypatch: pyte
     f, url = fake
     f.mode = "long"
     assert len(_sample(url, n=1).draws) == 1
-    monkeypatch.setattr(ep, "MAX_ANSWER_BYTES", 1000)
+    monkeypatch.setattr(transport, "MAX_ANSWER_BYTES", 1000)  # where the bound is read
     with pytest.raises(EndpointError, match="more than 1,000 bytes"):
         _sample(url, n=1)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hsd_core import samples as sm
+from hsd_core import samples_format
 from hsd_core.samples import Draw, Sampling, SamplesAppender, SamplesFormatError, read_samples, recover_samples
 
 ENGINE = {"name": "e", "version": "1"}
@@ -43,7 +44,7 @@ def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path: Path, monkeyp
 
 
 def test_too_many_draws_and_deep_nesting_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sm, "MAX_DRAWS", 100)
+    monkeypatch.setattr(samples_format, "MAX_DRAWS", 100)  # where the parser reads it
     p = tmp_path / "many.jsonl"
     p.write_text("".join(_line(s) + "\n" for s in range(101)), encoding="utf-8")
     with pytest.raises(SamplesFormatError, match=r"many\.jsonl:101: more than 100 draws"):

@@ -191,11 +191,6 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
 #: hsd_core modules over the size anchors today, with what the fix is; each its own strict expected failure
 #: (fixing one fails its xfail: then take it off this list).
 KNOWN_OVERSIZED_CORE: dict[str, str] = {
-    "endpoint.py": "690 lines, sample_endpoint 174 and _request 82 (issue 48's faults and issue 49's id shapes): "
-                   "split the transport (requests, deadlines, retries) from the sampling loop",
-    "samples.py": "563 lines (the appender, recovery and read limits of issue 48, the processing keys of issue 47): "
-                  "move the writing side into its own module",
-    "audit.py": "503 lines (the tree variants' rows): move the variants' sampled audit into its own module",
     "methods/tree.py": "507 lines: move the tree shapes and drafting into their own module",
 }
 
@@ -214,10 +209,7 @@ def test_known_core_offenders_exist() -> None:
 # --- the whole of hsd_torch: cycles through type-checking imports, sizes, README's layout ---
 
 #: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
-KNOWN_OVERSIZED: dict[str, str] = {
-    "vocab/byte_strings.py": "534 lines since the per-call tokenizer fingerprint (issue 50 item 5): move the "
-                             "tokenizer state, its fingerprint and the digest into their own module",
-}
+KNOWN_OVERSIZED: dict[str, str] = {}  # none today
 
 
 def _edges(g: dict[str, set[str]]) -> dict[str, set[str]]:

@@ -223,14 +223,15 @@ def test_a_call_reads_the_whole_tokenizer_state_only_when_its_fingerprint_moves(
     meets in its probe text trading strings is not seen (its documented limit), and after
     ``forget_tokenizer`` it is: the output is then a fresh object's."""
     from hsd_torch.engine.runner import logit_width
-    from hsd_torch.vocab import byte_strings, forget_tokenizer
+    from hsd_torch.vocab import forget_tokenizer
+    from hsd_torch.vocab import tokenizer_identity as ts
 
     digests: list[int] = []
-    digest = byte_strings.model_digest
-    monkeypatch.setattr(byte_strings, "model_digest", lambda m: digests.append(1) or digest(m))
+    digest = ts.model_digest
+    monkeypatch.setattr(ts, "model_digest", lambda m: digests.append(1) or digest(m))
     # a sample of 16 + 32 ids, so that the tiny vocabulary has ids outside it (real ones: 256 + 512)
-    monkeypatch.setattr(byte_strings, "_FIRST_IDS", 16)
-    monkeypatch.setattr(byte_strings, "_SAMPLED_IDS", 32)
+    monkeypatch.setattr(ts, "_FIRST_IDS", 16)
+    monkeypatch.setattr(ts, "_SAMPLED_IDS", 32)
     tok, dtok = copy.deepcopy(pair["target_tokenizer"]), copy.deepcopy(pair["drafter_tokenizer"])
     kw: dict[str, Any] = dict(method="tli", lookahead=3, max_new_tokens=6, seed=3, record_uniforms=True,
                               target_tokenizer=tok, drafter_tokenizer=dtok)
@@ -241,7 +242,7 @@ def test_a_call_reads_the_whole_tokenizer_state_only_when_its_fingerprint_moves(
     assert digests == []  # unchanged: the fingerprint only
 
     # two ids outside the fingerprint's sample, neither met when it encodes its probe text
-    fp = byte_strings.tokenizer_fingerprint(tok)
+    fp = ts.tokenizer_fingerprint(tok)
     model = tok.backend_tokenizer.model
     seen_strings, probe_ids = set(fp[-2]), set(fp[-1])
     hidden = [model.id_to_token(i) for i in range(tok.backend_tokenizer.get_vocab_size(False))
@@ -249,8 +250,8 @@ def test_a_call_reads_the_whole_tokenizer_state_only_when_its_fingerprint_moves(
               and model.id_to_token(i) not in tok.backend_tokenizer.get_added_tokens_decoder()]
     a, b = hidden[0], hidden[len(hidden) // 2]
     _trade_ids(tok, a, b)
-    assert byte_strings.tokenizer_fingerprint(tok) == fp and byte_strings.tokenizer_state(tok) != \
-        byte_strings.tokenizer_state(pair["target_tokenizer"])
+    assert ts.tokenizer_fingerprint(tok) == fp and ts.tokenizer_state(tok) != \
+        ts.tokenizer_state(pair["target_tokenizer"])
     digests.clear()
     run(pair, PROMPTS, **kw)
     assert digests == []  # not seen
@@ -271,9 +272,9 @@ def test_a_call_reads_the_whole_tokenizer_state_only_when_its_fingerprint_moves(
     tok.backend_tokenizer.normalizer = normalizers.Lowercase()  # seen: the state is read again
     run(pair, PROMPTS, **kw)
     assert digests == [1]
-    before = byte_strings.tokenizer_fingerprint(tok)
+    before = ts.tokenizer_fingerprint(tok)
     tok.add_tokens(["zq zq"])  # an added token moves it too (generate then refuses the width)
-    assert byte_strings.tokenizer_fingerprint(tok) != before
+    assert ts.tokenizer_fingerprint(tok) != before
 
 
 BAD_TEMPERATURES = [math.inf, -math.inf, math.nan, 0.0, -1.0, 5e-324, 1e-300, 1e-45, 1e-4, 1e4, 1e300]
