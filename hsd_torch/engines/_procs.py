@@ -39,17 +39,7 @@ def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still running (zombies, which only await their
     parent, do not count; read from ``/proc`` where there is one, else a signal 0 to the group)."""
     if os.path.isdir("/proc"):
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat", encoding="utf-8", errors="replace") as f:
-                    fields = f.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-        return False
+        return _in_group(pgid, None)
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -127,20 +117,24 @@ def _end_group(child: subprocess.Popen[bytes] | None) -> None:
 
 def _others_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` other than this one still runs (not a zombie)."""
-    me = os.getpid()
     if os.path.isdir("/proc"):
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == me:
-                continue
-            try:
-                with open(f"/proc/{d}/stat", encoding="utf-8", errors="replace") as f:
-                    fields = f.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-        return False
+        return _in_group(pgid, os.getpid())
     return True  # no /proc: wait the whole grace, then SIGKILL
+
+
+def _in_group(pgid: int, skip: int | None) -> bool:
+    """Whether ``/proc`` shows a running process (not a zombie) of group ``pgid`` other than ``skip``."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == skip:
+            continue
+        try:
+            with open(f"/proc/{d}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def guard(parent: int, cmd: Sequence[str]) -> int:
