@@ -190,9 +190,7 @@ def test_hsd_core_has_no_cycle_even_through_type_checking_and_keeps_the_size_anc
 
 #: hsd_core modules over the size anchors today, with what the fix is; each its own strict expected failure
 #: (fixing one fails its xfail: then take it off this list).
-KNOWN_OVERSIZED_CORE: dict[str, str] = {
-    "methods/tree.py": "507 lines: move the tree shapes and drafting into their own module",
-}
+KNOWN_OVERSIZED_CORE: dict[str, str] = {}  # none today
 
 
 @pytest.mark.parametrize("rel", sorted(KNOWN_OVERSIZED_CORE))
