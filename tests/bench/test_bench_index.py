@@ -97,3 +97,19 @@ def test_provenance_does_not_import_torch() -> None:
     code = ("import sys; sys.path.insert(0, 'bench'); import bench_record; bench_record.provenance(); "
             "assert 'torch' not in sys.modules, 'provenance imported torch'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_every_table_row_has_its_header_cells() -> None:
+    """Each row of the index's tables has as many cells as its table's header (a merge that glues two
+    rows together, or splits one, shows here)."""
+    bad, width = [], None
+    for no, line in enumerate(INDEX.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = line.strip().strip("|").split(" | ")
+        if width is None:
+            width = len(cells)
+        elif len(cells) != width and not set(line) <= set("|-: "):
+            bad.append(f"line {no}: {len(cells)} cells, the header has {width}")
+    assert not bad, "\n".join(bad)
