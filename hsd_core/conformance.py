@@ -1,14 +1,16 @@
 """The conformance kit's design and its exact references (NumPy only: the laws an engine must sample).
 
-The kit (``hsd conformance kit --out DIR``, :mod:`hsd_torch.conformance`) holds three tiny Llama
+The kit (``hsd conformance kit --out DIR``, :mod:`hsd_torch.conformance`) holds four tiny Llama
 checkpoints whose weights are **built on purpose**, so that their next-token laws are known by
-construction and computed here in float64, with no model forward:
+construction and computed here in float64 (three in closed form, ``target_pos`` by a float64 forward):
 
 * ``target``: byte-level BPE (GPT-2's byte alphabet, ``Ġ`` for a space, ``Ċ`` for a newline);
 * ``drafter``: the target's tokenizer, another table (a drafter that disagrees with the target);
 * ``drafter_sp``: a SentencePiece-style tokenizer (``▁`` for a space, byte fallback ``<0x0A>`` for a
   newline) whose pieces split some of the target's words otherwise (``" cat"`` is ``▁ca`` + ``t``),
-  for cross-vocabulary methods (TLI).
+  for cross-vocabulary methods (TLI);
+* ``target_pos``: the target's tokenizer, a target whose law depends on **position ids** and on the
+  ids of the context (below), for the bugs of an engine's cache and positions.
 
 **The construction.** One decoder layer, hidden size :data:`HIDDEN`, head_dim :data:`HEAD_DIM`. Token
 ``i``'s embedding is ``c * e_i`` (a one-hot of scale :data:`EMBED_SCALE`); q, k, gate, up and down
@@ -30,6 +32,26 @@ early (``a``: 1/2 before the clock), the top-p boundary of :data:`TOP_P` just in
 third id's preceding mass 0.799) and just outside (`` dog``: 0.801), and a drafter table that
 disagrees (:data:`DRAFTER_ROWS`: each row half the target's, half its rotation).
 
+**The positional target** (``target_pos``). The same layer, plus a *previous-token head*: every
+embedding also holds :data:`CONST` at a constant coordinate; query head :data:`POS_HEAD` and its KV
+head read it into the first :data:`POS_PAIRS` rotary pairs (q: ``(a, 0)``, k: ``a (cos t_i, sin t_i)``
+per pair ``i`` of angle ``t_i``), so after Hugging Face Llama's rotary embedding (pair ``i`` is
+coordinates ``i`` and ``i + 32``, turned by ``position * ROPE_THETA ** (-2i / 64)``) a query scores the
+key ``D`` positions back ``POS_SCORE * sum_i cos((D - 1) t_i)``: at least ``0.97 * POS_SCORE`` more at
+``D = 1`` than at any other ``D`` up to 60. Its value carries the key's id as a slot (one per live id
+but BOS and EOS) that the output projection writes to a coordinate of its own and the head turns
+into :data:`COPY_BONUS` on that id: the law after a context is ``POS_ROWS[last]`` (six words, flat,
+EOS after a word; with the clock) with the **id two back** raised by about ``COPY_BONUS`` (probability
+about 0.57 instead of 0.15). So an engine whose position ids run on after a rejection makes the head
+miss the previous id, and one that leaves a rejected column in its cache at the correction's position
+gives the head two previous ids: both change a law by a TV of 0.3-0.5 (the target above is blind to
+both: its q and k are zero, and one column more moves its clock by O(1/n^2)). No closed form:
+:meth:`KitModel.logits` is :func:`forward64`, a float64 NumPy forward of the stored weights in
+``LlamaForCausalLM``'s order (RMSNorm, rotary, grouped-query causal attention, SiLU MLP, head),
+checked against transformers' forward and, on the other roles, against their closed form
+(``tests/torch/conformance/test_kit.py``). No GGUF export (llama.cpp permutes q and k of llama GGUF
+files; not verified here).
+
 **References** (float64): :func:`next_law` (after any processing of :mod:`hsd_core.processing`, in a
 named engine's order), :func:`sequence_law` (the law of whole short draws with their finish reasons,
 stop strings included), :func:`length_law` and :func:`position_laws` (where EOS comes, each position
@@ -42,7 +64,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -76,7 +98,22 @@ TOP_P = 0.8
 """The top-p whose boundary the rows `` cat`` (just inside) and `` dog`` (just outside) straddle."""
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 UNK, BOS, EOS, PAD = 0, 1, 2, 3
-ROLES = ("target", "drafter", "drafter_sp")
+ROLES = ("target", "drafter", "drafter_sp", "target_pos")
+ROPE_THETA = 10000.0
+"""The rotary base (``rope_theta`` in ``config.json``): pair ``i`` of a head turns by ``pos * ROPE_THETA **
+(-2 i / HEAD_DIM)`` (Hugging Face Llama's convention: pair ``i`` is coordinates ``i`` and ``i + HEAD_DIM / 2``)."""
+POS_HEAD = 4
+"""``target_pos``: the query head of the previous-token head (it reads KV head 1; heads 0-3 read KV head 0)."""
+POS_PAIRS = 4
+"""``target_pos``: the rotary pairs the previous-token head's q and k use (the fastest four)."""
+POS_SCORE = 25.0
+"""``target_pos``: the previous-token head's attention score of a key ``D`` positions back is ``POS_SCORE *
+sum_{i < POS_PAIRS} cos((D - 1) theta_i)``: largest at ``D = 1`` by at least ``0.97 * POS_SCORE`` over every
+other ``D`` up to 60 (the softmax leaves less than ``e^-24`` a key elsewhere)."""
+CONST = 4.0
+"""``target_pos``: the embeddings' constant coordinate (every id's), which q and k read."""
+COPY_BONUS = 2.0
+"""``target_pos``: the logit the previous-token head adds to the id two back (the id before the last)."""
 
 # Rows: the text of the last id -> {text of the next id: probability} ("</s>" is EOS). Probabilities
 # become logits log(p); an explicit logit is written as ("logit", value).
@@ -115,6 +152,12 @@ def _row_probs(row: Mapping[str, Any]) -> list[float]:
     e = [math.exp(x - m) for x in logits]
     return [x / sum(e) for x in e]
 
+
+_POS_WORDS = (" the", " cat", " dog", " sat", " on", ".")
+POS_ROWS: dict[str, dict[str, Any]] = {"<s>": {w: 1 / 6 for w in _POS_WORDS},
+                                       **{w: {**{x: .15 for x in _POS_WORDS}, "</s>": .1} for w in _POS_WORDS}}
+"""``target_pos``'s bigram rows: flat over six words (and EOS after a word), so that what the
+previous-token head adds (:data:`COPY_BONUS` to the id two back) decides much of each law."""
 
 DRAFTER_ROWS = _rotated(TARGET_ROWS)
 """The same-vocabulary drafter's rows: each target row half itself, half rotated."""
@@ -198,12 +241,15 @@ class KitModel:
     merges: tuple[tuple[str, str], ...]
     rows: Mapping[str, Mapping[str, Any]]
     clock: bool
+    pos_head: bool = False
     texts: tuple[bytes, ...] = field(init=False)
+    _memo: dict[tuple[int, ...], F64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         conv = _bpe_text if self.kind == "byte_bpe" else _sp_text
         object.__setattr__(self, "texts", tuple(b"" if i < len(SPECIALS) else conv(t)
                                                 for i, t in enumerate(self.tokens)))
+        object.__setattr__(self, "_memo", {})
 
     @property
     def vocab_size(self) -> int:
@@ -242,13 +288,23 @@ class KitModel:
         return t
 
     @cached_property
+    def copy_slots(self) -> tuple[int, ...]:
+        """``target_pos``: the ids the previous-token head carries, slot ``j`` for the ``j``-th (the live
+        ids but BOS and EOS, increasing); empty for the other roles."""
+        return tuple(i for i in self.live_ids if i not in (BOS, EOS)) if self.pos_head else ()
+
+    @cached_property
     def weights(self) -> dict[str, F32]:
         """The checkpoint's tensors (HF Llama names, float32): embeddings, the layer's projections (zero
-        but value and output), norms (ones) and the head; the same bytes on every build."""
+        but value and output; ``target_pos``: also q and k of the previous-token head), norms (ones) and
+        the head; the same bytes on every build."""
         v, d = self.vocab_size, HIDDEN
         c = np.float32(EMBED_SCALE)
-        rms0 = math.sqrt(float(c) ** 2 / d + RMS_EPS)
+        const = CONST if self.pos_head else 0.0
+        rms0 = math.sqrt((float(c) ** 2 + const ** 2) / d + RMS_EPS)
         w: dict[str, F32] = {"model.embed_tokens.weight": (np.eye(v, d, dtype=np.float32) * c).astype(np.float32)}
+        if self.pos_head:
+            w["model.embed_tokens.weight"][:, _CONST_AT] = np.float32(const)
         p = "model.layers.0."
         w[p + "input_layernorm.weight"] = np.ones(d, np.float32)
         w[p + "post_attention_layernorm.weight"] = np.ones(d, np.float32)
@@ -264,15 +320,53 @@ class KitModel:
             w[p + "self_attn.v_proj.weight"][0, BOS] = np.float32(1.0)
             w[p + "self_attn.o_proj.weight"][d - 1, 0] = np.float32(CLOCK / g0)
             head[EOS, d - 1] = np.float32(-EOS_RISE * rms0 / CLOCK)
+        if self.pos_head:
+            self._previous_token_head(w, head, rms0)
         w["model.norm.weight"] = np.ones(d, np.float32)
         w["lm_head.weight"] = head
         return w
 
+    @cached_property
+    def weights64(self) -> dict[str, F64]:
+        """:attr:`weights` as float64 (the values the checkpoint stores, widened)."""
+        return {k: v.astype(np.float64) for k, v in self.weights.items()}
+
+    def _previous_token_head(self, w: dict[str, F32], head: F32, rms0: float) -> None:
+        """Write ``target_pos``'s previous-token head into ``w`` and ``head`` (module docstring): query
+        head :data:`POS_HEAD` and its KV head read the constant coordinate, rotated so that their score
+        peaks one position back; the value carries the id's slot, the output writes it to the slot's
+        coordinate, the head turns that into :data:`COPY_BONUS` on the id."""
+        d, hd, half = HIDDEN, HEAD_DIM, HEAD_DIM // 2
+        c = float(EMBED_SCALE)
+        slots = self.copy_slots
+        if self.vocab_size + len(slots) + 2 > d or len(slots) > hd:
+            raise AssertionError("target_pos: the hidden size has no room for its copy coordinates")
+        gk, g0 = CONST / rms0, c / rms0  # the normed constant and token coordinates
+        amp = math.sqrt(POS_SCORE * math.sqrt(hd))
+        theta = ROPE_THETA ** (-np.arange(POS_PAIRS) * 2.0 / hd)
+        kv = POS_HEAD // (HEADS // KV_HEADS)
+        p = "model.layers.0.self_attn."
+        q, k, val, o = (w[p + n + "_proj.weight"] for n in "qkvo")
+        for i in range(POS_PAIRS):
+            q[POS_HEAD * hd + i, _CONST_AT] = np.float32(amp / gk)
+            k[kv * hd + i, _CONST_AT] = np.float32(amp * math.cos(theta[i]) / gk)
+            k[kv * hd + half + i, _CONST_AT] = np.float32(amp * math.sin(theta[i]) / gk)
+        for j, t in enumerate(slots):
+            val[kv * hd + j, t] = np.float32(1.0 / g0)
+            o[_copy_at(j), POS_HEAD * hd + j] = np.float32(1.0)
+            head[t, _copy_at(j)] = np.float32(COPY_BONUS * rms0)
+
     def logits(self, context: Sequence[int]) -> F64:
         """``[V]`` float64: the logits a float64 forward of :attr:`weights` gives after ``context`` (BOS
-        first, as the kit's prompts are), from the construction's closed form (module docstring)."""
+        first, as the kit's prompts are), from the construction's closed form (module docstring);
+        ``target_pos``: from :func:`forward64` of its weights (memoized per context)."""
         if not context:
             raise ValueError("a context needs at least one id (BOS first)")
+        if self.pos_head:
+            key = tuple(int(t) for t in context)
+            if key not in self._memo:
+                self._memo[key] = forward64(self.weights64, key)[-1]
+            return self._memo[key]
         w = self.weights
         d, c = HIDDEN, float(EMBED_SCALE)
         last = int(context[-1])
@@ -292,8 +386,65 @@ class KitModel:
         return b"".join(self.texts[int(i)] for i in ids)
 
 
+_CONST_AT = HIDDEN - 2
+"""``target_pos``: the embeddings' constant coordinate (the clock is the last one)."""
+
+
+def _copy_at(slot: int) -> int:
+    """``target_pos``: the residual coordinate the previous-token head writes slot ``slot`` to."""
+    return HIDDEN - 3 - slot
+
+
+def _rms_norm(x: F64, weight: F64) -> F64:
+    out: F64 = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + RMS_EPS) * weight
+    return out
+
+
+def _rotary(x: F64, positions: F64) -> F64:
+    """Hugging Face Llama's rotary embedding of ``x [n, heads, HEAD_DIM]`` at ``positions [n]``: pair
+    ``i`` (coordinates ``i`` and ``i + HEAD_DIM/2``) turned by ``position * ROPE_THETA ** (-2i / HEAD_DIM)``."""
+    half = HEAD_DIM // 2
+    ang = positions[:, None] * ROPE_THETA ** (-np.arange(half) * 2.0 / HEAD_DIM)[None, :]
+    cos = np.cos(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    sin = np.sin(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    turned = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    out: F64 = x * cos + turned * sin
+    return out
+
+
+def forward64(weights: Mapping[str, npt.NDArray[Any]], ids: Sequence[int]) -> F64:
+    """``[len(ids), V]`` float64: the logits of the kit's one-layer Llama (``weights``: HF names, as
+    :attr:`KitModel.weights`) at each position of ``ids``, computed in float64 as ``LlamaForCausalLM``
+    computes them: RMSNorm, grouped-query causal attention with the rotary embedding
+    (:func:`_rotary`, positions ``0 .. len(ids)-1``), SiLU MLP, final RMSNorm, head."""
+    x0 = np.asarray(ids, dtype=np.int64)
+    n, hd = len(x0), HEAD_DIM
+    p = "model.layers.0."
+    W = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+    x = W["model.embed_tokens.weight"][x0]
+    h = _rms_norm(x, W[p + "input_layernorm.weight"])
+    pos = np.arange(n, dtype=np.float64)
+    q = _rotary((h @ W[p + "self_attn.q_proj.weight"].T).reshape(n, HEADS, hd), pos)
+    k = _rotary((h @ W[p + "self_attn.k_proj.weight"].T).reshape(n, KV_HEADS, hd), pos)
+    v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(n, KV_HEADS, hd)
+    group = HEADS // KV_HEADS
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+    s = np.where(np.tril(np.ones((n, n), dtype=bool))[None], s, -np.inf)
+    a = np.exp(s - s.max(axis=-1, keepdims=True))
+    a /= a.sum(axis=-1, keepdims=True)
+    x = x + np.einsum("hqk,khd->qhd", a, v).reshape(n, HEADS * hd) @ W[p + "self_attn.o_proj.weight"].T
+    h = _rms_norm(x, W[p + "post_attention_layernorm.weight"])
+    g = h @ W[p + "mlp.gate_proj.weight"].T
+    x = x + (g / (1.0 + np.exp(-g)) * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+    out: F64 = _rms_norm(x, W["model.norm.weight"]) @ W["lm_head.weight"].T
+    return out
+
+
+@lru_cache(maxsize=None)
 def kit_model(role: str) -> KitModel:
-    """The kit's checkpoint ``role`` (:data:`ROLES`) as data."""
+    """The kit's checkpoint ``role`` (:data:`ROLES`) as data (one shared object per role: do not
+    change its arrays)."""
     if role == "target":
         t, m = _bpe_vocab()
         return KitModel("target", "byte_bpe", tuple(t), tuple(m), TARGET_ROWS, True)
@@ -303,6 +454,9 @@ def kit_model(role: str) -> KitModel:
     if role == "drafter_sp":
         t, m = _sp_vocab()
         return KitModel("drafter_sp", "sentencepiece", tuple(t), tuple(m), SP_ROWS, False)
+    if role == "target_pos":
+        t, m = _bpe_vocab()
+        return KitModel("target_pos", "byte_bpe", tuple(t), tuple(m), POS_ROWS, True, pos_head=True)
     raise ValueError(f"unknown kit role {role!r}; one of {', '.join(ROLES)}")
 
 
@@ -396,13 +550,14 @@ def toy_ids(km: KitModel) -> list[int]:
 
 
 def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
-               drafter_sampling: Sampling | None = None) -> tuple[Any, Any, Any, str]:
+               drafter_sampling: Sampling | None = None, target: str = "target") -> tuple[Any, Any, Any, str]:
     """The kit as ``hsd_core`` explicit models for one prompt: ``(target, drafter, drafter_sp,
     prompt_text)``: vocabularies of every id's text (:func:`toy_ids`; plus any single character their
     words need, which gets probability 0), longest-match tokenizers, and float64 laws from :func:`next_law` (the
     target processed by ``sampling``, the drafters by ``drafter_sampling``; None: their raw laws), the
     kit's BOS implied before every context. ``prompt_text`` (the prompt without BOS) encodes back to
-    ``prompt_ids`` (``ValueError`` otherwise)."""
+    ``prompt_ids`` (``ValueError`` otherwise). ``target``: the kit role of the target (``"target"`` or
+    ``"target_pos"``)."""
     from .models import FunctionModel
     from .tokenizers import LongestMatchTokenizer
     from .vocab import Vocabulary
@@ -410,7 +565,9 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
     if not prompt_ids or prompt_ids[0] != BOS:
         raise ValueError("a kit prompt starts with BOS (id 1)")
     built = []
-    for role, s in (("target", sampling), ("drafter", drafter_sampling), ("drafter_sp", drafter_sampling)):
+    if target not in ("target", "target_pos"):
+        raise ValueError(f"target must be 'target' or 'target_pos', got {target!r}")
+    for role, s in ((target, sampling), ("drafter", drafter_sampling), ("drafter_sp", drafter_sampling)):
         km = kit_model(role)
         live = toy_ids(km)
         strings = [km.texts[i].decode() for i in live]
@@ -424,7 +581,7 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
     models = []
     for km, s, vocab, tok, to_kit, live in built:
         enc = tok.encode(text)
-        if km.role == "target" and [to_kit.get(j) for j in enc] != list(prompt_ids[1:]):
+        if km.role == target and [to_kit.get(j) for j in enc] != list(prompt_ids[1:]):
             raise ValueError(f"the prompt's text {text!r} does not encode back to its ids under longest match")
         cols = live + [EOS]
 
@@ -447,11 +604,12 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
 
 
 def expected_acceptance(prompt_ids: Sequence[int], method: str = "sd", lookahead: int = 3, max_new_tokens: int = 3,
-                        sampling: Sampling | None = None, drafter_sampling: Sampling | None = None) -> dict[str, float]:
+                        sampling: Sampling | None = None, drafter_sampling: Sampling | None = None,
+                        target: str = "target") -> dict[str, float]:
     """The exact expected acceptance of a speculative method over the kit, from ``hsd_core``'s exact
     engine (:func:`hsd_core.exact.analyze` over :func:`toy_models`): ``method`` ``"sd"`` (the
     same-vocabulary drafter) or ``"tli"`` (the SentencePiece-style drafter), ``lookahead`` drafts a
-    round, ``max_new_tokens`` new ids. Returns ``first_acceptance`` (the probability that the first
+    round, ``max_new_tokens`` new ids, ``target`` the kit role of the target. Returns ``first_acceptance`` (the probability that the first
     round accepts its first proposal), ``tokens_per_call`` (expected ids per target forward) and
     ``expected_tokens``; also ``closed_form`` (hsd_core's one-position formula, ``sum min(p, q)``)."""
     from .acceptance import closed_form_acceptance
@@ -460,12 +618,12 @@ def expected_acceptance(prompt_ids: Sequence[int], method: str = "sd", lookahead
     from .methods.sd import SD
     from .methods.tli import TLI
 
-    target, drafter, drafter_sp, text = toy_models(prompt_ids, sampling, drafter_sampling)
+    tm, drafter, drafter_sp, text = toy_models(prompt_ids, sampling, drafter_sampling, target)
     m: Any = SD(lookahead) if method == "sd" else TLI(lookahead) if method == "tli" else None
     if m is None:
         raise ValueError(f"method must be 'sd' or 'tli', got {method!r}")
     d = drafter if method == "sd" else drafter_sp
-    a = analyze(m, target, d, text, max_new_tokens)
-    cf = closed_form_acceptance(m, target, d, State(text, (), max_new_tokens))
+    a = analyze(m, tm, d, text, max_new_tokens)
+    cf = closed_form_acceptance(m, tm, d, State(text, (), max_new_tokens))
     return {"first_acceptance": float(a.first_acceptance), "tokens_per_call": float(a.tokens_per_call),
             "expected_tokens": float(a.expected_tokens), "closed_form": float(cf) if cf is not None else math.nan}

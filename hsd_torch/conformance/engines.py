@@ -34,7 +34,8 @@ class Case:
     (``"none"``: the null control; others are engine-specific names, e.g. ``"ngram"``,
     ``"draft"``, ``"tli"``); ``drafter`` the kit role of the drafter (``"drafter"``: the target's
     vocabulary, ``"drafter_sp"``: another tokenizer; None without one); ``settings`` the mode's
-    options (``num_speculative_tokens``, ...)."""
+    options (``num_speculative_tokens``, ...); ``target`` the kit role of the target (``"target"``, or
+    ``"target_pos"``: the target whose law depends on position ids, :mod:`hsd_core.conformance`)."""
 
     kit: Path
     prompt_ids: tuple[int, ...]
@@ -42,11 +43,13 @@ class Case:
     mode: str = "none"
     drafter: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    target: str = "target"
 
     def label(self) -> str:
         """One short line naming the case."""
         spec = self.mode if self.drafter is None else f"{self.mode} ({self.drafter})"
-        return f"{spec}, {self.sampling.describe()}, prompt {list(self.prompt_ids)}"
+        on = "" if self.target == "target" else f", target {self.target}"
+        return f"{spec}, {self.sampling.describe()}, prompt {list(self.prompt_ids)}{on}"
 
 
 class Engine(Protocol):

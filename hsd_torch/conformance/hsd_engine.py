@@ -92,11 +92,11 @@ class HsdTorchEngine:
         if why:
             raise EngineRefused(why)
         method = METHOD_OF_MODE[case.mode]
-        target, ttok = self._load("target")
+        target, ttok = self._load(case.target)
         drafter, dtok = (None, None) if method == "ar" else self._load(case.drafter or DEFAULT_DRAFTER[case.mode])
         s = case.sampling
         shared: dict[str, Any] = dict(engine={"name": "hsd_torch", "version": self.name.split()[-1]},
-                                      sampling=s, speculative=self.speculative(case), target="conformance-kit/target")
+                                      sampling=s, speculative=self.speculative(case), target=f"conformance-kit/{case.target}")
         done, todo = resume(out, seeds)
         lines: list[str] = []
         app = SamplesAppender(out, **shared) if out is not None else None

@@ -283,6 +283,8 @@ class LlamaServerEngine:
         return MODES
 
     def _ensure(self, case: Case) -> LlamaServer:
+        if case.target != "target":
+            raise EngineRefused(f"the kit exports GGUF files of its target and drafter only, not of {case.target!r}")
         if case.mode in DRAFT_MODES and case.drafter != "drafter":
             raise EngineRefused(f"llama.cpp's {case.mode} needs a draft model with the target's vocabulary (the kit's "
                                 f"'drafter'), not {case.drafter!r}")

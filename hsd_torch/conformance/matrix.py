@@ -59,12 +59,15 @@ def _prompt(*texts: str) -> tuple[int, ...]:
 class ProcessingCase:
     """One processing of the default matrix: ``name``, the :class:`Sampling` (``order`` left None: each
     engine's own order is put in when the case sets processing beyond temperature / top-k / top-p),
-    its prompts (the target's ids, BOS first) and what it aims at."""
+    its prompts (the target's ids, BOS first), what it aims at and the kit ``target`` it runs on
+    (``"target"``, or ``"target_pos"``: the target whose law depends on position ids and on the id two
+    back, :mod:`hsd_core.conformance`)."""
 
     name: str
     sampling: Sampling
     prompts: tuple[tuple[int, ...], ...]
     aim: str
+    target: str = "target"
 
     def for_engine(self, order: str) -> Sampling:
         """The sampling as ``order``'s engine runs it."""
@@ -98,6 +101,9 @@ CASES: tuple[ProcessingCase, ...] = (
     ProcessingCase("bad_words", _s(bad_words_ids=((_t(" cat"),),)), (_prompt(),), "' cat' banned"),
     ProcessingCase("allowed_ids", _s(allowed_token_ids=(kc.EOS, _t(" the"), _t(" cat"), _t(" dog"), _t(" sat"))),
                    (_prompt(),), "only EOS, ' the', ' cat', ' dog', ' sat' allowed"),
+    ProcessingCase("pos_plain", _s(4), (_prompt(" the", " cat"),), "target_pos: a previous-token head (RoPE) "
+                   "copies the id two back; position ids not rolled back or a rejected column left in the cache show",
+                   target="target_pos"),
 )
 """The default matrix of processing cases (module docstring)."""
 
@@ -193,7 +199,7 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such)."""
     row = Row(engine_name, case.mode, case_name, case.prompt_ids, "crashed", "", samples=str(out) if out else None)
     try:
-        law = kc.sequence_law(kc.kit_model("target"), case.prompt_ids, case.sampling)
+        law = kc.sequence_law(kc.kit_model(case.target), case.prompt_ids, case.sampling)
     except AmbiguousLawError as e:
         row.outcome, row.reason = "not determinable", str(e)
         return row
@@ -223,7 +229,8 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     s = case.sampling
     if method and s.do_sample and not s.processing():
         k = int(case.settings.get("num_speculative_tokens", 3))
-        exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s)
+        exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s,
+                                     target=case.target)
         acc = acceptance(draws, exp["tokens_per_call"], alpha)
         if acc is not None:
             row.acceptance = dataclasses.asdict(acc)
@@ -262,7 +269,7 @@ def run_matrix(kit: Path, engines: Sequence[str], *, modes: Sequence[str] | None
                 for k, prompt in enumerate(pc.prompts):
                     for mode in ems:
                         drafter, settings, _ = MODE_SPECS.get(mode, (None, {}, None))
-                        case = Case(kit, prompt, pc.for_engine(order), mode, drafter, settings)
+                        case = Case(kit, prompt, pc.for_engine(order), mode, drafter, settings, pc.target)
                         path = None if out is None else out / "samples" / name / mode / f"{pc.name}-p{k}.jsonl"
                         add(audit_case(engine, name, case, pc.name, n, alpha, path))
         finally:
@@ -401,7 +408,8 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         print("engines: " + ", ".join(ENGINES))
         print("modes: " + ", ".join(MODE_SPECS))
         for pc in CASES:
-            print(f"case {pc.name}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
+            on = "" if pc.target == "target" else f" (on {pc.target})"
+            print(f"case {pc.name}{on}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
         return 0
     engines = args.engine or ([] if args.samples else ["hsd_torch"])
     unknown = [e for e in engines if e not in ENGINES]

@@ -88,7 +88,7 @@ class TransformersEngine:
         if case.mode not in MODES:
             raise EngineRefused(f"transformers has no mode {case.mode!r} here (it offers {', '.join(MODES)})")
         kw = self.kwargs(case)
-        target, ttok = self._load("target")
+        target, ttok = self._load(case.target)
         extra: dict[str, Any] = {}
         role = MODES[case.mode]
         if case.sampling.stop or role == "drafter_sp":
@@ -105,7 +105,7 @@ class TransformersEngine:
         spec = None if role is None else {"method": case.mode, "drafter": role,
                                           "num_speculative_tokens": int(case.settings.get("num_speculative_tokens", 3))}
         shared: dict[str, Any] = dict(engine={"name": "transformers", "version": self.version},
-                                      sampling=case.sampling, speculative=spec, target="conformance-kit/target")
+                                      sampling=case.sampling, speculative=spec, target=f"conformance-kit/{case.target}")
         done, todo = resume(out, seeds)
         x = torch.tensor([list(case.prompt_ids)])
         lines: list[str] = []
