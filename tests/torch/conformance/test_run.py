@@ -215,6 +215,46 @@ def _no_engine(kit: Path) -> Crashes:
     raise OSError("no binary")
 
 
+def test_the_run_shows_its_cells_and_draws_as_log_lines(kit: Path, tmp_path: Path) -> None:
+    """The matrix's bars in a log (hsd_core.progress's plain lines): one over the cells (a line per 5 %:
+    each of the 3 cells here), one over each cell's draws (a line per 25 %: 4 a cell when draws arrive 10
+    at a time); a refused cell draws nothing and shows no draws line. A resumed cell reports the draws
+    its file holds first."""
+    import io
+
+    from hsd_core.progress import Progress
+
+    log = io.StringIO()
+
+    def bars(total: int, desc: str, unit: str) -> Progress:
+        return Progress(total, desc, unit, stream=log, mode="lines", every=0.05 if unit == "cell" else 0.25)
+
+    def small_batches(k: Path) -> HsdTorchEngine:
+        eng = HsdTorchEngine(k)
+        eng.batch = 10
+        return eng
+
+    greedy = [c for c in CASES if c.name == "greedy"]
+    reg = {"hsd_torch": small_batches, "crashes": lambda k: Crashes()}
+    rows = run_matrix(kit, ["hsd_torch"], modes=["sd"], cases=greedy, n=40, out=tmp_path / "o", registry=reg,
+                      bars=bars)
+    assert [r.outcome for r in rows] == ["conforms", "conforms"]
+    lines = [ln.split(",")[0] for ln in log.getvalue().splitlines()]
+    draws = [f"hsd conformance: hsd_torch {m} greedy p0 {k}/40 ({25 * k // 10}%)" for m in ("none", "sd")
+             for k in (10, 20, 30, 40)]
+    assert lines == draws[:4] + ["hsd conformance: cells 1/2 (50%)"] + draws[4:] + ["hsd conformance: cells 2/2 (100%)"]
+    log.seek(0)
+    log.truncate()
+    run_matrix(kit, ["hsd_torch", "crashes"], modes=["sd"], cases=greedy, n=60, out=tmp_path / "o", registry=reg,
+               bars=bars)
+    lines = [ln.split(",")[0] for ln in log.getvalue().splitlines()]
+    assert lines[:3] == ["hsd conformance: hsd_torch none greedy p0 40/60 (67%)",
+                         "hsd conformance: hsd_torch none greedy p0 50/60 (83%)",
+                         "hsd conformance: hsd_torch none greedy p0 60/60 (100%)"]
+    assert not any(ln.startswith("hsd conformance: crashes sd") for ln in lines)  # refused: no draws
+    assert [ln for ln in lines if "cells" in ln] == [f"hsd conformance: cells {k}/4 ({25 * k}%)" for k in (1, 2, 3, 4)]
+
+
 def test_not_determinable_is_no_verdict(kit: Path, engine: HsdTorchEngine) -> None:
     # llama.cpp's top-k keeps exactly k ids: 3 of the four tied ids after " sat" is not determined
     s = Sampling(True, 1.0, 3, None, 2, order="llama.cpp")
@@ -227,6 +267,8 @@ def test_cli_run_writes_the_report_and_exits(kit: Path, tmp_path: Path) -> None:
                str(tmp_path / "o"), "-n", "50", "--mode", "sd", "--case", "greedy"]
     p = subprocess.run(env_run, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert "hsd conformance: cells 2/2 (100%)" in p.stderr and "hsd conformance: hsd_torch sd greedy p0 50/50 (100%)" \
+        in p.stderr, p.stderr[-2000:]
     assert (tmp_path / "o" / "report.md").is_file() and (tmp_path / "o" / "report.json").is_file()
     assert (tmp_path / "o" / "samples" / "hsd_torch" / "sd" / "greedy-p0.jsonl").is_file()
     bad = subprocess.run(env_run[:-1] + ["nonesuch"], capture_output=True, text=True, cwd=ROOT, timeout=300)
