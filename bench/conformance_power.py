@@ -63,13 +63,13 @@ def main() -> None:
         build_kit(kit, gguf=False)
         eng = HsdTorchEngine(kit)
         t0 = time.perf_counter()
-        eng._load("target"), eng._load("drafter"), eng._load("drafter_sp")
+        eng._load("target"), eng._load("target_pos"), eng._load("drafter"), eng._load("drafter_sp")
         up = time.perf_counter() - t0
         for pc in CASES:
             s = pc.for_engine(eng.order)
             row: dict[str, object] = {"case": pc.name, "sampling": s.describe(), "prompt": list(pc.prompts[0])}
             try:
-                law = kc.sequence_law(kc.kit_model("target"), pc.prompts[0], s)
+                law = kc.sequence_law(kc.kit_model(pc.target), pc.prompts[0], s)
             except AmbiguousLawError as e:
                 rows.append({**row, "outcome": "not determinable", "reason": str(e)})
                 continue
@@ -81,7 +81,7 @@ def main() -> None:
             except InvalidTest as e:
                 row["sizing"] = str(e)
             drafter, settings, _ = MODE_SPECS[args.mode]
-            case = Case(kit, pc.prompts[0], s, args.mode, drafter, settings)
+            case = Case(kit, pc.prompts[0], s, args.mode, drafter, settings, pc.target)
             r = audit_case(eng, "hsd_torch", case, pc.name, args.n, ALPHA, None)
             row.update(outcome=r.outcome, measured_n=r.n, seconds=round(r.seconds, 2))
             if r.outcome not in ("refused", "crashed") and r.seconds > 0 and isinstance(row.get("n"), int):

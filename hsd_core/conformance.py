@@ -1,34 +1,9 @@
-"""The conformance kit's design and its exact references (NumPy only: the laws an engine must sample).
+"""The conformance kit's exact references (NumPy only: the laws an engine must sample).
 
-The kit (``hsd conformance kit --out DIR``, :mod:`hsd_torch.conformance`) holds three tiny Llama
-checkpoints whose weights are **built on purpose**, so that their next-token laws are known by
-construction and computed here in float64, with no model forward:
-
-* ``target``: byte-level BPE (GPT-2's byte alphabet, ``Ġ`` for a space, ``Ċ`` for a newline);
-* ``drafter``: the target's tokenizer, another table (a drafter that disagrees with the target);
-* ``drafter_sp``: a SentencePiece-style tokenizer (``▁`` for a space, byte fallback ``<0x0A>`` for a
-  newline) whose pieces split some of the target's words otherwise (``" cat"`` is ``▁ca`` + ``t``),
-  for cross-vocabulary methods (TLI).
-
-**The construction.** One decoder layer, hidden size :data:`HIDDEN`, head_dim :data:`HEAD_DIM`. Token
-``i``'s embedding is ``c * e_i`` (a one-hot of scale :data:`EMBED_SCALE`); q, k, gate, up and down
-projections are zero, so attention weighs the positions of the context uniformly and the MLP adds 0.
-The value projection reads the BOS coordinate and the output projection writes it to the last hidden
-coordinate (the *clock*): after the layer the residual at a position is ``c * e_last + (CLOCK * b / n)
-* e_clock``, ``n`` the number of ids up to it (BOS included) and ``b`` the number of BOS among them.
-The final RMSNorm divides by ``rms = sqrt((c^2 + clock^2) / d + eps)`` and the untied head's column
-``i`` holds the designed logits row ``L[i, :]`` (scaled by ``rms`` without the clock), its clock
-column ``-EOS_RISE`` at EOS. So the logits after a context are ``L[last, :] * s`` plus
-``-EOS_RISE * b / n * s`` at EOS, with ``s = rms_0 / rms`` within 1.3e-4 of 1: a bigram table whose
-EOS mass **rises with position** (the law depends on where a token stands, as engines' per-position
-state does). Drafters have no clock.
-
-**The table** (:data:`TARGET_ROWS`, over a dozen *live* ids; every other id has logit
-:data:`DEAD`, probability exactly 0 in float64 and float32): a peaked row (`` the``), exact ties
-(`` sat``: four ids of 1/4; `` ``: two of 1/2), a near tie (`` on``: logits 0 and 2^-12), EOS mass
-early (``a``: 1/2 before the clock), the top-p boundary of :data:`TOP_P` just inside (`` cat``: the
-third id's preceding mass 0.799) and just outside (`` dog``: 0.801), and a drafter table that
-disagrees (:data:`DRAFTER_ROWS`: each row half the target's, half its rotation).
+The kit's design, its checkpoints as data (:class:`KitModel`, :func:`kit_model`: ``target``,
+``drafter``, ``drafter_sp`` and the positional ``target_pos``), their weights and exact logits are
+:mod:`hsd_core.conformance_design` (its module docstring is the construction); this module re-exports
+its names, so ``hsd_core.conformance`` is the one import for both.
 
 **References** (float64): :func:`next_law` (after any processing of :mod:`hsd_core.processing`, in a
 named engine's order), :func:`sequence_law` (the law of whole short draws with their finish reasons,
@@ -41,269 +16,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .conformance_design import (
+    BOS, CLOCK, CONST, COPY_BONUS, DEAD, DRAFTER_ROWS, EMBED_SCALE, EOS, EOS_RISE, HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE,
+    KV_HEADS, LAYERS, PAD, POS_HEAD, POS_PAIRS, POS_ROWS, POS_SCORE, RMS_EPS, ROLES, ROPE_THETA, SP_ROWS, SPECIALS,
+    TARGET_ROWS, TOP_P, UNK, KitModel, byte_alphabet, forward64, kit_model,
+)
 from .processing import StopStrings, next_law as processed_law, stop_text_prefix
 from .samples import Sampling
 
-__all__ = ["CLOCK", "DEAD", "DRAFTER_ROWS", "EMBED_SCALE", "EOS_RISE", "HEAD_DIM", "HIDDEN", "KitModel", "ROLES",
-           "SP_ROWS", "TARGET_ROWS", "TOP_P", "expected_acceptance", "kit_model", "length_law", "next_law",
-           "position_laws", "sequence_law", "toy_ids", "toy_models"]
+__all__ = ["BOS", "CLOCK", "CONST", "COPY_BONUS", "DEAD", "DRAFTER_ROWS", "EMBED_SCALE", "EOS", "EOS_RISE", "HEAD_DIM",
+           "HEADS", "HIDDEN", "INTERMEDIATE", "KV_HEADS", "KitModel", "LAYERS", "PAD", "POS_HEAD", "POS_PAIRS", "POS_ROWS",
+           "POS_SCORE", "RMS_EPS", "ROLES", "ROPE_THETA", "SPECIALS", "SP_ROWS", "TARGET_ROWS", "TOP_P", "UNK",
+           "byte_alphabet", "expected_acceptance", "forward64", "kit_model", "length_law", "next_law", "position_laws",
+           "sequence_law", "toy_ids", "toy_models"]
 
 F64 = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-
-HIDDEN = 512
-"""Hidden size: at least the vocabulary plus the clock coordinate (the embeddings are one-hot)."""
-HEAD_DIM = 64
-"""Attention head size: vLLM's CPU attention refuses 16; 64 is what every engine's kernels take."""
-HEADS, KV_HEADS, INTERMEDIATE, LAYERS = 8, 2, 128, 1
-EMBED_SCALE = 16.0
-"""``c``: the scale of the one-hot embeddings (so that RMSNorm's eps is negligible)."""
-RMS_EPS = 1e-6
-CLOCK = 0.25
-"""The clock's value after a context of one BOS (it decays as ``1 / n``)."""
-EOS_RISE = 1.5
-"""The target's EOS logit is lowered by ``EOS_RISE * b / n``: EOS mass rises with the position."""
-DEAD = -1.0e4
-"""The logit of an id outside a row's live set: ``exp(DEAD)`` is exactly 0 in float64 and float32."""
-TOP_P = 0.8
-"""The top-p whose boundary the rows `` cat`` (just inside) and `` dog`` (just outside) straddle."""
-SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
-UNK, BOS, EOS, PAD = 0, 1, 2, 3
-ROLES = ("target", "drafter", "drafter_sp")
-
-# Rows: the text of the last id -> {text of the next id: probability} ("</s>" is EOS). Probabilities
-# become logits log(p); an explicit logit is written as ("logit", value).
-TARGET_ROWS: dict[str, dict[str, Any]] = {
-    "<s>": {" the": .4, " cat": .2, " dog": .2, "a": .1, "b": .1},
-    " the": {" cat": .9, " dog": .09, "</s>": .01},  # peaked
-    " cat": {" sat": .5, " on": .299, ".": .2, " the": .001},  # top-p 0.8: "." just inside (0.799 before it)
-    " dog": {" sat": .5, " on": .301, ".": .19, " the": .009},  # top-p 0.8: "." just outside (0.801)
-    " sat": {" on": .25, ".": .25, "\n": .25, " the": .25},  # flat: an exact four-way tie
-    " on": {" the": ("logit", 0.0), "a": ("logit", 2.0 ** -12), "b": ("logit", -1.0), "</s>": ("logit", -1.0)},
-    "a": {"</s>": .5, "b": .3, "s": .2},  # EOS mass early
-    "b": {"ab": .6, "a": .4},
-    "ab": {".": .7, "</s>": .3},
-    "s": {".": .6, " ": .4},
-    ".": {"\n": .5, "</s>": .5},
-    "\n": {" the": .6, "</s>": .4},
-    " ": {"a": .5, "b": .5},  # an exact tie of two
-}
-"""The target's designed rows (module docstring)."""
-
-
-def _rotated(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each row half its own law, half that law moved one place along the row's ids: the same
-    support, other masses (a drafter that disagrees with the target, but not everywhere)."""
-    out: dict[str, dict[str, Any]] = {}
-    for ctx, row in rows.items():
-        keys = list(row)
-        p = _row_probs(row)
-        out[ctx] = {k: .5 * p[j] + .5 * p[j - 1] for j, k in enumerate(keys)}
-    return out
-
-
-def _row_probs(row: Mapping[str, Any]) -> list[float]:
-    logits = [v[1] if isinstance(v, tuple) else math.log(v) for v in row.values()]
-    m = max(logits)
-    e = [math.exp(x - m) for x in logits]
-    return [x / sum(e) for x in e]
-
-
-DRAFTER_ROWS = _rotated(TARGET_ROWS)
-"""The same-vocabulary drafter's rows: each target row half itself, half rotated."""
-
-SP_ROWS: dict[str, dict[str, Any]] = {
-    ctx.replace(" cat", " ca") if ctx == " cat" else ctx: {k.replace(" cat", " ca"): v for k, v in row.items()}
-    for ctx, row in DRAFTER_ROWS.items() if ctx != " cat"}
-SP_ROWS[" ca"] = {"t": 1.0}
-SP_ROWS["t"] = dict(DRAFTER_ROWS[" cat"])
-"""The SentencePiece-style drafter's rows: the drafter's, with `` cat`` written `` ca`` + ``t``."""
-
-_BPE_WORDS = (" the", " cat", " dog", " sat", " on", "ab")
-_SP_WORDS = (" the", " ca", " dog", " sat", " on", "ab")
-_SP_CHARS = ("▁", "a", "b", "s", ".", "t", "h", "e", "c", "d", "o", "g", "n")
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-in for each byte 0..255 (``Ġ`` for a space, ``Ċ`` for a newline): the
-    printable Latin-1 bytes stand for themselves, the others map to 256, 257, ... in byte order."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + extra))
-            extra += 1
-    return out
-
-
-def _bpe_vocab() -> tuple[list[str], list[tuple[str, str]]]:
-    alpha = byte_alphabet()
-    tokens = list(SPECIALS) + alpha
-    merges: list[tuple[str, str]] = []
-    for word in _BPE_WORDS:
-        pieces = [alpha[b] for b in word.encode()]
-        cur = pieces[0]
-        for nxt in pieces[1:]:
-            if cur + nxt not in tokens:
-                merges.append((cur, nxt))
-                tokens.append(cur + nxt)
-            cur = cur + nxt
-    return tokens, merges
-
-
-def _sp_vocab() -> tuple[list[str], list[tuple[str, str]]]:
-    tokens = list(SPECIALS) + [f"<0x{b:02X}>" for b in range(256)] + list(_SP_CHARS)
-    merges: list[tuple[str, str]] = []
-    for word in _SP_WORDS:
-        pieces = list(word.replace(" ", "▁"))
-        cur = pieces[0]
-        for nxt in pieces[1:]:
-            if cur + nxt not in tokens:
-                merges.append((cur, nxt))
-                tokens.append(cur + nxt)
-            cur = cur + nxt
-    return tokens, merges
-
-
-def _bpe_text(tok: str) -> bytes:
-    inv = {c: b for b, c in enumerate(byte_alphabet())}
-    return bytes(inv[c] for c in tok)
-
-
-def _sp_text(tok: str) -> bytes:
-    if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
-        return bytes([int(tok[3:5], 16)])
-    return tok.replace("▁", " ").encode()
-
-
-@dataclass(frozen=True)
-class KitModel:
-    """One kit checkpoint as data: its ``kind`` (``"byte_bpe"`` or ``"sentencepiece"``), tokens as its
-    tokenizer writes them, merges, each id's text (bytes; specials: none), its rows and whether it has
-    the clock. :attr:`weights` are the float32 tensors the checkpoint stores (HF names);
-    :meth:`logits` the float64 logits a forward of those weights gives after a context."""
-
-    role: str
-    kind: str
-    tokens: tuple[str, ...]
-    merges: tuple[tuple[str, str], ...]
-    rows: Mapping[str, Mapping[str, Any]]
-    clock: bool
-    texts: tuple[bytes, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        conv = _bpe_text if self.kind == "byte_bpe" else _sp_text
-        object.__setattr__(self, "texts", tuple(b"" if i < len(SPECIALS) else conv(t)
-                                                for i, t in enumerate(self.tokens)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokens)
-
-    @cached_property
-    def id_of_text(self) -> dict[str, int]:
-        """The id of each row text (``"<s>"`` and ``"</s>"``: BOS, EOS): where several ids have the text,
-        the **last** one, a piece rather than its byte-fallback ``<0xNN>`` (``"a"``, not ``<0x61>``),
-        which is the id the kit's tokenizer encodes the text into (``tests/torch/conformance``)."""
-        out: dict[str, int] = {"<s>": BOS, "</s>": EOS}
-        for i in range(len(SPECIALS), len(self.tokens)):  # later ids (pieces, merges) win over byte fallbacks
-            out[self.texts[i].decode("utf-8", "replace")] = i
-        for ctx, row in self.rows.items():  # a live text must be one id: the longest written form
-            for text in [ctx, *row]:
-                if text not in out:
-                    raise AssertionError(f"{self.role}: row text {text!r} has no id")
-        return out
-
-    @cached_property
-    def live_ids(self) -> tuple[int, ...]:
-        """The ids the rows put mass on or condition on (BOS and EOS included), increasing."""
-        ids = {self.id_of_text[t] for ctx, row in self.rows.items() for t in [ctx, *row]}
-        return tuple(sorted(ids))
-
-    @cached_property
-    def table(self) -> F64:
-        """``[V, V]`` float64: row ``i`` the designed logits after id ``i`` (:data:`DEAD` outside its live set;
-        a row no table entry names: all :data:`DEAD`, a uniform law never reached from live ids)."""
-        v = self.vocab_size
-        t = np.full((v, v), DEAD)
-        for ctx, row in self.rows.items():
-            i = self.id_of_text[ctx]
-            for text, val in row.items():
-                t[i, self.id_of_text[text]] = val[1] if isinstance(val, tuple) else math.log(val)
-        return t
-
-    @cached_property
-    def weights(self) -> dict[str, F32]:
-        """The checkpoint's tensors (HF Llama names, float32): embeddings, the layer's projections (zero
-        but value and output), norms (ones) and the head; the same bytes on every build."""
-        v, d = self.vocab_size, HIDDEN
-        c = np.float32(EMBED_SCALE)
-        rms0 = math.sqrt(float(c) ** 2 / d + RMS_EPS)
-        w: dict[str, F32] = {"model.embed_tokens.weight": (np.eye(v, d, dtype=np.float32) * c).astype(np.float32)}
-        p = "model.layers.0."
-        w[p + "input_layernorm.weight"] = np.ones(d, np.float32)
-        w[p + "post_attention_layernorm.weight"] = np.ones(d, np.float32)
-        for name, shape in (("self_attn.q_proj", (HEADS * HEAD_DIM, d)), ("self_attn.k_proj", (KV_HEADS * HEAD_DIM, d)),
-                            ("self_attn.v_proj", (KV_HEADS * HEAD_DIM, d)), ("self_attn.o_proj", (d, HEADS * HEAD_DIM)),
-                            ("mlp.gate_proj", (INTERMEDIATE, d)), ("mlp.up_proj", (INTERMEDIATE, d)),
-                            ("mlp.down_proj", (d, INTERMEDIATE))):
-            w[p + name + ".weight"] = np.zeros(shape, np.float32)
-        head = np.zeros((v, d), np.float32)
-        head[:, :v] = (self.table.T * (rms0 / float(c))).astype(np.float32)
-        if self.clock:
-            g0 = float(c) / rms0  # the normed BOS coordinate the value projection reads
-            w[p + "self_attn.v_proj.weight"][0, BOS] = np.float32(1.0)
-            w[p + "self_attn.o_proj.weight"][d - 1, 0] = np.float32(CLOCK / g0)
-            head[EOS, d - 1] = np.float32(-EOS_RISE * rms0 / CLOCK)
-        w["model.norm.weight"] = np.ones(d, np.float32)
-        w["lm_head.weight"] = head
-        return w
-
-    def logits(self, context: Sequence[int]) -> F64:
-        """``[V]`` float64: the logits a float64 forward of :attr:`weights` gives after ``context`` (BOS
-        first, as the kit's prompts are), from the construction's closed form (module docstring)."""
-        if not context:
-            raise ValueError("a context needs at least one id (BOS first)")
-        w = self.weights
-        d, c = HIDDEN, float(EMBED_SCALE)
-        last = int(context[-1])
-        x = np.zeros(d)
-        x[last] = c
-        if self.clock:
-            p = "model.layers.0.self_attn."
-            g0 = c / math.sqrt(c * c / d + RMS_EPS)
-            b = sum(1 for t in context if t == BOS)
-            x[d - 1] += float(w[p + "o_proj.weight"][d - 1, 0]) * float(w[p + "v_proj.weight"][0, BOS]) * g0 * b / len(context)
-        h = x / math.sqrt(float(np.mean(x * x)) + RMS_EPS)
-        out: F64 = w["lm_head.weight"].astype(np.float64) @ h
-        return out
-
-    def text(self, ids: Sequence[int]) -> bytes:
-        """The text of ``ids`` (specials add nothing)."""
-        return b"".join(self.texts[int(i)] for i in ids)
-
-
-def kit_model(role: str) -> KitModel:
-    """The kit's checkpoint ``role`` (:data:`ROLES`) as data."""
-    if role == "target":
-        t, m = _bpe_vocab()
-        return KitModel("target", "byte_bpe", tuple(t), tuple(m), TARGET_ROWS, True)
-    if role == "drafter":
-        t, m = _bpe_vocab()
-        return KitModel("drafter", "byte_bpe", tuple(t), tuple(m), DRAFTER_ROWS, False)
-    if role == "drafter_sp":
-        t, m = _sp_vocab()
-        return KitModel("drafter_sp", "sentencepiece", tuple(t), tuple(m), SP_ROWS, False)
-    raise ValueError(f"unknown kit role {role!r}; one of {', '.join(ROLES)}")
 
 
 def _plain(max_new_tokens: int) -> Sampling:
@@ -396,13 +128,14 @@ def toy_ids(km: KitModel) -> list[int]:
 
 
 def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
-               drafter_sampling: Sampling | None = None) -> tuple[Any, Any, Any, str]:
+               drafter_sampling: Sampling | None = None, target: str = "target") -> tuple[Any, Any, Any, str]:
     """The kit as ``hsd_core`` explicit models for one prompt: ``(target, drafter, drafter_sp,
     prompt_text)``: vocabularies of every id's text (:func:`toy_ids`; plus any single character their
     words need, which gets probability 0), longest-match tokenizers, and float64 laws from :func:`next_law` (the
     target processed by ``sampling``, the drafters by ``drafter_sampling``; None: their raw laws), the
     kit's BOS implied before every context. ``prompt_text`` (the prompt without BOS) encodes back to
-    ``prompt_ids`` (``ValueError`` otherwise)."""
+    ``prompt_ids`` (``ValueError`` otherwise). ``target``: the kit role of the target (``"target"`` or
+    ``"target_pos"``)."""
     from .models import FunctionModel
     from .tokenizers import LongestMatchTokenizer
     from .vocab import Vocabulary
@@ -410,7 +143,9 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
     if not prompt_ids or prompt_ids[0] != BOS:
         raise ValueError("a kit prompt starts with BOS (id 1)")
     built = []
-    for role, s in (("target", sampling), ("drafter", drafter_sampling), ("drafter_sp", drafter_sampling)):
+    if target not in ("target", "target_pos"):
+        raise ValueError(f"target must be 'target' or 'target_pos', got {target!r}")
+    for role, s in ((target, sampling), ("drafter", drafter_sampling), ("drafter_sp", drafter_sampling)):
         km = kit_model(role)
         live = toy_ids(km)
         strings = [km.texts[i].decode() for i in live]
@@ -424,7 +159,7 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
     models = []
     for km, s, vocab, tok, to_kit, live in built:
         enc = tok.encode(text)
-        if km.role == "target" and [to_kit.get(j) for j in enc] != list(prompt_ids[1:]):
+        if km.role == target and [to_kit.get(j) for j in enc] != list(prompt_ids[1:]):
             raise ValueError(f"the prompt's text {text!r} does not encode back to its ids under longest match")
         cols = live + [EOS]
 
@@ -447,11 +182,12 @@ def toy_models(prompt_ids: Sequence[int], sampling: Sampling | None = None,
 
 
 def expected_acceptance(prompt_ids: Sequence[int], method: str = "sd", lookahead: int = 3, max_new_tokens: int = 3,
-                        sampling: Sampling | None = None, drafter_sampling: Sampling | None = None) -> dict[str, float]:
+                        sampling: Sampling | None = None, drafter_sampling: Sampling | None = None,
+                        target: str = "target") -> dict[str, float]:
     """The exact expected acceptance of a speculative method over the kit, from ``hsd_core``'s exact
     engine (:func:`hsd_core.exact.analyze` over :func:`toy_models`): ``method`` ``"sd"`` (the
     same-vocabulary drafter) or ``"tli"`` (the SentencePiece-style drafter), ``lookahead`` drafts a
-    round, ``max_new_tokens`` new ids. Returns ``first_acceptance`` (the probability that the first
+    round, ``max_new_tokens`` new ids, ``target`` the kit role of the target. Returns ``first_acceptance`` (the probability that the first
     round accepts its first proposal), ``tokens_per_call`` (expected ids per target forward) and
     ``expected_tokens``; also ``closed_form`` (hsd_core's one-position formula, ``sum min(p, q)``)."""
     from .acceptance import closed_form_acceptance
@@ -460,12 +196,12 @@ def expected_acceptance(prompt_ids: Sequence[int], method: str = "sd", lookahead
     from .methods.sd import SD
     from .methods.tli import TLI
 
-    target, drafter, drafter_sp, text = toy_models(prompt_ids, sampling, drafter_sampling)
+    tm, drafter, drafter_sp, text = toy_models(prompt_ids, sampling, drafter_sampling, target)
     m: Any = SD(lookahead) if method == "sd" else TLI(lookahead) if method == "tli" else None
     if m is None:
         raise ValueError(f"method must be 'sd' or 'tli', got {method!r}")
     d = drafter if method == "sd" else drafter_sp
-    a = analyze(m, target, d, text, max_new_tokens)
-    cf = closed_form_acceptance(m, target, d, State(text, (), max_new_tokens))
+    a = analyze(m, tm, d, text, max_new_tokens)
+    cf = closed_form_acceptance(m, tm, d, State(text, (), max_new_tokens))
     return {"first_acceptance": float(a.first_acceptance), "tokens_per_call": float(a.tokens_per_call),
             "expected_tokens": float(a.expected_tokens), "closed_form": float(cf) if cf is not None else math.nan}

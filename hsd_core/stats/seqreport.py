@@ -69,6 +69,9 @@ class SequenceAuditReport:
     processing: str = ""
     name: str = "sampler"
     cost: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    """What the teacher forcing cost in passes and calls (e.g. ``target passes``, ``provider calls``,
+    ``provider positions``): counts, where :attr:`cost` has seconds."""
     pits: F64 = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
     pit_positions: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False,
                                              compare=False)
@@ -95,6 +98,8 @@ class SequenceAuditReport:
                  f"- headline promise: mean per-token TV {det} ({self.detectable_by})"]
         if self.cost:
             lines.append("- cost: " + ", ".join(f"{k} {v:.3g} s" for k, v in self.cost.items()))
+        if self.calls:
+            lines.append("- teacher forcing: " + ", ".join(f"{k} {v}" for k, v in self.calls.items()))
         if self.impossible:
             lines.append(f"- {len(self.impossible)} draws of probability 0 under the target, first "
                          + ", ".join(f"sequence {s} position {j} id {t}" for s, j, t in self.impossible[:5]))

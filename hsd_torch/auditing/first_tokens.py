@@ -38,6 +38,7 @@ upward), and the most over- and under-represented cells decoded by the target to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -215,6 +216,7 @@ def audit_generate(
     ids = _target_ids(prompt_ids, target_tokenizer, prompt, width)
     law_of: Any = target if reference is None else \
         reference if isinstance(reference, ProvidedLaw) else ProvidedLaw(reference, width)
+    calls0 = law_of.calls if isinstance(law_of, ProvidedLaw) else None
     ref = reference_law(law_of, ids, int(n), positions, eos, mask, process, do_sample, max_prefixes, max_conditional)
     label = name or str(getattr(fn, "__qualname__", "") or type(fn).__name__)
     texts = _TextCells(ref, target_tokenizer, prompt) if text else None
@@ -237,9 +239,9 @@ def audit_generate(
         if fit is not None:
             reason += f"; of a few processings, the draws fit best {fit}"
     reason += _prompt_hint(core, draw.with_prompt, text)
-    return _report(core, ref, law, texts, target_tokenizer, reason=reason, detectable=detectable, alpha=alpha,
-                   seed=seed, positions=positions, do_sample=do_sample, processing=processing, prompt=prompt,
-                   name=label)
+    rep = _report(core, ref, law, texts, target_tokenizer, reason=reason, detectable=detectable, alpha=alpha,
+                  seed=seed, positions=positions, do_sample=do_sample, processing=processing, prompt=prompt, name=label)
+    return rep if calls0 is None else dataclasses.replace(rep, provider_calls=law_of.calls - calls0)
 
 
 def _draws(sample_fn: Callable[[str, int], Any] | None,

@@ -132,10 +132,16 @@ def _shared_logits(model: Any, tap: HeadTap, rows: Sequence[Sequence[int]], at: 
 
 def loglik(model: Any, ctxs: Sequence[Sequence[int]], seqs: Sequence[Sequence[int]], chunk: int = 8) -> np.ndarray:
     """The raw (temperature 1) log-likelihood of each ``seqs[i]`` after ``ctxs[i]`` under ``model``
-    (an HF model or a :class:`ProvidedLaw`), teacher forced ``chunk`` rows at a time; 0 for an empty
-    sequence."""
+    (an HF model or a :class:`ProvidedLaw`: its own log-probabilities of the draws it already forced,
+    else a call per draw), teacher forced ``chunk`` rows at a time; 0 for an empty sequence."""
     out = np.zeros(len(seqs))
     live = [i for i, s in enumerate(seqs) if len(s)]
+    if isinstance(model, ProvidedLaw):  # the draws the sequence audit forced cost no call
+        lps = model.token_logprobs([list(ctxs[i]) + list(seqs[i]) for i in live],
+                                   [range(len(ctxs[i]), len(ctxs[i]) + len(seqs[i])) for i in live])
+        for i, one in zip(live, lps):
+            out[i] = float(one.sum())
+        return out
     for c0 in range(0, len(live), chunk):
         idx = live[c0:c0 + chunk]
         rows = [list(ctxs[i]) + list(seqs[i]) for i in idx]

@@ -62,6 +62,9 @@ class GenerateAuditReport:
     """For each position ``j``, the TV of the ``j``-th token's law that its own test catches with
     probability ``power``: ``core.position_detectable[j]`` plus the mass the coarse cells hide at
     ``j`` (rare tokens and unexpanded prefixes, given that the output reaches ``j``; None: no power)."""
+    provider_calls: int | None = None
+    """With a law provider as the reference: the calls this audit made of it (one per expanded prefix,
+    and the processing fit's of a lossy verdict); None: the target's forward passes were the reference."""
 
     def to_markdown(self, title: str | None = None) -> str:
         """The report as markdown: the verdict, the sizing, the TV estimate, the decoded largest
@@ -81,7 +84,9 @@ class GenerateAuditReport:
                  "- detectable TV of each position's own law (its rare / unexpanded cells' mass included): "
                  + ", ".join(f"position {j}: " + ("n/a" if d is None else f"{d:.4g}")
                              for j, d in enumerate(self.position_detectable)),
-                 f"- reference: {self.forward_passes} target forward passes"
+                 (f"- reference: {self.provider_calls} calls of the law provider (one per expanded prefix"
+                  f"{', the fit included' if self.provider_calls > self.forward_passes else ''})"
+                  if self.provider_calls is not None else f"- reference: {self.forward_passes} target forward passes")
                  + (f"; next-token tests after {len(self.conditional_prefixes)} frequent prefixes"
                     if self.conditional_prefixes else "")]
 

@@ -340,11 +340,13 @@ def audit_samples(
         notes.append("some draws have no seed (the engine could not seed them): their independence is the engine's word")
     if s.target is not None:
         notes.append(f"the file says the engine served {s.target!r}")
+    start = (law.calls, law.positions) if isinstance(law, ProvidedLaw) else (0, 0)
     t0 = time.perf_counter()
     if b is None:
         fa = _audit_file(s, target, target_tokenizer, law, alpha, **kw)[0]
         cost = {"audit": time.perf_counter() - t0}
         verdict, why = combine_with_control(fa.verdict, None, None, speculative=s.is_speculative)
+        notes += _provider_note(law, start, fa)
         return EngineAuditReport(verdict, _headline(verdict, why, fa), ref, fa, notes=tuple(notes), cost=cost)
     fa, ctx_a, txt_a = _audit_file(s, target, target_tokenizer, law, alpha / 2, **kw)
     fb, ctx_b, txt_b = _audit_file(b, target, target_tokenizer, law, alpha / 2, **kw)
@@ -359,8 +361,23 @@ def audit_samples(
                               alpha=alpha / 2, power=power, do_sample=s.sampling.do_sample,
                               name_a=os.path.basename(s.path), name_b=os.path.basename(b.path))
     cost = {"reference audits": t1 - t0, "two-sample": time.perf_counter() - t1}
+    notes += _provider_note(law, start, fa, fb)
     verdict, reason = combine_with_control(fa.verdict, fb.verdict, (ts.verdict, ts.reason))
     return EngineAuditReport(verdict, _headline(verdict, reason, fa, fb), ref, fa, fb, ts, tuple(notes), cost)
+
+
+def _provider_note(law: Any, start: tuple[int, int], *files: FileAudit) -> list[str]:
+    """The line that says how often a law provider was called since ``start`` (its calls and
+    positions then), and for what; none for a target."""
+    if not isinstance(law, ProvidedLaw):
+        return []
+    calls, positions = law.calls - start[0], law.positions - start[1]
+    seq = sum(f.sequence.calls.get("provider calls", 0) for f in files)
+    first = sum(r.provider_calls or 0 for f in files for r in f.first_token)
+    return [f"the law provider {law.name} was called {calls} times ({positions} positions): {seq} for the sequence "
+            f"audits (one per draw for all its positions, and one more per draw for each context bug), {first} for "
+            f"the first-token audits (one per expanded prefix), {calls - seq - first} for the two-sample scores "
+            "(none for a draw a sequence audit forced)"]
 
 
 def _headline(verdict: Verdict, reason: str, *files: FileAudit) -> str:

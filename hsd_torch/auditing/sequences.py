@@ -230,6 +230,8 @@ class _SequenceAudit:
         self.forcer = _Forcer(forced, mask, process, do_sample, top_extra, bugs, plist, self.contexts, drafter, *d_side,
                               seed)
         self.forcer.fit = _Fit(process, do_sample, seed, n * max_new_tokens)
+        self.provider = forced if isinstance(forced, ProvidedLaw) else None
+        self.provider_start = (forced.calls, forced.positions) if isinstance(forced, ProvidedLaw) else (0, 0)
         self.drafter_print = model_fingerprint(drafter) if drafter is not None else None
 
     def _sample(self, idx: list[int], sample_fn: Callable[[str, int], Sequence[int]] | None,
@@ -308,7 +310,13 @@ class _SequenceAudit:
         if rep.verdict == "lossy" and (fit := self.forcer.fit.best()) is not None:
             reason += f"; of a few processings, the tokens fit best {fit}"
         cost = {"sampling": self.t_sample, "teacher forcing": self.t_force, "statistics": time.perf_counter() - t0}
-        return dataclasses.replace(rep, reason=reason, cost=cost)
+        calls = {k: v for k, v in self.forcer.passes.items() if v}
+        if self.provider is not None:  # the target's passes were the provider's calls: one per sequence (and bug)
+            calls.pop("target passes", None)
+            calls.pop("context-bug passes", None)
+            calls["provider calls"] = self.provider.calls - self.provider_start[0]
+            calls["provider positions"] = self.provider.positions - self.provider_start[1]
+        return dataclasses.replace(rep, reason=reason, cost=cost, calls=calls)
 
 
 def _text_mode(a: dict[str, Any]) -> SequenceAuditReport:
@@ -365,6 +373,8 @@ class _Forcer:
         self.shared_head: bool | None = (None if do_sample and bridge is not None and process.get("top_k") is None
                                          and (top_p is None or top_p >= 1.0) else False)
         self.tap = HeadTap(drafter) if self.shared_head is None else None
+        self.passes = {"target passes": 0, "drafter passes": 0, "context-bug passes": 0}
+        """Teacher-forced passes (one batch of sequences each) per model; a provider's are its calls."""
 
     def _drafter_logits(self, rows: list[list[int]], at: list[list[int]]) -> torch.Tensor:
         """The drafter's logits before each new target id (:func:`_forced_logits`' layout). Where
@@ -374,15 +384,19 @@ class _Forcer:
         checks that against the full head and keeps the full head if they differ."""
         assert self.bridge is not None
         if self.shared_head is False:
+            self.passes["drafter passes"] += 1
             return _forced_logits(self.drafter, rows, at)
         ids = self.bridge.drafter_ids.to(next(self.drafter.parameters()).device)
         assert self.tap is not None
         sub = _shared_logits(self.drafter, self.tap, rows, at, ids)
+        self.passes["drafter passes"] += bool(self.tap.usable)  # a pass ran, its head steered or not
         if sub is not None and self.shared_head is None:
             full = _forced_logits(self.drafter, rows[:1], at[:1])
+            self.passes["drafter passes"] += 1
             self.shared_head = bool(torch.allclose(sub[:full.shape[0]], full[:, ids], rtol=1e-4, atol=1e-4))
         if sub is None or not self.shared_head:
             self.shared_head = False
+            self.passes["drafter passes"] += 1
             return _forced_logits(self.drafter, rows, at)
         out = torch.full((sub.shape[0], _width(self.drafter)), float("-inf"), dtype=sub.dtype, device=sub.device)
         out[:, ids] = sub
@@ -395,6 +409,7 @@ class _Forcer:
         vocabulary at every position, which would cost more in fresh memory than in arithmetic)."""
         plist, process, greedy = self.plist, self.process, not self.do_sample
         t_logits = _forced_logits(self.target, rows, [range(len(r) - len(s[1]), len(r)) for r, s in zip(rows, seqs)])
+        self.passes["target passes"] += 1
         d_logits = None
         if self.bridge is not None:
             assert self.tt is not None and self.dt is not None
@@ -410,6 +425,7 @@ class _Forcer:
             d_logits = self._drafter_logits(drows, dstarts)
         aimed = [_aimed_logits(self.target, b, [self.contexts[i % len(plist)] for i, _ in seqs], [s for _, s in seqs])
                  for b in self.bugs]
+        self.passes["context-bug passes"] += sum(1 for _, src in aimed if (src >= 0).any())
         cat = np.concatenate
         x = cat([ids for _, ids in seqs])
         pos = cat([np.arange(len(ids)) for _, ids in seqs])

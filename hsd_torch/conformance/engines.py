@@ -9,18 +9,29 @@ follows), a speculative mode (``"none"`` for the null control) and that mode's s
 run that stops keeps its draws). An engine that does not offer a case (a mode it lacks, a parameter
 it refuses with speculation) raises :class:`EngineRefused` with the engine's own message; anything
 else it raises is a crash. Both are results of the matrix, never verdicts.
+
+**Progress.** An engine may have an ``on_draw`` attribute (None by default): the matrix sets it to a
+callable for the length of a :meth:`Engine.sample` call, and the engine calls it with ``k`` as ``k``
+more draws arrive (the resumed ones first), so the run's bar moves within a cell. The matrix tops
+the bar up to the draws returned when an engine reports none (a worker that writes its file alone).
+
+:class:`KitEngine` is what the in-process engines (hsd_torch, transformers) share: the kit's
+checkpoints loaded once per role, and :meth:`KitEngine.collect`, the loop that resumes a file,
+draws the missing seeds a chunk at a time, appends each draw as it arrives and reports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hsd_core.samples import Draw, Sampling, SamplesFile, recover_samples
+from hsd_core.samples import (
+    Draw, Sampling, SamplesAppender, SamplesFile, format_draw, parse_samples, read_samples, recover_samples,
+)
 
-__all__ = ["Case", "Engine", "EngineRefused", "resume"]
+__all__ = ["Case", "Engine", "EngineRefused", "KitEngine", "resume"]
 
 
 class EngineRefused(RuntimeError):
@@ -34,7 +45,8 @@ class Case:
     (``"none"``: the null control; others are engine-specific names, e.g. ``"ngram"``,
     ``"draft"``, ``"tli"``); ``drafter`` the kit role of the drafter (``"drafter"``: the target's
     vocabulary, ``"drafter_sp"``: another tokenizer; None without one); ``settings`` the mode's
-    options (``num_speculative_tokens``, ...)."""
+    options (``num_speculative_tokens``, ...); ``target`` the kit role of the target (``"target"``, or
+    ``"target_pos"``: the target whose law depends on position ids, :mod:`hsd_core.conformance`)."""
 
     kit: Path
     prompt_ids: tuple[int, ...]
@@ -42,11 +54,13 @@ class Case:
     mode: str = "none"
     drafter: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    target: str = "target"
 
     def label(self) -> str:
         """One short line naming the case."""
         spec = self.mode if self.drafter is None else f"{self.mode} ({self.drafter})"
-        return f"{spec}, {self.sampling.describe()}, prompt {list(self.prompt_ids)}"
+        on = "" if self.target == "target" else f", target {self.target}"
+        return f"{spec}, {self.sampling.describe()}, prompt {list(self.prompt_ids)}{on}"
 
 
 class Engine(Protocol):
@@ -84,3 +98,61 @@ def resume(out: Path | None, seeds: Sequence[int]) -> tuple[list[Draw], list[int
         raise ValueError(f"{out}: holds draws of seeds {sorted(extra)[:3]} outside this run's; delete it or pick "
                          "another --out")
     return done, [s for s in seeds if s not in have]
+
+
+class KitEngine:
+    """The part the in-process engines share (module docstring): ``kit`` the kit folder, its
+    checkpoints loaded at first use with transformers in float32 (:meth:`_load`, one model and
+    tokenizer per role), ``on_draw`` the matrix's progress hook and :meth:`collect`."""
+
+    on_draw: Callable[[int], None] | None = None
+
+    def __init__(self, kit: Path) -> None:
+        self.kit = Path(kit)
+        self._models: dict[str, tuple[Any, Any]] = {}
+
+    def _load(self, role: str) -> tuple[Any, Any]:
+        """The kit's ``role`` as ``(model, tokenizer)``: transformers, float32, eval mode; loaded once."""
+        if role not in self._models:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model: Any = AutoModelForCausalLM.from_pretrained(self.kit / role, dtype=torch.float32)
+            model.eval()
+            self._models[role] = (model, AutoTokenizer.from_pretrained(self.kit / role))
+        return self._models[role]
+
+    def _report(self, k: int) -> None:
+        if self.on_draw is not None and k > 0:
+            self.on_draw(k)
+
+    def collect(self, out: Path | None, seeds: Sequence[int], shared: Mapping[str, Any],
+                draw: Callable[[list[int]], Iterable[Draw]], chunk: int = 1, label: str = "<engine>") -> SamplesFile:
+        """The draws of ``seeds`` as a :class:`SamplesFile`: those ``out`` already holds (:func:`resume`),
+        then ``draw(seeds)`` for the missing ones ``chunk`` seeds at a time, in order, each draw
+        appended to ``out`` as it arrives (or kept in memory without ``out``: the file is then named
+        ``label``) and reported to :attr:`on_draw`. ``shared``: each line's ``engine``, ``sampling``,
+        ``speculative`` and ``target``."""
+        done, todo = resume(out, seeds)
+        self._report(len(done))
+        lines: list[str] = []
+        app = SamplesAppender(out, **shared) if out is not None else None
+        try:
+            for k in range(0, len(todo), max(1, chunk)):
+                got = 0
+                for d in draw(list(todo[k:k + max(1, chunk)])):
+                    if app is not None:
+                        app.append(d)
+                    else:
+                        lines.append(format_draw(d, **shared))
+                    got += 1
+                self._report(got)
+        finally:
+            if app is not None:
+                app.close()
+        if out is not None:
+            return read_samples(out)
+        return parse_samples([format_draw(d, **shared) for d in done] + lines, label)
+
+    def close(self) -> None:
+        self._models.clear()

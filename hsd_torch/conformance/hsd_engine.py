@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hsd_core.samples import Draw, SamplesAppender, SamplesFile, parse_samples, format_draw, read_samples
+from hsd_core.samples import Draw, SamplesFile
 
-from .engines import Case, EngineRefused, resume
+from .engines import Case, EngineRefused, KitEngine
 
 __all__ = ["HsdTorchEngine", "METHOD_OF_MODE"]
 
@@ -45,7 +45,7 @@ def refusal(case: Case) -> str | None:
     return None
 
 
-class HsdTorchEngine:
+class HsdTorchEngine(KitEngine):
     """The engine (module docstring) over the kit folder ``kit``; models load at the first draw."""
 
     batch = 500
@@ -54,22 +54,11 @@ class HsdTorchEngine:
     def __init__(self, kit: Path) -> None:
         import hsd_torch
 
-        self.kit = Path(kit)
+        super().__init__(kit)
         self.name = f"hsd_torch {getattr(hsd_torch, '__version__', 'dev')}"
-        self._models: dict[str, tuple[Any, Any]] = {}
 
     def modes(self) -> Sequence[str]:
         return tuple(METHOD_OF_MODE)
-
-    def _load(self, role: str) -> tuple[Any, Any]:
-        if role not in self._models:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            model: Any = AutoModelForCausalLM.from_pretrained(self.kit / role, dtype=torch.float32)
-            model.eval()
-            self._models[role] = (model, AutoTokenizer.from_pretrained(self.kit / role))
-        return self._models[role]
 
     def lookahead(self, case: Case) -> int:
         """The drafts per round ``generate`` is asked for (``settings["num_speculative_tokens"]``;
@@ -92,38 +81,22 @@ class HsdTorchEngine:
         if why:
             raise EngineRefused(why)
         method = METHOD_OF_MODE[case.mode]
-        target, ttok = self._load("target")
+        target, ttok = self._load(case.target)
         drafter, dtok = (None, None) if method == "ar" else self._load(case.drafter or DEFAULT_DRAFTER[case.mode])
         s = case.sampling
         shared: dict[str, Any] = dict(engine={"name": "hsd_torch", "version": self.name.split()[-1]},
-                                      sampling=s, speculative=self.speculative(case), target="conformance-kit/target")
-        done, todo = resume(out, seeds)
-        lines: list[str] = []
-        app = SamplesAppender(out, **shared) if out is not None else None
-        try:
-            for k in range(0, len(todo), self.batch):
-                chunk = todo[k:k + self.batch]
-                o = hsd_torch.generate(target, drafter, input_ids=[list(case.prompt_ids)] * len(chunk),
-                                       target_tokenizer=ttok, drafter_tokenizer=dtok, method=method,
-                                       lookahead=self.lookahead(case), max_new_tokens=s.max_new_tokens,
-                                       do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                       seed=int(chunk[0]), min_new_tokens=s.min_tokens or None,
-                                       stop_strings=list(s.stop) or None)
-                for j, (seed, ids, st) in enumerate(zip(chunk, o.sequences, o.stats)):
-                    d = Draw(tuple(int(i) for i in ids), seed=int(seed), prompt_ids=tuple(case.prompt_ids),
-                             extra={"generate_seed": int(chunk[0]), "row": j, "new_tokens": st.new_tokens,
-                                    "target_calls": st.target_calls, "proposed": st.proposed, "accepted": st.accepted})
-                    if app is not None:
-                        app.append(d)
-                    else:
-                        lines.append(format_draw(d, **shared))
-        finally:
-            if app is not None:
-                app.close()
-        if out is not None:
-            return read_samples(out)
-        old = [format_draw(d, **shared) for d in done]
-        return parse_samples(old + lines, "<hsd_torch>")
+                                      sampling=s, speculative=self.speculative(case), target=f"conformance-kit/{case.target}")
 
-    def close(self) -> None:
-        self._models.clear()
+        def draw(chunk: list[int]) -> list[Draw]:
+            o = hsd_torch.generate(target, drafter, input_ids=[list(case.prompt_ids)] * len(chunk),
+                                   target_tokenizer=ttok, drafter_tokenizer=dtok, method=method,
+                                   lookahead=self.lookahead(case), max_new_tokens=s.max_new_tokens,
+                                   do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                   seed=int(chunk[0]), min_new_tokens=s.min_tokens or None,
+                                   stop_strings=list(s.stop) or None)
+            return [Draw(tuple(int(i) for i in ids), seed=int(seed), prompt_ids=tuple(case.prompt_ids),
+                         extra={"generate_seed": int(chunk[0]), "row": j, "new_tokens": st.new_tokens,
+                                "target_calls": st.target_calls, "proposed": st.proposed, "accepted": st.accepted})
+                    for j, (seed, ids, st) in enumerate(zip(chunk, o.sequences, o.stats))]
+
+        return self.collect(out, seeds, shared, draw, self.batch, "<hsd_torch>")

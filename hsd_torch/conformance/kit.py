@@ -3,14 +3,16 @@
 ``build_kit(out)`` writes, in seconds and with the same bytes on every build (no randomness: the
 weights are the design's, :attr:`hsd_core.conformance.KitModel.weights`):
 
-* ``out/target``, ``out/drafter``, ``out/drafter_sp``: Hugging Face folders (``config.json``,
+* ``out/target``, ``out/drafter``, ``out/drafter_sp``, ``out/target_pos``: Hugging Face folders (``config.json``,
   ``generation_config.json``, ``model.safetensors`` in float32, ``tokenizer.json`` and its
   config): ``LlamaForCausalLM``, one layer, hidden 512, 8 heads of 64, 2 KV heads, MLP 128, untied
-  head. The target and ``drafter`` share a byte-level BPE tokenizer (``Ġ``, ``Ċ``); ``drafter_sp``
-  has a SentencePiece-style BPE with byte fallback (``▁``, ``<0x0A>``). Both tokenizers prepend BOS.
+  head. The target, ``drafter`` and ``target_pos`` (the positional target: a previous-token head under
+  RoPE) share a byte-level BPE tokenizer (``Ġ``, ``Ċ``); ``drafter_sp`` has a SentencePiece-style BPE
+  with byte fallback (``▁``, ``<0x0A>``). Both tokenizers prepend BOS.
 * ``out/gguf/target.gguf``, ``out/gguf/drafter.gguf``: the same-vocabulary pair for llama.cpp
   (``general.architecture`` llama, F32 tensors, tokenizer ``gpt2`` with its tokens, types, scores and
-  merges, BOS added).
+  merges, BOS added); none of ``target_pos`` (llama.cpp permutes q and k of llama GGUF files, which its
+  head reads; not verified).
 * ``out/kit.json``: the manifest (shapes, ids, the designed features and the live ids).
 """
 

@@ -48,7 +48,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -278,11 +278,15 @@ class LlamaServerEngine:
         self.threads, self.timeout = int(threads), float(timeout)
         self._server: LlamaServer | None = None
         self._key: tuple[Any, ...] | None = None
+        self.on_draw: Callable[[int], None] | None = None
+        """The matrix's progress hook (:mod:`hsd_torch.conformance.engines`), handed to the endpoint client."""
 
     def modes(self) -> Sequence[str]:
         return MODES
 
     def _ensure(self, case: Case) -> LlamaServer:
+        if case.target != "target":
+            raise EngineRefused(f"the kit exports GGUF files of its target and drafter only, not of {case.target!r}")
         if case.mode in DRAFT_MODES and case.drafter != "drafter":
             raise EngineRefused(f"llama.cpp's {case.mode} needs a draft model with the target's vocabulary (the kit's "
                                 f"'drafter'), not {case.drafter!r}")
@@ -319,7 +323,7 @@ class LlamaServerEngine:
                                speculative=spec, target="hsd-conformance-target", out=out,
                                resume=out is not None and out.exists(),  # a rerun of the matrix continues it
                                vocab_size=kc.kit_model("target").vocab_size, timeout=self.timeout,
-                               max_requests=max(10_000, len(seeds)), extra_of=_draft_counters)
+                               max_requests=max(10_000, len(seeds)), extra_of=_draft_counters, on_draw=self.on_draw)
 
     def close(self) -> None:
         if self._server is not None:

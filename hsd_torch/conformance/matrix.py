@@ -17,33 +17,37 @@ against the kit's exact laws (``hsd conformance run``; docs/conformance.md, "The
   recorded with their message, never as a verdict; an ambiguous law is ``not determinable``.
 * The report: ``OUT/report.md``, ``OUT/report.json`` and ``OUT/report.png`` (a grid of verdicts and
   acceptance ratios; skipped without matplotlib).
+* Progress (:mod:`hsd_core.progress`, on stderr): a bar over the run's cells and one over the draws
+  of the cell running (the engine reports draws as they arrive: ``on_draw`` in
+  :mod:`hsd_torch.conformance.engines`); in a log, a line per 5 % of the cells and per 25 % of a
+  cell's draws. Each cell's outcome is a line of its own on stdout.
 
-Exit status (:func:`exit_status`): 0 every audited case conforms; 1 a case is lossy; 3 a case is a
-performance defect (none lossy); 4 a crash or an inconclusive case (none lossy or defective); 2 a
-usage error.
+The report and the exit status (0 conforms, 1 lossy, 3 a performance defect, 4 a crash or an
+inconclusive case, 2 a usage error) are :mod:`hsd_torch.conformance.report`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hsd_core import conformance as kc
 from hsd_core.processing import AmbiguousLawError
+from hsd_core.progress import Progress, progress as progress_bar
 from hsd_core.samples import Sampling, SamplesFile
 
 from .audit import acceptance, audit_draws
 from .engines import Case, Engine, EngineRefused
+from .report import Row, acceptance_text, exit_status, write_report
 
-__all__ = ["CASES", "ENGINES", "MODE_SPECS", "ProcessingCase", "add_arguments", "exit_status", "main", "run_matrix",
+__all__ = ["CASES", "ENGINES", "MODE_SPECS", "ProcessingCase", "Row", "add_arguments", "exit_status", "main", "run_matrix",
            "write_report"]
 
 
@@ -59,12 +63,15 @@ def _prompt(*texts: str) -> tuple[int, ...]:
 class ProcessingCase:
     """One processing of the default matrix: ``name``, the :class:`Sampling` (``order`` left None: each
     engine's own order is put in when the case sets processing beyond temperature / top-k / top-p),
-    its prompts (the target's ids, BOS first) and what it aims at."""
+    its prompts (the target's ids, BOS first), what it aims at and the kit ``target`` it runs on
+    (``"target"``, or ``"target_pos"``: the target whose law depends on position ids and on the id two
+    back, :mod:`hsd_core.conformance`)."""
 
     name: str
     sampling: Sampling
     prompts: tuple[tuple[int, ...], ...]
     aim: str
+    target: str = "target"
 
     def for_engine(self, order: str) -> Sampling:
         """The sampling as ``order``'s engine runs it."""
@@ -98,6 +105,9 @@ CASES: tuple[ProcessingCase, ...] = (
     ProcessingCase("bad_words", _s(bad_words_ids=((_t(" cat"),),)), (_prompt(),), "' cat' banned"),
     ProcessingCase("allowed_ids", _s(allowed_token_ids=(kc.EOS, _t(" the"), _t(" cat"), _t(" dog"), _t(" sat"))),
                    (_prompt(),), "only EOS, ' the', ' cat', ' dog', ' sat' allowed"),
+    ProcessingCase("pos_plain", _s(4), (_prompt(" the", " cat"),), "target_pos: a previous-token head (RoPE) "
+                   "copies the id two back; position ids not rolled back or a rejected column left in the cache show",
+                   target="target_pos"),
 )
 """The default matrix of processing cases (module docstring)."""
 
@@ -160,40 +170,39 @@ ENGINES: dict[str, Callable[[Path], Engine]] = {"hsd_torch": _hsd_torch, "transf
 """Engine name -> factory (the kit folder -> an :class:`Engine`): the one place an adapter is registered."""
 
 
-@dataclass
-class Row:
-    """One cell of the matrix's report."""
-
-    engine: str
-    mode: str
-    case: str
-    prompt_ids: tuple[int, ...]
-    outcome: str
-    reason: str
-    n: int = 0
-    seconds: float = 0.0
-    samples: str | None = None
-    tests: list[dict[str, Any]] = field(default_factory=list)
-    acceptance: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["prompt_ids"] = list(self.prompt_ids)
-        return d
-
-
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+Bars = Callable[[int, str, str], Progress]
+"""``(total, description, unit) -> Progress``: how the matrix makes its bars (:func:`hsd_core.progress.progress`)."""
+
+
+def _sample(engine: Engine, case: Case, n: int, out: Path | None, bar: Progress | None) -> SamplesFile:
+    """``engine.sample`` of seeds ``0..n-1`` with ``bar`` moved by the engine's ``on_draw`` while it runs
+    (when it has one), then topped up to the draws it returned."""
+    hook = hasattr(engine, "on_draw") and bar is not None
+    if hook and bar is not None:
+        setattr(engine, "on_draw", bar.update)
+    try:
+        got = engine.sample(case, list(range(n)), out)
+    finally:
+        if hook:
+            setattr(engine, "on_draw", None)
+    if bar is not None:
+        bar.update(len(got.draws) - bar.done)
+    return got
+
+
 def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: int, alpha: float,
-               out: Path | None) -> Row:
+               out: Path | None, bar: Progress | None = None) -> Row:
     """Draw ``n`` samples of ``case`` from ``engine`` (appended to ``out``) and audit them: a
-    :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such)."""
+    :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such). ``bar``:
+    the cell's progress over its ``n`` draws (moved here, closed by the caller)."""
     row = Row(engine_name, case.mode, case_name, case.prompt_ids, "crashed", "", samples=str(out) if out else None)
     try:
-        law = kc.sequence_law(kc.kit_model("target"), case.prompt_ids, case.sampling)
+        law = kc.sequence_law(kc.kit_model(case.target), case.prompt_ids, case.sampling)
     except AmbiguousLawError as e:
         row.outcome, row.reason = "not determinable", str(e)
         return row
@@ -204,7 +213,7 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     try:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-        got: SamplesFile = engine.sample(case, list(range(n)), out)
+        got = _sample(engine, case, n, out, bar)
     except EngineRefused as e:
         row.outcome, row.reason = "refused", str(e).strip().splitlines()[0] if str(e).strip() else "refused"
         return row
@@ -223,7 +232,8 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     s = case.sampling
     if method and s.do_sample and not s.processing():
         k = int(case.settings.get("num_speculative_tokens", 3))
-        exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s)
+        exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s,
+                                     target=case.target)
         acc = acceptance(draws, exp["tokens_per_call"], alpha)
         if acc is not None:
             row.acceptance = dataclasses.asdict(acc)
@@ -236,11 +246,13 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
 def run_matrix(kit: Path, engines: Sequence[str], *, modes: Sequence[str] | None = None,
                cases: Sequence[ProcessingCase] = CASES, n: int = 2000, alpha: float = 1e-3, out: Path | None = None,
                registry: dict[str, Callable[[Path], Engine]] | None = None,
-               progress: Callable[[Row], None] | None = None) -> list[Row]:
+               progress: Callable[[Row], None] | None = None, bars: Bars | None = None) -> list[Row]:
     """The matrix (module docstring) over ``kit`` for the named engines of ``registry`` (default
     :data:`ENGINES`): for each engine, each case, each prompt, the null control then each of the
-    engine's modes in ``modes`` (None: all); ``n`` draws a cell, family-wise ``alpha`` a cell. An
-    engine whose factory raises is one ``crashed`` row."""
+    engine's modes in ``modes`` (None: all); ``n`` draws a cell, family-wise ``alpha`` a cell. The
+    engines are started first (an engine whose factory raises is one ``crashed`` row), so that the
+    cells are counted before the first runs: ``bars`` makes a bar over them and one over each cell's
+    draws (None: no bars); ``progress(row)`` is called as each row is made."""
     reg = ENGINES if registry is None else registry
     rows: list[Row] = []
 
@@ -249,23 +261,35 @@ def run_matrix(kit: Path, engines: Sequence[str], *, modes: Sequence[str] | None
         if progress is not None:
             progress(r)
 
+    started: list[tuple[str, Engine]] = []
     for name in engines:
         try:
-            engine = reg[name](kit)
+            started.append((name, reg[name](kit)))
         except Exception as e:  # noqa: BLE001
             add(Row(name, "*", "*", (), "crashed", "the engine did not start: " + _one_line(e)))
-            continue
-        try:
-            order = getattr(engine, "order", "vllm")
-            ems = [m for m in engine.modes() if modes is None or m in modes or m == "none"]
-            for pc in cases:
-                for k, prompt in enumerate(pc.prompts):
-                    for mode in ems:
-                        drafter, settings, _ = MODE_SPECS.get(mode, (None, {}, None))
-                        case = Case(kit, prompt, pc.for_engine(order), mode, drafter, settings)
-                        path = None if out is None else out / "samples" / name / mode / f"{pc.name}-p{k}.jsonl"
-                        add(audit_case(engine, name, case, pc.name, n, alpha, path))
-        finally:
+    plan = [(name, engine, pc, k, prompt, mode) for name, engine in started
+            for pc in cases for k, prompt in enumerate(pc.prompts)
+            for mode in [m for m in engine.modes() if modes is None or m in modes or m == "none"]]
+    cells = bars(len(plan), "hsd conformance: cells", "cell") if bars is not None else None
+    try:
+        for i, (name, engine, pc, k, prompt, mode) in enumerate(plan):
+            drafter, settings, _ = MODE_SPECS.get(mode, (None, {}, None))
+            case = Case(kit, prompt, pc.for_engine(getattr(engine, "order", "vllm")), mode, drafter, settings, pc.target)
+            path = None if out is None else out / "samples" / name / mode / f"{pc.name}-p{k}.jsonl"
+            bar = bars(n, f"hsd conformance: {name} {mode} {pc.name} p{k}", "draw") if bars is not None else None
+            try:
+                add(audit_case(engine, name, case, pc.name, n, alpha, path, bar))
+            finally:
+                if bar is not None:
+                    bar.close()
+            if cells is not None:
+                cells.update()
+            if i + 1 == len(plan) or plan[i + 1][1] is not engine:
+                engine.close()
+    finally:
+        if cells is not None:
+            cells.close()
+        for _, engine in started:
             engine.close()
     return rows
 
@@ -289,91 +313,6 @@ def audit_samples_files(kit: Path, paths: Sequence[Path], alpha: float = 1e-3) -
     return rows
 
 
-def exit_status(rows: Sequence[Row]) -> int:
-    """0, 1, 3 or 4 (module docstring)."""
-    got = {r.outcome for r in rows}
-    if "lossy" in got:
-        return 1
-    if "performance defect" in got:
-        return 3
-    if got & {"crashed", "inconclusive"}:
-        return 4
-    return 0
-
-
-def _acc_text(r: Row) -> str:
-    a = r.acceptance
-    if not a:
-        return ""
-    return f"{a['measured']:.3f} [{a['low']:.3f}, {a['high']:.3f}] / {a['expected']:.3f}"
-
-
-def _tv_text(r: Row) -> str:
-    tv = {t.get("name"): t.get("detectable_tv") for t in r.tests}
-    parts = [f"{k.split(' (')[0]} {v:.3g}" for k, v in tv.items()
-             if v is not None and k in ("whole draws", "length", "position 0 (first token)")]
-    return ", ".join(parts)
-
-
-def write_report(rows: Sequence[Row], out: Path, meta: dict[str, Any]) -> dict[str, Path]:
-    """``out/report.json`` (every row with its tests), ``out/report.md`` (one line a cell) and
-    ``out/report.png`` (the grid; skipped without matplotlib): the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "report.json", "md": out / "report.md"}
-    status = exit_status(rows)
-    doc = {"format": "hsd-conformance-report/1", **meta, "exit_status": status, "rows": [r.to_json() for r in rows]}
-    paths["json"].write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    lines = ["# Conformance run", "", f"kit `{meta.get('kit')}`, {meta.get('n')} draws a cell, family-wise alpha "
-             f"{meta.get('alpha')} a cell (Holm); exit status {status}.", "",
-             "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
-             "| engine | mode | case | prompt | outcome | draws | s | tokens/call measured [interval] / expected | "
-             "detectable TV (power 0.99) | reason |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        reason = r.reason.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {r.engine} | {r.mode} | {r.case} | {list(r.prompt_ids)} | **{r.outcome}** | {r.n} | "
-                     f"{r.seconds:.1f} | {_acc_text(r)} | {_tv_text(r)} | {reason} |")
-    paths["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    png = _plot(rows, out / "report.png")
-    if png is not None:
-        paths["png"] = png
-    return paths
-
-
-COLOURS = {"conforms": "#4caf50", "lossy": "#e53935", "performance defect": "#fb8c00", "inconclusive": "#fdd835",
-           "not determinable": "#9e9e9e", "refused": "#e0e0e0", "crashed": "#8e24aa"}
-
-
-def _plot(rows: Sequence[Row], path: Path) -> Path | None:
-    from hsd_core._plot import pyplot
-
-    plt = pyplot(str(path))
-    if plt is None or not rows:
-        return None
-    ys = list(dict.fromkeys((r.engine, r.mode) for r in rows))
-    xs = list(dict.fromkeys(f"{r.case}/{list(r.prompt_ids)[1:]}" for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(xs) + 3), max(2.5, 0.45 * len(ys) + 1.5)))
-    for r in rows:
-        x, y = xs.index(f"{r.case}/{list(r.prompt_ids)[1:]}"), ys.index((r.engine, r.mode))
-        ax.add_patch(plt.Rectangle((x, y), 1, 1, color=COLOURS.get(r.outcome, "white"), ec="white"))
-        if r.acceptance:
-            ax.text(x + .5, y + .5, f"{r.acceptance['measured'] / r.acceptance['expected']:.2f}", ha="center",
-                    va="center", fontsize=7)
-    ax.set_xlim(0, len(xs))
-    ax.set_ylim(0, len(ys))
-    ax.set_xticks([i + .5 for i in range(len(xs))], xs, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks([i + .5 for i in range(len(ys))], [f"{e} {m}" for e, m in ys], fontsize=8)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, list(COLOURS), fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title("conformance: outcome per cell (number: measured / expected tokens per target call)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``hsd conformance run``'s options."""
     p.add_argument("--kit", metavar="DIR", help="the kit folder (hsd conformance kit); default: built into OUT/kit")
@@ -391,8 +330,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
-    """Run the matrix from parsed :func:`add_arguments` options: print a line a cell, write the
-    report, return :func:`exit_status` (2 on a usage error, one ``error:`` line)."""
+    """Run the matrix from parsed :func:`add_arguments` options: print a line a cell (stdout) with the
+    bars of :func:`run_matrix` on stderr (a line per 5 % of the cells and per 25 % of a cell's draws in
+    a log; ``HSD_PROGRESS`` as :mod:`hsd_core.progress` says), write the report, return
+    :func:`exit_status` (2 on a usage error, one ``error:`` line)."""
     def usage(msg: str) -> int:
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
@@ -401,7 +342,8 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         print("engines: " + ", ".join(ENGINES))
         print("modes: " + ", ".join(MODE_SPECS))
         for pc in CASES:
-            print(f"case {pc.name}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
+            on = "" if pc.target == "target" else f" (on {pc.target})"
+            print(f"case {pc.name}{on}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
         return 0
     engines = args.engine or ([] if args.samples else ["hsd_torch"])
     unknown = [e for e in engines if e not in ENGINES]
@@ -432,12 +374,16 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
     cases = [pc for pc in CASES if not args.case or pc.name in args.case]
 
     def show(r: Row) -> None:
-        acc = f", tokens/call {_acc_text(r)}" if r.acceptance else ""
+        acc = f", tokens/call {acceptance_text(r)}" if r.acceptance else ""
         print(f"{r.engine} {r.mode} {r.case} {list(r.prompt_ids)}: {r.outcome} ({r.n} draws, {r.seconds:.1f} s{acc})"
               + (f": {r.reason}" if r.outcome not in ("conforms",) else ""), flush=True)
 
+    def bars(total: int, desc: str, unit: str) -> Progress:
+        return progress_bar(total, desc, unit, every=0.05 if unit == "cell" else 0.25)
+
     t0 = time.perf_counter()
-    rows = run_matrix(kit, engines, modes=args.mode, cases=cases, n=args.n, alpha=args.alpha, out=out, progress=show)
+    rows = run_matrix(kit, engines, modes=args.mode, cases=cases, n=args.n, alpha=args.alpha, out=out, progress=show,
+                      bars=bars)
     if args.samples:
         for r in audit_samples_files(kit, [Path(f) for f in args.samples], args.alpha):
             show(r)

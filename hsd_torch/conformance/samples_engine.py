@@ -2,7 +2,9 @@
 kit's exact law in the order the file's ``sampling.order`` names.
 
 Each file becomes one case per prompt it holds (its ``prompt_ids`` must be the kit target's ids, BOS
-first); the file's ``speculative.method`` (None: ``"none"``) is the case's mode. :meth:`sample`
+first); the file's ``speculative.method`` (None: ``"none"``) is the case's mode, and its ``target``
+(``conformance-kit/ROLE``, as the kit's engines write it) names the kit target it is audited against
+(``target`` where the file names none or another model). :meth:`sample`
 returns the file's draws of that prompt, whatever the seeds asked: the draws are what they are.
 """
 
@@ -36,6 +38,13 @@ class SamplesFileEngine:
     def _mode(f: SamplesFile) -> str:
         return "none" if f.speculative is None else str(f.speculative.get("method", "speculative"))
 
+    @staticmethod
+    def _target(f: SamplesFile) -> str:
+        from hsd_core.conformance import ROLES
+
+        role = (f.target or "").removeprefix("conformance-kit/")
+        return role if role in ROLES and role.startswith("target") else "target"
+
     def cases(self, kit: Path) -> list[tuple[str, Case]]:
         """``(name, case)`` for each file and each prompt in it (name: the file's stem)."""
         out: list[tuple[str, Case]] = []
@@ -45,7 +54,7 @@ class SamplesFileEngine:
                 if p is None:
                     raise EngineRefused(f"{f.path}: a draw without prompt_ids; the kit's audit needs the target's ids")
                 out.append((Path(f.path).stem, Case(kit, tuple(p), f.sampling, self._mode(f),
-                                                    settings={"file": f.path})))
+                                                    settings={"file": f.path}, target=self._target(f))))
         return out
 
     def sample(self, case: Case, seeds: Sequence[int], out: Path | None = None) -> SamplesFile:

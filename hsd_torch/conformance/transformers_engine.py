@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from hsd_core import conformance as kc
-from hsd_core.samples import Draw, SamplesAppender, SamplesFile, format_draw, parse_samples, read_samples
+from hsd_core.samples import Draw, SamplesFile
 
-from .engines import Case, EngineRefused, resume
+from .engines import Case, EngineRefused, KitEngine
 
 __all__ = ["TransformersEngine"]
 
 MODES = {"none": None, "assisted": "drafter", "uag": "drafter_sp"}
 
 
-class TransformersEngine:
+class TransformersEngine(KitEngine):
     """The engine (module docstring) over the kit folder ``kit``."""
 
     order = "transformers"
@@ -37,23 +37,12 @@ class TransformersEngine:
     def __init__(self, kit: Path) -> None:
         import transformers
 
-        self.kit = Path(kit)
+        super().__init__(kit)
         self.version = transformers.__version__
         self.name = f"transformers {self.version}"
-        self._models: dict[str, tuple[Any, Any]] = {}
 
     def modes(self) -> Sequence[str]:
         return tuple(MODES)
-
-    def _load(self, role: str) -> tuple[Any, Any]:
-        if role not in self._models:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            model: Any = AutoModelForCausalLM.from_pretrained(self.kit / role, dtype=torch.float32)
-            model.eval()
-            self._models[role] = (model, AutoTokenizer.from_pretrained(self.kit / role))
-        return self._models[role]
 
     def kwargs(self, case: Case) -> dict[str, Any]:
         """``generate``'s keyword arguments for ``case``'s processing (:class:`EngineRefused` for what
@@ -88,7 +77,7 @@ class TransformersEngine:
         if case.mode not in MODES:
             raise EngineRefused(f"transformers has no mode {case.mode!r} here (it offers {', '.join(MODES)})")
         kw = self.kwargs(case)
-        target, ttok = self._load("target")
+        target, ttok = self._load(case.target)
         extra: dict[str, Any] = {}
         role = MODES[case.mode]
         if case.sampling.stop or role == "drafter_sp":
@@ -105,30 +94,17 @@ class TransformersEngine:
         spec = None if role is None else {"method": case.mode, "drafter": role,
                                           "num_speculative_tokens": int(case.settings.get("num_speculative_tokens", 3))}
         shared: dict[str, Any] = dict(engine={"name": "transformers", "version": self.version},
-                                      sampling=case.sampling, speculative=spec, target="conformance-kit/target")
-        done, todo = resume(out, seeds)
+                                      sampling=case.sampling, speculative=spec, target=f"conformance-kit/{case.target}")
         x = torch.tensor([list(case.prompt_ids)])
-        lines: list[str] = []
-        app = SamplesAppender(out, **shared) if out is not None else None
-        try:
-            for seed in todo:
-                torch.manual_seed(int(seed))
-                with torch.inference_mode():
-                    o = target.generate(x, attention_mask=torch.ones_like(x), **kw, **extra)
-                ids = [int(t) for t in o[0, x.shape[1]:]]
-                if kc.EOS in ids:
-                    ids = ids[:ids.index(kc.EOS) + 1]
-                d = Draw(tuple(i for i in ids if i != kc.PAD), seed=int(seed), prompt_ids=tuple(case.prompt_ids))
-                if app is not None:
-                    app.append(d)
-                else:
-                    lines.append(format_draw(d, **shared))
-        finally:
-            if app is not None:
-                app.close()
-        if out is not None:
-            return read_samples(out)
-        return parse_samples([format_draw(d, **shared) for d in done] + lines, "<transformers>")
 
-    def close(self) -> None:
-        self._models.clear()
+        def draw(chunk: list[int]) -> list[Draw]:
+            seed = int(chunk[0])  # one draw per call: chunks of one seed
+            torch.manual_seed(seed)
+            with torch.inference_mode():
+                o = target.generate(x, attention_mask=torch.ones_like(x), **kw, **extra)
+            ids = [int(t) for t in o[0, x.shape[1]:]]
+            if kc.EOS in ids:
+                ids = ids[:ids.index(kc.EOS) + 1]
+            return [Draw(tuple(i for i in ids if i != kc.PAD), seed=seed, prompt_ids=tuple(case.prompt_ids))]
+
+        return self.collect(out, seeds, shared, draw, 1, "<transformers>")

@@ -99,7 +99,7 @@ class VllmEngine:
         entry = va.file_entry([case.prompt_ids], [None], list(seeds), str(out), do_sample=s.do_sample,
                               temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                               max_new_tokens=s.max_new_tokens, resume=out.exists(), processing=s.processing())
-        job = va.build_job(str(self.kit / "target"), [entry], spec, target_name="conformance-kit/target",
+        job = va.build_job(str(self.kit / case.target), [entry], spec, target_name=f"conformance-kit/{case.target}",
                            max_model_len=self.max_model_len(), patch_vllm_cpu_expand=self.patch)
         try:
             got = self._job(self.python, job, timeout=self.timeout)

@@ -190,7 +190,8 @@ class VllmLaws:
     log-probabilities (before temperature, top-k, top-p) of the token after
     ``prompt_ids + ids[:j]``, V the logit width (:attr:`vocab_size`). One worker process (an engine
     without speculation) serves every call until :meth:`close` (or the ``with`` block's end);
-    :meth:`many` sends several pairs in one request (vLLM batches them).
+    :meth:`many` sends several pairs in one request (vLLM batches them; ``ProvidedLaw`` sends each
+    teacher-forced batch of draws so), counted in ``requests`` and ``pairs``.
 
     ``dtype``: the engine's (float32 by default, as the samples it is the reference for). The
     worker is stopped by its PID."""
@@ -203,6 +204,8 @@ class VllmLaws:
     name: str = field(default="vllm prompt_logprobs")
     vocab_size: int = field(init=False, default=0)
     version: str = field(init=False, default="")
+    requests: int = field(init=False, default=0)
+    pairs: int = field(init=False, default=0)
     _proc: Any = field(init=False, default=None, repr=False)
     _job: str = field(init=False, default="", repr=False)
     _log: IO[str] | None = field(init=False, default=None, repr=False)
@@ -227,6 +230,7 @@ class VllmLaws:
         if self._proc is None:
             raise ValueError("this VllmLaws is closed")
         req = {"pairs": [[[int(t) for t in p], [int(t) for t in ids]] for p, ids in pairs]}
+        self.requests, self.pairs = self.requests + 1, self.pairs + len(pairs)
         self._proc.stdin.write((json.dumps(req) + "\n").encode())
         self._proc.stdin.flush()
         head = self._proc.stdout.readline()

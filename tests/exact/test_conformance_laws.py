@@ -100,7 +100,29 @@ def test_expected_acceptance_is_the_exact_engines_and_the_closed_form() -> None:
     assert tli["first_acceptance"] < sd["first_acceptance"]  # " cat" is outside the intersection
 
 
-def test_kit_is_a_fixed_design() -> None:
-    a, b = kc.kit_model("target").weights, kc.kit_model("target").weights
+def test_target_pos_copies_the_id_two_back_and_is_the_exact_engines() -> None:
+    """target_pos (a previous-token head): after ``x y`` the id ``x`` has about 0.57 (its row gives it
+    0.15), BOS gives no bonus, and its whole-draw law equals the exact engine's over it as an explicit
+    model (toy_models(target="target_pos")), as the acceptance equals the closed form."""
+    P = kc.kit_model("target_pos")
+    ids = [kc.BOS, I[" the"], I[" cat"]]
+    law = kc.next_law(P, ids)
+    assert 0.5 < law[I[" the"]] < 0.65 and abs(law[I[" dog"]] - law[I[" sat"]]) < 1e-12
+    first = kc.next_law(P, ids[:2])
+    assert abs(first[I[" cat"]] - first[I[" dog"]]) < 1e-9  # BOS two back: no bonus
+    s = replace(PLAIN, max_new_tokens=2)
+    ref = kc.sequence_law(P, ids, s)
+    toy, _, _, text = kc.toy_models(ids, s, target="target_pos")
+    to_kit = {j: i for j, i in enumerate(kc.toy_ids(P))} | {len(toy.vocab) - 1: kc.EOS}
+    exact = {tuple(to_kit[j] for j in seq): float(p) for seq, p in target_law(toy, text, 2).items()}
+    assert set(exact) == set(ref) and all(exact[q] == pytest.approx(p, rel=1e-12) for q, (p, _) in ref.items())
+    sd = kc.expected_acceptance(ids, "sd", lookahead=2, max_new_tokens=2, target="target_pos")
+    assert sd["closed_form"] == pytest.approx(sd["first_acceptance"], abs=1e-12)
+    assert sd["first_acceptance"] == pytest.approx(float(np.minimum(law, kc.next_law(D, ids)).sum()), abs=1e-12)
+
+
+@pytest.mark.parametrize("role", kc.ROLES)
+def test_kit_is_a_fixed_design(role: str) -> None:
+    a, b = kc.kit_model(role).weights, kc.kit_model.__wrapped__(role).weights  # a fresh build
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert kc.HIDDEN >= max(kc.kit_model(r).vocab_size for r in kc.ROLES) + 1 and kc.HEAD_DIM == 64

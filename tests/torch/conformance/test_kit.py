@@ -1,6 +1,7 @@
 """The conformance kit as files (hsd_torch.conformance): two builds give the same bytes; transformers
 loads each folder and its float64 forward gives the kit's reference laws; the GGUF exports read back
-(gguf's reader, and transformers' GGUF loader) to the same laws; the tokenizers write Ġ/Ċ and ▁/<0x0A>;
+(gguf's reader, and transformers' GGUF loader) to the same laws; target_pos's law is the float64
+forward of its weights with Hugging Face's RoPE; the tokenizers write Ġ/Ċ and ▁/<0x0A>;
 ``hsd conformance kit`` runs through ``python -m hsd_core.cli``; the samples audit refuses processing it
 does not apply."""
 
@@ -63,6 +64,40 @@ def test_transformers_forward_gives_the_reference_law(kit: Path, role: str) -> N
         lg = model(torch.tensor([ids])).logits[0].numpy()
     # transformers' RMSNorm runs in float32 even in a float64 forward: laws agree to ~1e-8 (dead logits to 1e-3)
     assert max(_tv(lg[j], km.logits(ids[:j + 1])) for j in range(len(ids))) < 1e-6
+
+
+@pytest.mark.parametrize("role", ["target", "drafter", "drafter_sp"])
+def test_the_float64_forward_is_the_closed_form(role: str) -> None:
+    """forward64 (the NumPy Llama forward target_pos's law comes from) gives the closed form's logits on
+    the roles that have one: the two computations check each other."""
+    km = kc.kit_model(role)
+    ids = [kc.BOS] + [km.id_of_text[t] for t in (" the", " dog", " sat", ".", "\n", " the")]
+    got = kc.forward64(km.weights, ids)
+    want = np.stack([km.logits(ids[:j + 1]) for j in range(len(ids))])
+    assert np.abs(got - want).max() < 1e-9
+
+
+def test_target_pos_is_hugging_faces_rope_and_copies_the_id_two_back(kit: Path) -> None:
+    """target_pos's law moves with position ids as transformers' Llama RoPE moves it: its float64
+    forward at positions 0..n-1 is the reference (TV < 1e-6 at every position), the same ids at
+    positions moved by 3 after the fourth are not (TV > 0.3 at the first moved query: the head misses the
+    previous id), and the designed law holds: the id two back has probability above 0.5 (copy bonus
+    COPY_BONUS on flat rows)."""
+    from transformers import AutoModelForCausalLM
+
+    km = kc.kit_model("target_pos")
+    ids = [kc.BOS] + [km.id_of_text[t] for t in (" the", " cat", " the", " cat", " sat", ".", " on")]
+    x = torch.tensor([ids])
+    model = AutoModelForCausalLM.from_pretrained(kit / "target_pos", dtype=torch.float64)
+    moved = torch.tensor([list(range(4)) + [p + 3 for p in range(4, len(ids))]])
+    with torch.no_grad():
+        lg, lg_moved = (model(x, position_ids=pos).logits[0].numpy() for pos in (None, moved))
+    ref = np.stack([km.logits(ids[:j + 1]) for j in range(len(ids))])
+    assert max(_tv(lg[j], ref[j]) for j in range(len(ids))) < 1e-6
+    assert _tv(lg_moved[4], ref[4]) > 0.3
+    for j in range(2, len(ids)):
+        p = np.exp(ref[j] - ref[j].max())
+        assert p[ids[j - 1]] / p.sum() > 0.5, j
 
 
 def test_gguf_reads_back(kit: Path) -> None:
