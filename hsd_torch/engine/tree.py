@@ -1,0 +1,429 @@
+"""Token trees in a model's batched KV cache (:class:`TreeCache`): one forward pass over many
+candidate continuations at once, and the cache compacted to the accepted path afterwards.
+
+A round's tree lives in the cache of a :class:`hsd_torch.engine.runner.Runner` next to the rows'
+contexts. Node 0 of a row's tree is its *root*: the last id of its context (the root's logits are
+the law after the context). Every other node has a token and a parent node; a feed
+(:meth:`TreeCache.feed`) runs the model once over, per row, the ids its cache still lacks of its
+context (fed as usual, causally) followed by any number of nodes (their parents fed before them,
+in an earlier feed or earlier in the same block). Each node:
+
+* sits in a cache column of its row that the row does **not** keep (its attention-mask column is 0
+  in the runner's own bookkeeping, :class:`hsd_torch.engine._columns.Columns`), so no later forward of
+  the runner ever sees it unless it is compacted;
+* has position id ``position(parent) + 1``: a node at depth ``d`` below a root at position ``L - 1``
+  (a context of ``L`` ids) has position ``L + d - 1``, the position its token would have on the
+  path alone;
+* attends to exactly what its path would attend to alone: the columns its row keeps (its context)
+  and the columns of its ancestors and of itself, never a sibling or a cousin (the *tree mask*,
+  a 4D mask ``[rows, 1, q, columns]``); on a model's sliding-window layers (Gemma's) also only the
+  keys whose position is within the window of its own (positions, not columns: the tree's columns
+  are not its positions).
+
+:meth:`TreeCache.compact` then keeps, for a row, the nodes of one root-to-node path: their keys and
+values are moved (one gather per layer) into the row's columns right after its context, in path
+order, and recorded as the row's ids: the cache then holds what feeding the path's tokens one by
+one would have left, and every other node is forgotten (its column stays masked out; trailing
+columns no row keeps are cropped by :meth:`hsd_torch.engine.runner.Runner.trim`). A batch of one
+row, which runs without an attention mask between rounds, is left with no hole: its columns after
+the path are cropped by the same trim, which the round loop runs when a round settles.
+
+The masks are passed as the model's ``attention_mask`` (transformers uses a 4D mask as it is):
+boolean (True: attend) for ``attn_implementation="sdpa"``, additive (0 or the dtype's minimum) for
+``"eager"``; a model with sliding-window layers gets a mapping per layer type (Gemma's forward
+takes one). Other attention implementations, and sliding-window models whose forward takes no
+mapping, are refused (:func:`check_tree_model`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor
+
+from ._columns import _check_layer_masks
+from .laws import space_law
+from .round_state import EngineState, Verdicts
+from .runner import Runner, _scatter_live, window_view
+
+__all__ = ["TreeCache", "check_tree_model", "host_laws", "tree_draft", "tree_masks", "tree_verify"]
+
+ZOO_SEAMS = ("TreeCache._visible", "TreeCache._node_position", "TreeCache._move")
+"""What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): the
+columns a node attends to (siblings seeing each other), a node's position id (off by one), and the
+compaction of a row's cache to its accepted path (a cache not compacted)."""
+
+
+def _impl(model: Any) -> str:
+    config = model.config.get_text_config(decoder=True)
+    return str(getattr(config, "_attn_implementation", None))
+
+
+def _sliding(model: Any) -> int | None:
+    """The model's sliding window when it has sliding-window layers, else None."""
+    config = model.config.get_text_config(decoder=True)
+    types = set(getattr(config, "layer_types", None) or ())
+    w = getattr(config, "sliding_window", None)
+    return w if isinstance(w, int) and "sliding_attention" in types else None
+
+
+def check_tree_model(model: Any, name: str) -> None:
+    """``ValueError`` unless a tree mask can be passed to ``model``: its attention implementation
+    reads an explicit 4D mask (``"sdpa"`` or ``"eager"``), and a model with sliding-window layers
+    takes masks per layer type (:func:`hsd_torch.engine._columns._check_layer_masks`)."""
+    impl = _impl(model)
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(f"token trees need the {name} to read an explicit 4D attention mask: load it with "
+                         f"attn_implementation='sdpa' or 'eager' (it has {impl!r})")
+    if _sliding(model) is not None:
+        _check_layer_masks(model, name)
+
+
+def tree_masks(see: Tensor, kv_pos: Tensor | None, q_pos: Tensor, window: int | None, impl: str,
+               dtype: torch.dtype) -> Tensor | dict[str, Tensor]:
+    """The attention mask(s) of a tree feed from the visibility ``see [rows, q, columns]`` (bool:
+    query ``j`` of a row may attend to that column): ``[rows, 1, q, columns]``, boolean for ``"sdpa"``,
+    additive of ``dtype`` for ``"eager"``; with a sliding ``window`` a mapping per layer type,
+    the sliding layers' mask also requiring ``kv_pos [rows, columns] > q_pos [rows, q] - window``
+    (a query's own column always kept, so no row of a mask is empty)."""
+    masks = {"full_attention": see}
+    if window is not None:
+        assert kv_pos is not None
+        own = see & (kv_pos[:, None, :] == q_pos[:, :, None])
+        masks["sliding_attention"] = (see & (kv_pos[:, None, :] > q_pos[:, :, None] - window)) | own
+    if impl == "eager":
+        low = torch.finfo(dtype).min
+        out = {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, low).unsqueeze(1)
+               for k, m in masks.items()}
+    else:
+        out = {k: m.unsqueeze(1) for k, m in masks.items()}
+    return out if window is not None else out["full_attention"]
+
+
+class TreeCache:
+    """One round's token trees in ``runner``'s cache (module docstring): per row, each fed node's
+    cache column and position id, and its ancestors' columns. :meth:`feed` runs the model;
+    :meth:`compact` keeps a row's accepted path; nodes not compacted are forgotten."""
+
+    def __init__(self, runner: Runner) -> None:
+        check_tree_model(runner.model, runner.name)
+        self.runner = runner
+        self.window = _sliding(runner.model)
+        b = runner.batch
+        self.col: list[dict[int, int]] = [{} for _ in range(b)]
+        """``col[i][v]``: the cache column of row ``i``'s node ``v`` (the root: its context's last column)."""
+        self.pos: list[dict[int, int]] = [{} for _ in range(b)]
+        """``pos[i][v]``: node ``v``'s position id (the root: its context's length - 1)."""
+        self.line: list[dict[int, list[int]]] = [{} for _ in range(b)]
+        """``line[i][v]``: the columns of node ``v``'s ancestors below the root, and its own."""
+        self.tokens: list[dict[int, int]] = [{} for _ in range(b)]
+
+    # the zoo's seams ------------------------------------------------------------------------
+
+    def _visible(self, i: int, v: int, parent: int) -> list[int]:
+        """The tree columns node ``v`` of row ``i`` attends to besides its row's context: its
+        ancestors' and its own (``line[i][v]``, already recorded)."""
+        return self.line[i][v]
+
+    def _node_position(self, i: int, parent: int) -> int:
+        """The position id of a child of row ``i``'s node ``parent``: one past the parent's."""
+        return self.pos[i][parent] + 1
+
+    # feeding --------------------------------------------------------------------------------
+
+    def feed(self, pending: Sequence[Sequence[int]], nodes: Sequence[Sequence[tuple[int, int, int]]],
+             want_hidden: bool = False) -> tuple[Tensor, list[dict[int, int]], Tensor | None]:
+        """One forward pass: row ``i`` is fed ``pending[i]`` (the ids its cache lacks of its context,
+        from :meth:`Runner.sync`; non-empty makes its last id the root, node 0) then ``nodes[i]``,
+        ``(node, token, parent)`` triples whose parents are the root or nodes fed before them.
+        Rows dropped from the runner's cache must feed nothing. Returns the logits ``[B, W, V]`` at
+        the block's columns (zeros for rows not in the cache), ``at[i][v]``: the block column of row
+        ``i``'s root (when its pending ids were fed) and of each node fed, and, with ``want_hidden``,
+        the final hidden states ``[B, W, H]`` at the same columns."""
+        run = self.runner
+        cols = run.columns
+        dev = run.device
+        live = run.live
+        start = cols.width
+        width = max(1, max(len(pending[i]) + len(nodes[i]) for i in live))
+        base = cols.mask.bool() if cols.masked else self._unmasked_keep(start)
+        kv_pos = None
+        if self.window is not None:
+            kv_pos = self._kv_positions(start)
+        toks: list[list[int]] = []
+        pos: list[list[int]] = []
+        fed_mask: list[list[int]] = []
+        at: list[dict[int, int]] = [{} for _ in range(run.batch)]
+        extra: list[tuple[int, int, int]] = []  # (slot, query, column) visible beyond the row's kept columns
+        cap = (run.max_pos - 1) if run.max_pos is not None else None
+        for s, i in enumerate(live):
+            pend = list(pending[i])
+            row_t: list[int] = []
+            row_p: list[int] = []
+            if pend:
+                n0 = run._first_position(i)
+                row_t += run._record(i, pend, start)
+                row_p += list(range(n0, n0 + len(pend)))
+                self.col[i] = {0: start + len(pend) - 1}
+                self.pos[i] = {0: n0 + len(pend) - 1}
+                self.line[i] = {0: []}
+                self.tokens[i] = {}
+                at[i][0] = len(pend) - 1
+                for j in range(len(pend)):  # causal within the pending ids
+                    extra.extend((s, j, start + k) for k in range(j + 1))
+            elif nodes[i] and 0 not in self.col[i]:
+                raise AssertionError(f"row {i} feeds tree nodes before its context (no root)")
+            for v, tok, parent in nodes[i]:
+                j = len(row_t)
+                c = start + j
+                self.col[i][v] = c
+                self.pos[i][v] = self._node_position(i, parent)
+                self.line[i][v] = self.line[i][parent] + [c]
+                self.tokens[i][v] = int(tok)
+                if cap is not None and self.pos[i][v] > cap:
+                    raise ValueError(f"the {run.name}'s tree would reach position {self.pos[i][v]}, beyond its "
+                                     f"{cap + 1} positions; shorten the prompt or max_new_tokens")
+                row_t.append(int(tok))
+                row_p.append(self.pos[i][v])
+                at[i][v] = j
+                extra.extend((s, j, cc) for cc in self._visible(i, v, parent))
+                extra.extend((s, j, start + k) for k in range(len(pend)))  # the context fed in this block
+            if nodes[i]:
+                if not pend:
+                    run.calls[i] += 1
+                run.positions[i] += len(nodes[i])
+            n_fed = len(row_t)
+            fed_mask.append([1] * len(pend) + [0] * (width - len(pend)))
+            fill = row_p[-1] if row_p else max(run._first_position(i), 0)
+            if cap is not None:
+                fill = min(fill, cap)
+            for j in range(n_fed, width):  # padding: sees its own column only
+                extra.append((s, j, start + j))
+            toks.append(row_t + [run.pad_id] * (width - n_fed))
+            pos.append(row_p + [fill] * (width - n_fed))
+        for i in range(run.batch):
+            if (pending[i] or nodes[i]) and run.slot(i) < 0:
+                raise AssertionError(f"row {i} was dropped from the {run.name}'s cache")
+        rows = len(live)
+        ids_in = torch.tensor(toks, dtype=torch.long, device=dev)
+        pos_in = torch.tensor(pos, dtype=torch.long, device=dev)
+        see = torch.zeros(rows, width, start + width, dtype=torch.bool, device=dev)
+        if start:
+            see[:, :, :start] = base[:, None, :start]
+        e = torch.tensor(extra, dtype=torch.long, device=dev)
+        see[e[:, 0], e[:, 1], e[:, 2]] = True
+        if kv_pos is not None:
+            kv_pos = torch.cat([kv_pos, pos_in], dim=1)
+        mask = tree_masks(see, kv_pos, pos_in, self.window, _impl(run.model), run.model.dtype)
+        new_mask = torch.tensor(fed_mask, dtype=torch.long, device=dev)
+        kw: dict[str, Any] = {run._cache_kw: run.cache}
+        if want_hidden:
+            kw["output_hidden_states"] = True
+        out = run.model(input_ids=ids_in, attention_mask=mask, position_ids=pos_in, use_cache=True, **kw)
+        if cols.masked:
+            cols.append(new_mask, pos_in)
+        else:
+            cols.width = start + width
+        logits = _scatter_live(out.logits, live, run.batch)
+        hidden = _scatter_live(out.hidden_states[-1], live, run.batch) if want_hidden else None
+        return logits, at, hidden
+
+    def _unmasked_keep(self, start: int) -> Tensor:
+        """A batch of one: the columns its ids sit in (0 .. len(ids) - 1), as ``[1, start]`` bools."""
+        run = self.runner
+        keep = torch.zeros(1, start, dtype=torch.bool, device=run.device)
+        n = len(run.cols[run.live[0]]) if run.live else 0
+        keep[:, :n] = True
+        return keep
+
+    def _kv_positions(self, start: int) -> Tensor:
+        """Each existing cache column's position in its row ``[rows, start]``: the runner's (several
+        rows), else the column itself; the tree columns of this round overwritten with their nodes'
+        positions."""
+        run = self.runner
+        cols = run.columns
+        if cols.masked:
+            kv = cols.kv_pos.clone()
+        else:
+            kv = torch.arange(start, device=run.device).expand(len(run.live), -1).clone()
+        for s, i in enumerate(run.live):
+            for v, c in self.col[i].items():
+                if v and c < start:
+                    kv[s, c] = self.pos[i][v]
+        return kv
+
+    # compaction -----------------------------------------------------------------------------
+
+    def _move(self, slot: int, src: Tensor, dst: Tensor) -> None:
+        """Every layer's keys and values of the cache row ``slot``: the columns ``src`` copied to
+        ``dst`` (all read before any is written)."""
+        for layer in self.runner.cache.layers:
+            for name in ("keys", "values"):
+                row = getattr(layer, name)[slot]  # [heads, columns, dim]
+                row[:, dst] = row[:, src]
+
+    def compact(self, i: int, path: Sequence[int]) -> int:
+        """Row ``i`` keeps the nodes ``path`` (the root's child first, each the next one's parent),
+        as far as they were fed: their keys and values move to the row's columns right after its
+        last kept id, in order, and become its ids (masked in for several rows). Returns how many
+        nodes it kept. The row's other nodes stay forgotten."""
+        run = self.runner
+        keep = []
+        for v in path:
+            if v not in self.col[i]:
+                break
+            keep.append(v)
+        if not keep:
+            return 0
+        s = run.slot(i)
+        assert s >= 0, f"row {i} was dropped from the {run.name}'s cache"
+        first = run.cols[i][-1] + 1
+        src = torch.tensor([self.col[i][v] for v in keep], dtype=torch.long, device=run.device)
+        dst_cols = list(range(first, first + len(keep)))
+        dst = torch.tensor(dst_cols, dtype=torch.long, device=run.device)
+        self._move(s, src, dst)
+        n0 = len(run.ids[i])
+        run.ids[i].extend(self.tokens[i][v] for v in keep)
+        run.cols[i].extend(dst_cols)
+        run.high[i] = max(run.high[i], len(run.ids[i]))
+        cols = run.columns
+        if cols.masked:
+            cols._mask[s, first:first + len(keep)] = 1
+            if cols.positions:
+                cols._pos[s, first:first + len(keep)] = torch.arange(n0, n0 + len(keep), device=run.device)
+        return len(keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# a round's tree drafting and verification, over a batch (the methods' services)
+
+Request = list[tuple[int, int, int]]
+"""What a row's drafting asks for: the nodes ``(node, column, parent)`` whose laws it needs
+(``(0, -1, -1)``: the root's; ``column`` is a drafting column, mapped to the model's id by the caller's
+``token_of``)."""
+
+RowDrafting = Generator[Request, dict[int, "npt.NDArray[np.float64] | None"], Any]
+"""A row's drafting as a generator (:func:`hsd_torch.methods.tree.draft_tree`): it yields the
+nodes whose laws it needs, is sent ``{node: law or None}`` (None: no mass), and returns its tree."""
+
+
+def host_laws(law: Tensor, where: str) -> list[npt.NDArray[np.float64] | None]:
+    """The rows of ``law [n, N]`` as float64 arrays on the host, None for a row without mass;
+    ``ValueError`` for a NaN or infinite entry (``where`` names the model)."""
+    arr = law.detach().to(torch.float64).cpu().numpy()
+    out: list[npt.NDArray[np.float64] | None] = []
+    for r in arr:
+        tot = float(np.cumsum(r)[-1]) if r.size else 0.0
+        if not np.isfinite(tot) or bool((r < 0).any()):
+            raise ValueError(f"the {where}'s law has NaN, infinite or negative entries (NaN or infinite logits?): "
+                             "generation cannot go on")
+        out.append(r.copy() if tot > 0 else None)
+    return out
+
+
+def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
+               rows: Sequence[RowDrafting | None], law: Callable[[Tensor], Tensor],
+               token_of: Callable[[int], int], depth: Sequence[int]) -> tuple[list[Any], TreeCache]:
+    """Run every active row's drafting (``rows[i]``) against the drafter, one drafter pass per
+    round of requests (a static tree: one per depth): the first pass feeds each row's drafter
+    context ``contexts[i]`` (what its cache lacks of it) and reads the root's law; each later pass
+    feeds the nodes the rows asked for (``token_of(column)``: the drafter id of a drafting column)
+    under the tree mask. ``law(logits [n, V]) -> [n, N]``: the law over the drafting columns.
+    A context that would not leave room for ``depth[i]`` more positions is seen through the
+    drafter's window (:func:`hsd_torch.engine.runner.window_view`, with that room kept).
+    Returns each row's tree (None for inactive rows) and the drafter's :class:`TreeCache`."""
+    drun = gen.drun
+    assert drun is not None
+    tc = TreeCache(drun)
+    trees: list[Any] = [None] * gen.batch
+    req: list[Request | None] = [None] * gen.batch
+    for i in range(gen.batch):
+        r = rows[i]
+        if active[i] and r is not None:
+            req[i] = next(r)
+    first = True
+    while any(q is not None for q in req):
+        pending: list[list[int]] = [[] for _ in range(gen.batch)]
+        nodes: list[list[tuple[int, int, int]]] = [[] for _ in range(gen.batch)]
+        for i, q in enumerate(req):
+            if q is None:
+                continue
+            if first:
+                ctx = list(contexts[i] or [])
+                if drun.max_pos is not None and len(ctx) + depth[i] > drun.max_pos:
+                    ctx = window_view(ctx, drun.n_prefix[i], drun.max_pos - depth[i])
+                pending[i] = drun.sync(i, ctx)
+            nodes[i] = [(v, token_of(c), p) for v, c, p in q if v != 0]
+        first = False
+        logits, at, _ = tc.feed(pending, nodes)
+        for i, q in enumerate(req):
+            if q is None:
+                continue
+            want = [v for v, _, _ in q]
+            got = host_laws(law(logits[i, [at[i][v] for v in want]]), "drafter")
+            r = rows[i]
+            assert r is not None
+            try:
+                req[i] = r.send(dict(zip(want, got)))
+            except StopIteration as stop:
+                trees[i] = stop.value
+                req[i] = None
+    return trees, tc
+
+
+Walk = Callable[[Any, Callable[[int], "npt.NDArray[np.float64]"], list[float], int],
+                tuple[list[int], int, list[float], list[int]]]
+"""A row's verification walk (:mod:`hsd_torch.methods.tree`): ``walk(tree, p_at, uniforms, budget)``
+with ``p_at(node)`` the target's law at a node, returns ``(emitted columns, accepted, uniforms read,
+accepted path nodes)``."""
+
+
+def tree_verify(gen: EngineState, active: list[bool], budget: list[int], trees: Sequence[Any], walk: Walk,
+                draft_cache: TreeCache | None) -> Verdicts:
+    """One target pass over every active row's pending context and all its tree's nodes (tree mask,
+    position ids context length + depth - 1), the row's walk on the host over the target's laws
+    at its nodes (its uniforms: ``tree.size + 1`` fresh ones of its stream, a prefix read), then the
+    target's cache (and the drafter's, ``draft_cache``, for the nodes it was fed) compacted to the
+    accepted path. ``trees[i]`` has ``tokens``/``parents``/``size`` over target columns."""
+    if gen.processors or gen.min_new_tokens:
+        raise ValueError("token trees do not take logits processors or min_new_tokens (each node has its own "
+                         "context): generate without a tree for them")
+    trun, t_space = gen.trun, gen.t_space
+    tc = TreeCache(trun)
+    pend = [trun.sync(i, gen.t_ctx[i]) if active[i] else [] for i in range(gen.batch)]
+    nodes = [[(v, t_space.ids[trees[i].tokens[v]], trees[i].parents[v]) for v in range(1, trees[i].size + 1)]
+             if active[i] else [] for i in range(gen.batch)]
+    want_hidden = gen.near is not None and trun.want_hidden
+    logits, at, hidden = tc.feed(pend, nodes, want_hidden)
+    if gen.near is not None and hidden is not None:  # greedy, reduced precision: near ties in float32
+        logits, checked, flips = gen.near.apply(logits, hidden)
+        for i in range(gen.batch):
+            gen.near_ties[i] += checked[i]
+            gen.tie_flips[i] += flips[i]
+    process = gen.process.args()
+    u = gen.drafting_uniforms([trees[i].size + 1 if active[i] else 0 for i in range(gen.batch)])
+    emitted: list[list[int]] = [[] for _ in range(gen.batch)]
+    accepted = [0] * gen.batch
+    read: list[list[float]] = [[] for _ in range(gen.batch)]
+    for i in range(gen.batch):
+        if not active[i]:
+            continue
+        memo: dict[int, npt.NDArray[np.float64]] = {}
+
+        def p_at(v: int, i: int = i, memo: dict[int, npt.NDArray[np.float64]] = memo) -> npt.NDArray[np.float64]:
+            if v not in memo:
+                got = host_laws(space_law(logits[i, at[i][v]], t_space, gen.t_drop, *process)[None], "target")[0]
+                if got is None:
+                    raise ValueError(f"the target's law at row {i} has no mass: generation cannot go on")
+                memo[v] = got
+            return memo[v]
+
+        emitted[i], accepted[i], read[i], path = walk(trees[i], p_at, u[i], max(budget[i], 1))
+        tc.compact(i, path)
+        if draft_cache is not None:
+            draft_cache.compact(i, path)
+    return Verdicts(emitted, accepted, read)
