@@ -121,6 +121,7 @@ class TreeCache:
         self.line: list[dict[int, list[int]]] = [{} for _ in range(b)]
         """``line[i][v]``: the columns of node ``v``'s ancestors below the root, and its own."""
         self.tokens: list[dict[int, int]] = [{} for _ in range(b)]
+        self._parent: list[dict[int, int]] = [{} for _ in range(b)]
 
     # the zoo's seams ------------------------------------------------------------------------
 
@@ -172,6 +173,7 @@ class TreeCache:
                 self.pos[i] = {0: n0 + len(pend) - 1}
                 self.line[i] = {0: []}
                 self.tokens[i] = {}
+                self._parent[i] = {}
                 at[i][0] = len(pend) - 1
                 for j in range(len(pend)):  # causal within the pending ids
                     extra.extend((s, j, start + k) for k in range(j + 1))
@@ -184,6 +186,7 @@ class TreeCache:
                 self.pos[i][v] = self._node_position(i, parent)
                 self.line[i][v] = self.line[i][parent] + [c]
                 self.tokens[i][v] = int(tok)
+                self._parent[i][v] = parent
                 if cap is not None and self.pos[i][v] > cap:
                     raise ValueError(f"the {run.name}'s tree would reach position {self.pos[i][v]}, beyond its "
                                      f"{cap + 1} positions; shorten the prompt or max_new_tokens")
