@@ -318,14 +318,13 @@ def host_laws(law: Tensor, where: str) -> list[npt.NDArray[np.float64] | None]:
     """The rows of ``law [n, N]`` as float64 arrays on the host, None for a row without mass;
     ``ValueError`` for a NaN or infinite entry (``where`` names the model)."""
     arr = law.detach().to(torch.float64).cpu().numpy()
-    out: list[npt.NDArray[np.float64] | None] = []
-    for r in arr:
-        tot = float(np.cumsum(r)[-1]) if r.size else 0.0
-        if not np.isfinite(tot) or bool((r < 0).any()):
-            raise ValueError(f"the {where}'s law has NaN, infinite or negative entries (NaN or infinite logits?): "
-                             "generation cannot go on")
-        out.append(r.copy() if tot > 0 else None)
-    return out
+    if arr.shape[0] == 0:
+        return []
+    tot = np.cumsum(arr, axis=-1)[:, -1] if arr.shape[1] else np.zeros(arr.shape[0])
+    if not bool(np.isfinite(tot).all()) or bool((arr < 0).any()):
+        raise ValueError(f"the {where}'s law has NaN, infinite or negative entries (NaN or infinite logits?): "
+                         "generation cannot go on")
+    return [arr[k] if tot[k] > 0 else None for k in range(arr.shape[0])]
 
 
 def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
@@ -363,11 +362,14 @@ def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequ
             nodes[i] = [(v, token_of(c), p) for v, c, p in q if v != 0]
         first = False
         logits, at, _ = tc.feed(pending, nodes)
+        asked = [(i, v) for i, q in enumerate(req) if q is not None for v, _, _ in q]
+        flat = host_laws(law(logits[[i for i, _ in asked], [at[i][v] for i, v in asked]]), "drafter")
+        got_of = dict(zip(asked, flat))
         for i, q in enumerate(req):
             if q is None:
                 continue
             want = [v for v, _, _ in q]
-            got = host_laws(law(logits[i, [at[i][v] for v in want]]), "drafter")
+            got = [got_of[i, v] for v in want]
             r = rows[i]
             assert r is not None
             try:
@@ -412,18 +414,19 @@ def tree_verify(gen: EngineState, active: list[bool], budget: list[int], trees: 
     emitted: list[list[int]] = [[] for _ in range(gen.batch)]
     accepted = [0] * gen.batch
     read: list[list[float]] = [[] for _ in range(gen.batch)]
+    cells = [(i, v) for i in range(gen.batch) if active[i] for v in sorted(at[i])]
+    laws = host_laws(space_law(logits[[i for i, _ in cells], [at[i][v] for i, v in cells]], t_space, gen.t_drop,
+                               *process), "target")  # every node's law: one processing, one copy to the host
+    law_of = dict(zip(cells, laws))
     for i in range(gen.batch):
         if not active[i]:
             continue
-        memo: dict[int, npt.NDArray[np.float64]] = {}
 
-        def p_at(v: int, i: int = i, memo: dict[int, npt.NDArray[np.float64]] = memo) -> npt.NDArray[np.float64]:
-            if v not in memo:
-                got = host_laws(space_law(logits[i, at[i][v]], t_space, gen.t_drop, *process)[None], "target")[0]
-                if got is None:
-                    raise ValueError(f"the target's law at row {i} has no mass: generation cannot go on")
-                memo[v] = got
-            return memo[v]
+        def p_at(v: int, i: int = i) -> npt.NDArray[np.float64]:
+            got = law_of[i, v]
+            if got is None:
+                raise ValueError(f"the target's law at row {i} has no mass: generation cannot go on")
+            return got
 
         emitted[i], accepted[i], read[i], path = walk(trees[i], p_at, u[i], max(budget[i], 1))
         tc.compact(i, path)
