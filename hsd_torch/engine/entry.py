@@ -118,7 +118,7 @@ def generate(
     (SLEM's, None: 4), ``resync`` (SLEM's and SLRS's drafter re-sync, ``hsd_core.methods.Resync``),
     ``proposal_map="longest_prefix"``, ``min_path_prob`` (bounded SLRS, needed beyond lookahead 1;
     greedy needs none), ``max_tokens`` (its target ids per round, 1; None: up to the budget).
-    ``tree`` (``"sd"``; ``hsd_core.methods.tree.Static(widths)`` or ``Dynamic(budget, width, depth)``):
+    ``tree`` (``"sd"``, ``"tli"``, ``"slem"``; ``hsd_core.methods.tree.Static(widths)`` or ``Dynamic(budget, width, depth)``):
     draft a token tree per round and verify it in one target pass (:mod:`hsd_torch.methods.tree`,
     ``docs/trees.md``; its depth replaces ``lookahead``), ``tree_draws`` (``"distinct"`` or ``"iid"``).
 

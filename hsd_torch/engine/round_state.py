@@ -34,7 +34,7 @@ from .runner import Runner
 if TYPE_CHECKING:
     from ._precision import NearTies
     from .processors import Processor
-    from .tree import RowDrafting, TreeCache, Walk
+    from .tree import HostLaw, RowDrafting, TreeCache, Walk
 
 __all__ = ["DraftColumns", "Drafts", "EngineState", "RoundView", "Verdicts"]
 
@@ -153,7 +153,8 @@ class RoundView(Protocol):
 
     def tree_draft(self, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
                    rows: Sequence[RowDrafting | None], law: Callable[[Tensor], Tensor],
-                   token_of: Callable[[int], int], depth: Sequence[int]) -> tuple[list[Any], TreeCache]:
+                   token_of: Callable[[int], int], depth: Sequence[int], host: HostLaw | None = None
+                   ) -> tuple[list[Any], TreeCache]:
         """:func:`hsd_torch.engine.tree.tree_draft`."""
 
     def tree_verify(self, active: list[bool], budget: list[int], trees: Sequence[Any], walk: Walk,

@@ -202,9 +202,10 @@ class _Services:
 
     def tree_draft(self: EngineState, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
                    rows: Sequence[tree.RowDrafting | None], law: Callable[[Tensor], Tensor],
-                   token_of: Callable[[int], int], depth: Sequence[int]) -> tuple[list[Any], tree.TreeCache]:
+                   token_of: Callable[[int], int], depth: Sequence[int],
+                   host: tree.HostLaw | None = None) -> tuple[list[Any], tree.TreeCache]:
         """:func:`hsd_torch.engine.tree.tree_draft` (a method's service)."""
-        return tree.tree_draft(self, active, contexts, rows, law, token_of, depth)
+        return tree.tree_draft(self, active, contexts, rows, law, token_of, depth, host)
 
     def tree_verify(self: EngineState, active: list[bool], budget: list[int], trees: Sequence[Any],
                     walk: tree.Walk, draft_cache: tree.TreeCache | None) -> Verdicts:

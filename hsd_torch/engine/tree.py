@@ -329,12 +329,14 @@ def host_laws(law: Tensor, where: str) -> list[npt.NDArray[np.float64] | None]:
 
 def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
                rows: Sequence[RowDrafting | None], law: Callable[[Tensor], Tensor],
-               token_of: Callable[[int], int], depth: Sequence[int]) -> tuple[list[Any], TreeCache]:
+               token_of: Callable[[int], int], depth: Sequence[int], host: HostLaw | None = None
+               ) -> tuple[list[Any], TreeCache]:
     """Run every active row's drafting (``rows[i]``) against the drafter, one drafter pass per
     round of requests (a static tree: one per depth): the first pass feeds each row's drafter
     context ``contexts[i]`` (what its cache lacks of it) and reads the root's law; each later pass
     feeds the nodes the rows asked for (``token_of(column)``: the drafter id of a drafting column)
-    under the tree mask. ``law(logits [n, V]) -> [n, N]``: the law over the drafting columns.
+    under the tree mask. ``law(logits [n, V]) -> [n, N]``: the law over the drafting columns, made a
+    float64 host array per node and, with ``host``, mapped by it (None: no mass).
     A context that would not leave room for ``depth[i]`` more positions is seen through the
     drafter's window (:func:`hsd_torch.engine.runner.window_view`, with that room kept).
     Returns each row's tree (None for inactive rows) and the drafter's :class:`TreeCache`."""
@@ -364,6 +366,8 @@ def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequ
         logits, at, _ = tc.feed(pending, nodes)
         asked = [(i, v) for i, q in enumerate(req) if q is not None for v, _, _ in q]
         flat = host_laws(law(logits[[i for i, _ in asked], [at[i][v] for i, v in asked]]), "drafter")
+        if host is not None:
+            flat = [None if x is None else host(x) for x in flat]
         got_of = dict(zip(asked, flat))
         for i, q in enumerate(req):
             if q is None:
@@ -379,6 +383,10 @@ def tree_draft(gen: EngineState, active: Sequence[bool], contexts: Sequence[Sequ
                 req[i] = None
     return trees, tc
 
+
+HostLaw = Callable[["npt.NDArray[np.float64]"], "npt.NDArray[np.float64] | None"]
+"""A drafting law's last step on the host (TLI-tree: q_cap restricted, renormalized and pushed to the
+target's columns; None: no mass)."""
 
 Walk = Callable[[Any, Callable[[int], "npt.NDArray[np.float64]"], list[float], int],
                 tuple[list[int], int, list[float], list[int]]]

@@ -19,19 +19,22 @@ from .sd import SD
 from .slem import SLEM
 from .slrs import SLRS, BoundedSLRSMethod, slrs_options
 from .tli import TLI
-from .tree import SDTree
+from .tree import SDTree, SLEMTree, TLITree
 
 
-def tree_method(method: str, shape: Any, draws: Any) -> Method:
-    """The token-tree twin of ``method`` (:mod:`.tree`) with ``shape`` and ``draws``, checked as
+def tree_method(method: str, shape: Any, draws: Any, lookbehind: int = 4, resync: Any = None) -> Method:
+    """The token-tree twin of ``method`` (:mod:`.tree`: ``"sd"``, ``"tli"``, ``"slem"``, the latter
+    with its ``lookbehind`` and ``resync``) with ``shape`` and ``draws``, checked as
     ``hsd_core.methods.tree`` checks them (:class:`OutOfRange` for a bad value)."""
     try:
-        return {"sd": SDTree}[method](shape, draws=draws)
+        if method == "slem":
+            return SLEMTree(shape, draws=draws, lookbehind=lookbehind, resync=as_resync(resync))
+        return {"sd": SDTree, "tli": TLITree}[method](shape, draws=draws)
     except (TypeError, ValueError) as e:
         raise OutOfRange(f"tree: {e}") from None
 
-__all__ = ["AR", "METHODS", "OPTIONS", "SD", "SLEM", "SLRS", "TLI", "BoundedSLRSMethod", "Method", "SDTree", "make",
-           "tree_method"]
+__all__ = ["AR", "METHODS", "OPTIONS", "SD", "SLEM", "SLRS", "TLI", "BoundedSLRSMethod", "Method", "SDTree", "SLEMTree",
+           "TLITree", "make", "tree_method"]
 
 
 
@@ -59,7 +62,8 @@ def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path
     if tree_draws is not None and tree is None:
         raise OutOfRange(f"tree_draws is an option of a token tree: give tree= too (got tree_draws={tree_draws!r})")
     if tree is not None:
-        return tree_method(method, tree, "distinct" if tree_draws is None else tree_draws)
+        lb = 4 if lookbehind is None else as_int("lookbehind", lookbehind, 0)
+        return tree_method(method, tree, "distinct" if tree_draws is None else tree_draws, lb, resync)
     rs = as_resync(resync)
     if method == "slrs":
         if slrs_options(lookahead, min_path_prob, proposal_map, greedy, max_tokens):

@@ -40,15 +40,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from torch import Tensor
+
+from hsd_core.methods.resync import Resync
 from hsd_core.methods.tree import DRAWS, VERIFICATIONS, Dynamic, Shape, Static, check_draws, check_shape
 
-from ..engine.laws import TextSpace
-from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
-from ..engine.tree import Request, TreeCache
+from ..engine.laws import TextSpace, space_law
+from ..engine.round_state import Drafts, RoundView, Verdicts
+from ..engine.tree import HostLaw, Request, RowDrafting, TreeCache, Walk
+from ..vocab.text import Unencodable
 from .base import Method
 from .sd import SD
+from .slem import retokenize
+from .tli import resync_ids
 
-__all__ = ["RowTree", "SDTree", "TreeDrafts", "draft_tree", "max_nodes", "walk_match", "walk_rrs"]
+__all__ = ["RowTree", "SDTree", "SLEMTree", "TLITree", "TreeDrafts", "TreeMethod", "draft_tree", "max_nodes",
+           "trie", "walk_match", "walk_rrs"]
 
 Arr = npt.NDArray[np.float64]
 
@@ -112,6 +119,11 @@ class RowTree:
 
     def children(self, v: int) -> list[int]:
         return [c for c in range(v + 1, len(self.tokens)) if self.parents[c] == v]
+
+    def leaves(self) -> list[int]:
+        """The nodes without children (the root too when it has none), in node order."""
+        has_child = set(self.parents[1:])
+        return [v for v in range(len(self.tokens)) if v not in has_child]
 
     def path(self, v: int) -> list[int]:
         """The nodes from the root's child down to ``v``."""
@@ -291,7 +303,10 @@ class TreeDrafts(Drafts):
 
 class TreeMethod(Method):
     """What the tree methods share: the shape, draws and verification options (checked as
-    ``hsd_core``'s), the per-row uniforms, and the verification walk."""
+    ``hsd_core``'s), the per-row uniforms, the drafting loop and the verification walk. A method
+    says what it drafts over (:meth:`drafting`) and from which drafter context (:meth:`contexts`)."""
+
+    extends_drafter_context = True
 
     def __init__(self, shape: Shape = Static((2, 1, 1)), draws: str = "distinct", verification: str = "rrs") -> None:
         self.shape = check_shape(shape)
@@ -304,72 +319,189 @@ class TreeMethod(Method):
     def depth_of(self, budget: int) -> int:
         return min(self.shape.depth, budget)
 
-    def walk(self, view: RoundView, eos: int) -> Callable[[Any, Callable[[int], Arr], list[float], int],
-                                                          tuple[list[int], int, list[float], list[int]]]:
+    def drafting(self, view: RoundView) -> tuple[Callable[[Tensor], Tensor], HostLaw | None, Callable[[int], int], int]:
+        """``(law, host, token_of, eos)``: the law over the drafting columns from the drafter's
+        logits, its last step on the host (or None), the drafter id of a drafting column, and the
+        EOS column (a node of that token gets no children)."""
+        raise NotImplementedError
+
+    def contexts(self, view: RoundView, active: list[bool]) -> list[Sequence[int] | None]:
+        """Each active row's drafter context (its ``d_ctx``, kept across rounds by the re-sync)."""
+        return [view.d_ctx[i] if active[i] else None for i in range(view.batch)]
+
+    def walk(self, view: RoundView, eos: int) -> Walk:
         """The row's verification (greedy or ``"match"``: exact match; else RRS)."""
         greedy = view.greedy
         if greedy or self.verification == "match":
             return lambda tree, p_at, u, budget: walk_match(tree, p_at, u, budget, greedy=greedy, eos=eos)
         return lambda tree, p_at, u, budget: walk_rrs(tree, p_at, u, budget, eos=eos)
 
-    def rows(self, view: RoundView, active: list[bool], budget: list[int], eos: int
-             ) -> tuple[list[Generator[Request, dict[int, Arr | None], RowTree] | None], list[list[float]]]:
-        """Each active row's drafting generator and the uniforms it consumes (recorded after)."""
+    def draft_trees(self, view: RoundView, active: list[bool], budget: list[int]
+                    ) -> tuple[list[RowTree | None], TreeCache]:
+        """Every active row's tree over the drafting columns (one drafter pass per depth), its
+        drafting uniforms recorded in the order it consumed them."""
+        law, host, token_of, eos = self.drafting(view)
         k = [max_nodes(self.shape, self.depth_of(b)) if a else 0 for a, b in zip(active, budget)]
         uni = view.drafting_uniforms(k)
         used: list[list[float]] = [[] for _ in range(view.batch)]
-        gens: list[Generator[Request, dict[int, Arr | None], RowTree] | None] = [
+        gens: list[RowDrafting | None] = [
             draft_tree(self.shape, view.greedy, self.draws, eos, b, uni[i], used[i]) if active[i] else None
             for i, b in enumerate(budget)]
-        return gens, used
+        trees, cache = view.tree_draft(active, self.contexts(view, active), gens, law, token_of,
+                                       [self.depth_of(b) for b in budget], host)
+        for i in range(view.batch):
+            if used[i]:
+                view.record(i, used[i])
+        return trees, cache
 
-    @staticmethod
-    def drafts_of(view: RoundView, trees: list[RowTree | None], cache: TreeCache | None) -> TreeDrafts:
-        d = TreeDrafts.empty(view.batch)
-        return TreeDrafts(n=[0 if t is None else t.size for t in trees], cols=d.cols, laws=[], mass=d.mass,
-                          q_steps=[], trees=trees, cache=cache)
+    def draft(self, view: RoundView, active: list[bool], budget: list[int]) -> Drafts:
+        """Steps 1-2 for every active row."""
+        trees, cache = self.draft_trees(view, active, budget)
+        return tree_drafts(view, trees, cache)
+
+    def verify(self, view: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
+        """Step 3 (one target pass over every row's tree) and the compaction of both caches."""
+        assert isinstance(drafts, TreeDrafts)
+        return view.tree_verify(active, budget, drafts.trees, self.walk(view, view.t_space.n - 1), drafts.cache)
+
+
+def tree_drafts(view: RoundView, trees: list[RowTree | None], cache: TreeCache | None) -> TreeDrafts:
+    """The round's :class:`TreeDrafts` (``n[i]``: row ``i``'s node count, its proposals)."""
+    d = Drafts.empty(view.batch)
+    return TreeDrafts(n=[0 if t is None else t.size for t in trees], cols=d.cols, laws=[], mass=d.mass, q_steps=[],
+                      trees=trees, cache=cache)
 
 
 class SDTree(TreeMethod):
     """SD over a token tree (``hsd_core.methods.tree.SDTree``): drafter and target share one
-    tokenizer; the drafter drafts over the target's columns (as :class:`~hsd_torch.methods.sd.SD`)."""
+    tokenizer; the drafter drafts over the target's columns (as :class:`~hsd_torch.methods.sd.SD`),
+    a node's law being its processed law after the node's path."""
 
     name = "sd"
-    extends_drafter_context = True
 
     def drafter_space(self, view: RoundView, space: TextSpace) -> TextSpace:
         """As SD's: the drafter drafts over the target's columns."""
         return SD.drafter_space(self, view, space)  # type: ignore[arg-type]
 
-    def setup(self, view: RoundView) -> None:
-        assert view.d_space is not None
-        self.cols = DraftColumns(view.d_space, view.d_space.n, list(range(view.d_space.n)), stop_on_empty=False)
-
-    def draft(self, view: RoundView, active: list[bool], budget: list[int]) -> Drafts:
-        """Steps 1-2 for every active row, one drafter pass per depth."""
-        space, drop = view.d_space, view.d_drop
+    def drafting(self, view: RoundView) -> tuple[Callable[[Tensor], Tensor], HostLaw | None, Callable[[int], int], int]:
+        space, drop, process = view.d_space, view.d_drop, view.d_process.args()
         assert space is not None and drop is not None
-        eos = space.n - 1
-        gens, used = self.rows(view, active, budget, eos)
-        process = view.d_process.args()
-        from ..engine.laws import space_law
-
-        trees, cache = view.tree_draft(active, [view.d_ctx[i] if active[i] else None for i in range(view.batch)],
-                                       gens, lambda lg: space_law(lg, space, drop, *process),
-                                       lambda c: space.ids[c], [self.depth_of(b) for b in budget])
-        for i in range(view.batch):
-            if used[i]:
-                view.record(i, used[i])
-        return self.drafts_of(view, trees, cache)
-
-    def verify(self, view: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
-        """Step 3 (one target pass) and the compaction of both caches."""
-        assert isinstance(drafts, TreeDrafts)
-        return view.tree_verify(active, budget, drafts.trees, self.walk(view, view.t_space.n - 1), drafts.cache)
+        return (lambda lg: space_law(lg, space, drop, *process)), None, (lambda c: space.ids[c]), space.n - 1
 
     def resync(self, view: RoundView, i: int, out: list[int]) -> Sequence[int]:
         """The drafter's context takes the emitted ids as they are."""
         return out
 
 
-__all__ += ["DRAWS", "Dynamic", "Static", "TreeMethod"]
+class TLITree(TreeMethod):
+    """TLI over a token tree (``hsd_core.methods.tree.TLITree``): a node's children are drawn from
+    q_cap (the drafter's processed law after the node's path, restricted to the intersection and
+    renormalized) pushed to the target's columns; the path's target ids are fed to the drafter as
+    the drafter id with each one's string (the bridge's ``to_drafter``). The drafter's context is
+    TLI's (:meth:`hsd_torch.methods.tli.TLI.resync`)."""
+
+    name = "tli"
+
+    def setup(self, view: RoundView) -> None:
+        """The intersection's drafter columns, their target columns, and TLI's re-sync memo."""
+        assert view.bridge is not None and view.d_space is not None
+        to_t, t_pos = view.bridge.to_target_list, view.t_space.pos
+        self.inter = np.array([c for c, d in enumerate(view.d_space.ids) if to_t[d] >= 0], dtype=np.int64)
+        self.dst = np.array([t_pos[to_t[view.d_space.ids[c]]] for c in self.inter], dtype=np.int64)
+        self.resync_memo: dict[int, list[int]] = {}
+
+    def drafting(self, view: RoundView) -> tuple[Callable[[Tensor], Tensor], HostLaw | None, Callable[[int], int], int]:
+        space, drop, process = view.d_space, view.d_drop, view.d_process.args()
+        assert space is not None and drop is not None and view.bridge is not None
+        to_d, t_ids, n_t, inter, dst = view.bridge.to_drafter_list, view.t_space.ids, view.t_space.n, self.inter, self.dst
+
+        def push(q: Arr) -> Arr | None:  # hsd_core's Intersection.restrict, then .push
+            cap = normalized(q[inter])  # the entries outside it are 0: the same left-to-right sum
+            if cap is None:
+                return None
+            out = np.zeros(n_t)
+            np.add.at(out, dst, cap)  # ascending drafter column within one target column
+            return out
+
+        return (lambda lg: space_law(lg, space, drop, *process)), push, (lambda c: to_d[t_ids[c]]), n_t - 1
+
+    def resync(self, view: RoundView, i: int, out: list[int]) -> Sequence[int]:
+        """TLI's: each emitted target id becomes the drafter id with its string, else the drafter's
+        encoding of its text."""
+        assert view.bridge is not None and view.dt is not None
+        grown: list[int] = []
+        for t in out:
+            grown.extend(resync_ids(t, view.bridge.to_drafter_list, view.tt, view.dt, self.resync_memo))
+        return grown
+
+
+class SLEMTree(TreeMethod):
+    """SLEM over a tree of drafter paths (``hsd_core.methods.tree.SLEMTree``): the drafter drafts a
+    tree of its own ids from SLEM's context (re-synced from the text every round); every root-to-leaf
+    path is decoded and re-tokenized for the target (look-behind ``lookbehind``; the target's EOS
+    appended after a drafter EOS; a text the target cannot encode proposes nothing); the candidate
+    sequences form a trie of target columns (cut at the budget), verified by exact match. The
+    drafter's cache is not compacted (its tree is not the target's): its tree columns are forgotten."""
+
+    name = "slem"
+    extends_drafter_context = False
+
+    def __init__(self, shape: Shape = Static((2, 1, 1)), draws: str = "distinct", lookbehind: int = 4,
+                 resync: Resync = Resync()) -> None:
+        super().__init__(shape, draws, "match")
+        self.lookbehind, self.text_resync = lookbehind, resync
+
+    def drafting(self, view: RoundView) -> tuple[Callable[[Tensor], Tensor], HostLaw | None, Callable[[int], int], int]:
+        space, drop, process = view.d_space, view.d_drop, view.d_process.args()
+        assert space is not None and drop is not None
+        return (lambda lg: space_law(lg, space, drop, *process)), None, (lambda c: space.ids[c]), space.n - 1
+
+    def draft(self, view: RoundView, active: list[bool], budget: list[int]) -> Drafts:
+        """Steps 1-3: the drafter tree, then each row's trie of re-tokenized paths."""
+        assert view.dt is not None and view.d_space is not None
+        view.drafter_context_from_text(active, self.text_resync)
+        dtrees, _ = self.draft_trees(view, active, budget)
+        tt, dt, d_ids, t_pos = view.tt, view.dt, view.d_space.ids, view.t_space.pos
+        d_eos = view.d_space.n - 1
+        tries: list[RowTree | None] = [None] * view.batch
+        for i in range(view.batch):
+            dtree = dtrees[i]
+            if not active[i] or dtree is None:
+                continue
+            ctx = view.t_ctx[i][len(view.t_first[i]):]
+            seqs: list[list[int]] = []
+            for leaf in dtree.leaves():
+                path = dtree.path(leaf)
+                if not path:
+                    continue
+                toks = [dtree.tokens[v] for v in path]
+                try:
+                    cands = retokenize(tt, ctx, dt.decode([d_ids[c] for c in toks]), self.lookbehind)
+                except Unencodable:  # a text the target cannot encode proposes nothing
+                    continue
+                seqs.append([t_pos[t] for t in cands] + ([view.t_space.n - 1] if toks[-1] == d_eos else []))
+            tries[i] = trie(seqs, budget[i])
+        return tree_drafts(view, tries, None)
+
+    def walk(self, view: RoundView, eos: int) -> Walk:
+        """Exact match, always."""
+        greedy = view.greedy
+        return lambda tree, p_at, u, budget: walk_match(tree, p_at, u, budget, greedy=greedy, eos=eos)
+
+
+def trie(sequences: Sequence[Sequence[int]], max_depth: int) -> RowTree:
+    """``hsd_core.methods.tree.trie``: the trie of ``sequences`` (each cut to ``max_depth``), nodes
+    in order of first insertion, no laws."""
+    tree = RowTree()
+    kids: dict[tuple[int, int], int] = {}
+    for seq in sequences:
+        v = 0
+        for t in list(seq)[:max_depth]:
+            c = kids.get((v, int(t)))
+            if c is None:
+                c = kids[(v, int(t))] = tree.add(v, int(t), None)
+            v = c
+    return tree
+
+
+__all__ += ["DRAWS", "Dynamic", "Static"]

@@ -1,4 +1,5 @@
-"""Token trees in ``hsd_torch.generate`` (``tree=``) against ``hsd_core.methods.tree``.
+"""Token trees in ``hsd_torch.generate`` (``tree=``: SD-tree, TLI-tree, SLEM-tree) against
+``hsd_core.methods.tree``.
 
 - Mirror: the backend records the uniforms each row consumed; ``hsd_core``'s tree method over the
   same models (``hsd_torch.CoreModel``, float64), fed them through ``UniformRand``, emits the same ids
@@ -20,6 +21,8 @@ pytest.importorskip("transformers")
 
 from hsd_core.methods.tree import Dynamic, Static  # noqa: E402
 from hsd_core.methods.tree import SDTree as CoreSDTree  # noqa: E402
+from hsd_core.methods.tree import SLEMTree as CoreSLEMTree  # noqa: E402
+from hsd_core.methods.tree import TLITree as CoreTLITree  # noqa: E402
 from hsd_core.rand import UniformRand  # noqa: E402
 from hsd_torch import CoreModel, generate  # noqa: E402
 from hsd_torch.engine.validation import OptionNotTaken, OutOfRange  # noqa: E402
@@ -130,3 +133,62 @@ def test_tree_options_are_checked(models: dict[str, Any], toks: dict[str, Any]) 
         generate(target, target, "x", method="sd", tree_draws="iid", **base)
     with pytest.raises(OptionNotTaken, match="tree"):
         generate(target, None, "x", method="ar", tree=Static((2,)), target_tokenizer=tt, max_new_tokens=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# TLI-tree and SLEM-tree: different tokenizers
+
+HPAIRS = {  # (target, target tokenizer, drafter, drafter tokenizer, drafter temperature)
+    "bpe<-unigram": ("llama_bpe", "byte_bpe", "gpt2_uni_pad", "unigram", None),
+    "fallback<-bpe": ("gpt2_fb_pad", "bpe_fallback", "llama_bpe", "byte_bpe", None),
+    "unigram<-fallback": ("gpt2_uni_pad", "unigram", "gpt2_fb_pad", "bpe_fallback", None),
+    "bpe<-self": ("llama_bpe", "byte_bpe", "llama_bpe", "byte_bpe", 1.5),
+}
+CORE = {"tli": CoreTLITree, "slem": CoreSLEMTree}
+
+
+def check_hetero_mirror(models: dict[str, Any], toks: dict[str, Any], method: str, pair: str, shape: Any, *,
+                        greedy: bool = False, draws: str = "distinct", batched: bool = True) -> None:
+    t, tk, d, dk, dtemp = HPAIRS[pair]
+    kw: dict[str, Any] = dict(target_tokenizer=toks[tk], drafter_tokenizer=toks[dk], method=method, tree=shape,
+                              tree_draws=draws, max_new_tokens=MAX_NEW, seed=7, record_uniforms=True,
+                              drafter_temperature=dtemp, do_sample=not greedy)
+    prompts = PROMPTS[:4]
+    if batched:
+        outs = [(generate(models[t], models[d], prompts, **kw), i) for i in range(len(prompts))]
+    else:
+        outs = [(generate(models[t], models[d], [p], **kw), 0) for p in prompts]
+    ct = CoreModel(models[t], toks[tk])
+    cd = CoreModel(models[d], toks[dk], temperature=1.0 if dtemp is None else dtemp)
+    ref_method = CORE[method](shape, greedy=greedy, draws=draws)
+    for prompt, (out, i) in zip(prompts, outs):
+        assert out.uniforms is not None
+        rand = UniformRand(out.uniforms[i])
+        ref = ref_method.generate(ct, cd, core_text(prompt), MAX_NEW, rng=rand)
+        assert ct.tokenizer.to_hf(ref) == out.sequences[i], (method, pair, shape, greedy, prompt)
+        assert rand.used == len(out.uniforms[i]), "the backend recorded a uniform the reference did not read"
+
+
+@pytest.mark.parametrize("pair", sorted(HPAIRS))
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_mirror_hetero_trees(models: dict[str, Any], toks: dict[str, Any], method: str, pair: str) -> None:
+    check_hetero_mirror(models, toks, method, pair, SHAPES["static"])
+
+
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_mirror_hetero_trees_dynamic_iid_greedy_batch_of_one(models: dict[str, Any], toks: dict[str, Any],
+                                                              method: str) -> None:
+    check_hetero_mirror(models, toks, method, "bpe<-self", SHAPES["dynamic"], draws="iid", batched=False)
+    check_hetero_mirror(models, toks, method, "fallback<-bpe", SHAPES["dynamic"], greedy=True)
+
+
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_hetero_greedy_equals_the_targets_own_generate(models: dict[str, Any], toks: dict[str, Any],
+                                                       method: str) -> None:
+    for pair in ("bpe<-self", "fallback<-bpe"):
+        t, tk, d, dk, dtemp = HPAIRS[pair]
+        own = [target_greedy(models[t], toks[tk], p, 16) for p in PROMPTS]
+        out = generate(models[t], models[d], PROMPTS, target_tokenizer=toks[tk], drafter_tokenizer=toks[dk],
+                       method=method, tree=SHAPES["static"], max_new_tokens=16, do_sample=False,
+                       drafter_temperature=dtemp)
+        assert out.sequences == own, (method, pair)
