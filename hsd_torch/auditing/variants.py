@@ -14,7 +14,7 @@ verdict of :func:`hsd_torch.auditing.first_tokens.audit_generate` (first two tok
 
 What a variant may replace is declared where it is defined: each module that offers a seam lists
 it in a module-level ``ZOO_SEAMS`` tuple (:mod:`hsd_torch.engine.kernels`, :mod:`hsd_torch.engine.verification`,
-:mod:`hsd_torch.engine.runner`, :mod:`hsd_torch.engine.tree`, :mod:`hsd_torch.methods.tli`), and every patch goes through
+:mod:`hsd_torch.engine.runner`, :mod:`hsd_torch.engine.tree_cache`, :mod:`hsd_torch.methods.tli`), and every patch goes through
 :func:`patch_seam`, which refuses any other name (:class:`NotASeam`).
 
 Not thread-safe: a patch changes module attributes for every caller while it is active.
@@ -33,7 +33,7 @@ import torch
 
 from ..engine import kernels, verification
 from ..engine.runner import Runner
-from ..engine.tree import TreeCache
+from ..engine.tree_cache import TreeCache
 from ..methods.tli import TLI
 
 __all__ = ["TREE_VARIANTS", "VARIANTS", "NotASeam", "Variant", "generate_with", "patch_seam", "seam_name"]

@@ -104,8 +104,7 @@ def generate(
     min_new_tokens: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
     dtype: Any = None,
-    tree: Any = None,
-    tree_draws: str | None = None,
+    tree: Any = None, tree_draws: str | None = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -113,15 +112,11 @@ def generate(
     for ``method="ar"``), with their ``transformers`` tokenizers; ``prompts``: a str (a chat
     template's text too), a conversation or a list of those, or instead ``input_ids`` (and
     ``attention_mask``): the target's context is what transformers feeds (:mod:`hsd_torch.engine.prompts`).
-    ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring); options a method does not
-    use are refused: ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind``
-    (SLEM's, None: 4), ``resync`` (SLEM's and SLRS's drafter re-sync, ``hsd_core.methods.Resync``),
-    ``proposal_map="longest_prefix"``, ``min_path_prob`` (bounded SLRS, needed beyond lookahead 1;
-    greedy needs none), ``max_tokens`` (its target ids per round, 1; None: up to the budget).
-    ``tree`` (``"sd"``, ``"tli"``, ``"slem"``; ``hsd_core.methods.tree.Static(widths)`` or ``Dynamic(budget, width, depth)``):
-    draft a token tree per round and verify it in one target pass (:mod:`hsd_torch.methods.tree`,
-    ``docs/trees.md``; its depth replaces ``lookahead``), ``tree_draws`` (``"distinct"`` or ``"iid"``).
-
+    ``method`` in {"ar", "sd", "tli", "slem", "slrs"} (module docstring); options a method does not use are refused:
+    ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind`` (SLEM's, None: 4), ``resync`` (SLEM's,
+    SLRS's drafter re-sync, ``hsd_core.methods.Resync``), ``proposal_map="longest_prefix"``, ``min_path_prob`` (bounded
+    SLRS, beyond lookahead 1; greedy needs none), ``max_tokens`` (target ids per round, 1; None: the budget); ``tree``
+    (SD, TLI, SLEM; ``hsd_core.methods.tree.Static``/``Dynamic``, for lookahead), ``tree_draws``: docs/trees.md.
     ``do_sample=False``: greedy (argmax, ties to the lowest id); ``temperature`` (1e-3 to 1e3),
     ``top_k``, ``top_p``: both models' processing (:func:`process_logits`; ``drafter_temperature``
     replaces the drafter's, which is free); ``seed``: an int, a ``torch.Generator`` or None.

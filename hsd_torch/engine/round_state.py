@@ -34,7 +34,7 @@ from .runner import Runner
 if TYPE_CHECKING:
     from ._precision import NearTies
     from .processors import Processor
-    from .tree import HostLaw, RowDrafting, TreeCache, Walk
+    from .tree_cache import HostLaw, RowDrafting, TreeCache, Walk
 
 __all__ = ["DraftColumns", "Drafts", "EngineState", "RoundView", "Verdicts"]
 

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from hsd_torch.auditing.variants import TREE_VARIANTS  # noqa: E402
 from hsd_torch.engine.runner import Runner  # noqa: E402
-from hsd_torch.engine.tree import TreeCache, check_tree_model  # noqa: E402
+from hsd_torch.engine.tree_cache import TreeCache, check_tree_model  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 
 torch.set_num_threads(1)
