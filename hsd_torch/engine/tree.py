@@ -111,10 +111,14 @@ def tree_verify(gen: EngineState, active: list[bool], budget: list[int], trees: 
     want_hidden = gen.near is not None and trun.want_hidden
     logits, at, hidden = tc.feed(pend, nodes, want_hidden)
     if gen.near is not None and hidden is not None:  # greedy, reduced precision: near ties in float32
-        logits, checked, flips = gen.near.apply(logits, hidden)
-        for i in range(gen.batch):
-            gen.near_ties[i] += checked[i]
-            gen.tie_flips[i] += flips[i]
+        logits = logits.float()
+        for i in range(gen.batch):  # at each row's root and nodes only (not its context ids nor padding)
+            if active[i]:
+                sel = torch.tensor([at[i][v] for v in sorted(at[i])], dtype=torch.long, device=logits.device)
+                fixed, checked, flips = gen.near.apply(logits[i:i + 1, sel], hidden[i:i + 1, sel])
+                logits[i, sel] = fixed[0]
+                gen.near_ties[i] += checked[0]
+                gen.tie_flips[i] += flips[0]
     process = gen.process.args()
     u = gen.drafting_uniforms([trees[i].size + 1 if active[i] else 0 for i in range(gen.batch)])
     emitted: list[list[int]] = [[] for _ in range(gen.batch)]
