@@ -1,7 +1,8 @@
 """``generate``'s methods, one file each, each a mirror of its ``hsd_core.methods`` twin over a
 batch: :mod:`.ar`, :mod:`.sd`, :mod:`.tli`, :mod:`.slem`, :mod:`.slrs` (one-token and bounded
 SLRS; bounded SLRS's psi in :mod:`.slrs.psi`, its byte trie in :mod:`.slrs.trie`, its tree's
-drafter passes in :mod:`.slrs.tree`). The round loop that calls them is
+drafter passes in :mod:`.slrs.tree`), and the token-tree twins of SD, TLI and SLEM in :mod:`.tree`
+(one row's tree in :mod:`.tree_rows`; ``generate(..., tree=shape)``). The round loop that calls them is
 :class:`hsd_torch.engine.rounds.Generation`; the contract is :class:`.base.Method`.
 """
 

@@ -192,3 +192,19 @@ def test_hetero_greedy_equals_the_targets_own_generate(models: dict[str, Any], t
                        method=method, tree=SHAPES["static"], max_new_tokens=16, do_sample=False,
                        drafter_temperature=dtemp)
         assert out.sequences == own, (method, pair)
+
+
+def test_what_trees_do_not_take_is_refused(models: dict[str, Any], toks: dict[str, Any]) -> None:
+    """Logits processors and min_new_tokens act on one context per position; a tree node has its own:
+    refused with a clear error rather than applied to the wrong context."""
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    tt = toks["byte_bpe"]
+    target = models["llama_bpe"]
+    base: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=tt, method="sd", tree=Static((2,)),
+                                max_new_tokens=3)
+    with pytest.raises(ValueError, match="logits processors or min_new_tokens"):
+        generate(target, target, "x", logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)]),
+                 **base)
+    with pytest.raises(ValueError, match="logits processors or min_new_tokens"):
+        generate(target, target, "x", min_new_tokens=2, **base)
