@@ -14,7 +14,7 @@ verdict of :func:`hsd_torch.auditing.first_tokens.audit_generate` (first two tok
 
 What a variant may replace is declared where it is defined: each module that offers a seam lists
 it in a module-level ``ZOO_SEAMS`` tuple (:mod:`hsd_torch.engine.kernels`, :mod:`hsd_torch.engine.verification`,
-:mod:`hsd_torch.engine.runner`, :mod:`hsd_torch.methods.tli`), and every patch goes through
+:mod:`hsd_torch.engine.runner`, :mod:`hsd_torch.engine.tree_cache`, :mod:`hsd_torch.methods.tli`), and every patch goes through
 :func:`patch_seam`, which refuses any other name (:class:`NotASeam`).
 
 Not thread-safe: a patch changes module attributes for every caller while it is active.
@@ -33,9 +33,10 @@ import torch
 
 from ..engine import kernels, verification
 from ..engine.runner import Runner
+from ..engine.tree_cache import TreeCache
 from ..methods.tli import TLI
 
-__all__ = ["VARIANTS", "NotASeam", "Variant", "generate_with", "patch_seam", "seam_name"]
+__all__ = ["TREE_VARIANTS", "VARIANTS", "NotASeam", "Variant", "generate_with", "patch_seam", "seam_name"]
 
 
 class NotASeam(LookupError):
@@ -198,11 +199,59 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
 """Name -> :class:`Variant`."""
 
 
+def _siblings_see_each_other() -> Any:
+    # the tree mask lets a node see the siblings drafted before it (a causal mask over the tree's
+    # columns, ancestors added, the other branches not removed)
+    def make(orig: Any) -> Any:
+        def visible(self: TreeCache, i: int, v: int, parent: int) -> list[int]:
+            seen: list[int] = orig(self, i, v, parent)
+            sibs = [self.col[i][u] for u in self.col[i] if 0 < u < v and self._parent[i].get(u) == parent]
+            return sorted(set(seen) | set(sibs))
+        return visible
+    return patch_seam(TreeCache, "_visible", make)
+
+
+def _tree_position_off_by_one() -> Any:
+    # a node's position id is context length + depth (the root's position counted as the context's length)
+    def make(orig: Any) -> Any:
+        def position(self: TreeCache, i: int, parent: int) -> int:
+            return int(orig(self, i, parent)) + (1 if parent == 0 else 0)
+        return position
+    return patch_seam(TreeCache, "_node_position", make)
+
+
+def _tree_cache_not_compacted() -> Any:
+    # the accepted path is recorded as the row's ids, but its keys and values are left where the tree put
+    # them: the columns after the context hold the first nodes in drafting order, not the path
+    def make(orig: Any) -> Any:
+        def move(self: TreeCache, slot: int, src: Any, dst: Any) -> None:
+            if self.runner.name != "target":
+                orig(self, slot, src, dst)
+        return move
+    return patch_seam(TreeCache, "_move", make)
+
+
+TREE_VARIANTS: dict[str, Variant] = {v.name: v for v in [
+    Variant("tree_siblings_see_each_other", "the tree mask lets a node attend to the siblings drafted before it",
+            "a tree mask built as causal over the tree's columns with the other branches not removed",
+            _siblings_see_each_other, methods=("sd",)),
+    Variant("tree_position_off_by_one", "a tree node's position id is context length + depth (one too many)",
+            "tree position ids counted from the context's length instead of its last position",
+            _tree_position_off_by_one, methods=("sd",)),
+    Variant("tree_cache_not_compacted", "after a tree round the target's cache keeps the nodes where the tree put "
+            "them (the accepted path recorded, its keys and values not moved)",
+            "a KV cache cropped to the accepted length instead of compacted to the accepted path",
+            _tree_cache_not_compacted, methods=("sd",)),
+]}
+"""Name -> :class:`Variant`: the token-tree bugs (issue 50), for ``generate(..., tree=...)``; kept
+apart from :data:`VARIANTS`, whose runs draft single paths on a pair of different tokenizers."""
+
+
 def generate_with(variant: str | Variant, *args: Any, **kw: Any) -> Any:
-    """``hsd_torch.generate(*args, **kw)`` with ``variant`` (a name of :data:`VARIANTS` or a
-    :class:`Variant`) applied."""
+    """``hsd_torch.generate(*args, **kw)`` with ``variant`` (a name of :data:`VARIANTS` or
+    :data:`TREE_VARIANTS`, or a :class:`Variant`) applied."""
     from ..engine.entry import generate
 
-    v = VARIANTS[variant] if isinstance(variant, str) else variant
+    v = (VARIANTS.get(variant) or TREE_VARIANTS[variant]) if isinstance(variant, str) else variant
     with v.patch():
         return generate(*args, **kw)

@@ -155,6 +155,14 @@ class Columns:
         self._pos = torch.cat([self._pos, q_pos], dim=1)
         return self.masks_for(mask, self._pos, q_pos, start)
 
+    def append(self, new_mask: Tensor, q_pos: Tensor) -> None:
+        """Record a block of new columns (several rows) as :meth:`extend` does, building no mask:
+        the caller passed its own (a tree feed, :mod:`hsd_torch.engine.tree`)."""
+        self._mask = torch.cat([self.mask, new_mask], dim=1)
+        if self.positions:
+            self._pos = torch.cat([self._pos, q_pos], dim=1)
+        self.width += new_mask.shape[1]
+
     def hide(self, slot: int, drop: list[int]) -> None:
         """Mask the columns ``drop`` (ascending) out of the row at ``slot`` (several rows)."""
         if drop[-1] - drop[0] + 1 == len(drop):  # usually: a run of columns, cleared as a slice

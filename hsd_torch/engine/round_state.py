@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from .runner import Runner
 if TYPE_CHECKING:
     from ._precision import NearTies
     from .processors import Processor
+    from .tree_cache import HostLaw, RowDrafting, TreeCache, Walk
 
 __all__ = ["DraftColumns", "Drafts", "EngineState", "RoundView", "Verdicts"]
 
@@ -149,6 +150,16 @@ class RoundView(Protocol):
     def rejection(self, active: list[bool], budget: list[int], drafts: Drafts, q_of: Callable[[int], Tensor],
                   q_scale: list[list[float]] | None = None) -> Verdicts:
         """:func:`hsd_torch.engine.verification.rejection`."""
+
+    def tree_draft(self, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
+                   rows: Sequence[RowDrafting | None], law: Callable[[Tensor], Tensor],
+                   token_of: Callable[[int], int], depth: Sequence[int], host: HostLaw | None = None
+                   ) -> tuple[list[Any], TreeCache]:
+        """:func:`hsd_torch.engine.tree.tree_draft`."""
+
+    def tree_verify(self, active: list[bool], budget: list[int], trees: Sequence[Any], walk: Walk,
+                    draft_cache: TreeCache | None) -> Verdicts:
+        """:func:`hsd_torch.engine.tree.tree_verify`."""
 
 
 class EngineState(RoundView, Protocol):

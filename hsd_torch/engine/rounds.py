@@ -43,7 +43,7 @@ from hsd_core.methods.resync import Resync, ResyncMemo
 
 from ..vocab import VocabBridge
 from ..vocab.text import TokenText
-from . import drafting, verification
+from . import drafting, tree, tree_cache, verification
 from ._cache import IdentityCache
 from ._precision import REDUCED, NearTies, model_dtype
 from .genconfig import end_ids_of
@@ -199,6 +199,18 @@ class _Services:
                   q_scale: list[list[float]] | None = None) -> Verdicts:
         """:func:`hsd_torch.engine.verification.rejection` (a method's service)."""
         return verification.rejection(self, active, budget, drafts, q_of, q_scale)
+
+    def tree_draft(self: EngineState, active: Sequence[bool], contexts: Sequence[Sequence[int] | None],
+                   rows: Sequence[tree_cache.RowDrafting | None], law: Callable[[Tensor], Tensor],
+                   token_of: Callable[[int], int], depth: Sequence[int],
+                   host: tree_cache.HostLaw | None = None) -> tuple[list[Any], tree_cache.TreeCache]:
+        """:func:`hsd_torch.engine.tree.tree_draft` (a method's service)."""
+        return tree.tree_draft(self, active, contexts, rows, law, token_of, depth, host)
+
+    def tree_verify(self: EngineState, active: list[bool], budget: list[int], trees: Sequence[Any],
+                    walk: tree_cache.Walk, draft_cache: tree_cache.TreeCache | None) -> Verdicts:
+        """:func:`hsd_torch.engine.tree.tree_verify` (a method's service)."""
+        return tree.tree_verify(self, active, budget, trees, walk, draft_cache)
 
 
 class Generation(_Services):

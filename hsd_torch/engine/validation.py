@@ -75,7 +75,8 @@ METHODS = ("ar", "sd", "tli", "slem", "slrs")
 """``generate``'s methods (``method=``, ``--method``)."""
 
 OPTIONS = {"lookbehind": ("slem",), "resync": ("slem", "slrs"), "min_path_prob": ("slrs",), "proposal_map": ("slrs",),
-           "max_tokens": ("slrs",)}
+           "max_tokens": ("slrs",), "tree": ("sd", "tli", "slem"),
+           "tree_draws": ("sd", "tli", "slem")}
 """``generate``'s method options and the methods that take them (the others refuse them when given:
 ``None``, or ``max_tokens=1``, counts as not given). ``lookahead`` is not here: every method but AR
 drafts that many, and AR, which drafts nothing, accepts it too (the command line and the benches pass

@@ -6,7 +6,8 @@ uniform: the comparison is exact (uniforms as ``float.hex``).
 
 The worlds are deterministic (``tests/torch/models/test_tiny_determinism.py``), the models float64 on
 one thread, so the file holds on every clean clone. Re-record only for a change that is meant to
-change outputs, and say so in its commit: ``python tests/torch/test_golden_outputs.py --record``.
+change outputs, and say so in its commit: ``python tests/torch/test_golden_outputs.py --record``
+(``--record-new``: only the cases the file lacks, e.g. new methods, the others untouched).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hsd_core.methods.tree import Dynamic, Static
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -58,6 +61,11 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("slrs-self", "bpe<-self", {"method": "slrs", "lookahead": 1}),
     ("slrs-bounded-self", "bpe<-self", BOUNDED),
     ("slrs-multi-self", "bpe<-self", dict(BOUNDED, max_tokens=None)),
+    # token trees (issue 50), recorded when they were added
+    ("sd-tree", "bpe<-self", {"method": "sd", "tree": Static((2, 2, 1))}),
+    ("sd-tree-dynamic", "bpe<-gpt2", {"method": "sd", "tree": Dynamic(6, 2, 4), "tree_draws": "iid"}),
+    ("tli-tree", "fallback<-bpe", {"method": "tli", "tree": Static((3, 1))}),
+    ("slem-tree", "bpe<-self", {"method": "slem", "tree": Dynamic(5, 2, 3)}),
 ]
 
 
@@ -124,5 +132,21 @@ def _record() -> None:
     print(f"recorded {len(data)} cases in {GOLDEN}")
 
 
+def _record_new() -> None:
+    """Record only the cases the file lacks (cases added since; the others left byte for byte)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import conftest
+
+    torch.set_num_threads(1)
+    toks = conftest.toks.__wrapped__()  # type: ignore[attr-defined]
+    models = conftest.models.__wrapped__(toks)  # type: ignore[attr-defined]
+    data: dict[str, Any] = json.loads(GOLDEN.read_text())
+    new = {key(n, s, b): run(p, kw, s, b, toks, models) for n, p, kw, s, b in _cases() if key(n, s, b) not in data}
+    GOLDEN.write_text(json.dumps({**data, **new}, indent=None, separators=(",", ":")) + "\n")
+    print(f"recorded {len(new)} new cases in {GOLDEN}")
+
+
 if __name__ == "__main__" and "--record" in sys.argv:
     _record()
+elif __name__ == "__main__" and "--record-new" in sys.argv:
+    _record_new()
