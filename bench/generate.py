@@ -32,6 +32,10 @@ repeat on the same prompts, so each ratio below is taken inside one repeat; min 
 repeats are reported. The configurations run in a new random order each repeat (seeded), so that
 the slow phases of a shared machine do not always hit the same ones.
 
+Token trees (``--methods`` with ``sdtree``, ``slemtree``, ``tlitree``; not in the default set): SD, SLEM and
+TLI with ``tree=`` the shape ``--tree`` names (static widths per depth, default ``2,2,1,1``, or
+``dynamic:WIDTH:BUDGET:DEPTH``); the tree's depth is their lookahead (docs/trees.md).
+
 Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, lookahead 1):
 
 - ``hsd:<method>-<mode>@b<B>``: ``hsd_torch.generate`` with method AR, SD (the SD drafter, on the
@@ -99,12 +103,14 @@ import pair as pairmod  # noqa: E402
 from bench_record import save  # noqa: E402
 
 HSD_METHODS = ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm")
+TREE_METHODS = ("sdtree", "slemtree", "tlitree")  # the token-tree methods (--methods, --tree; not in the default set)
 BOUNDED = {"proposal_map": "longest_prefix", "min_path_prob": 0.05}  # bounded SLRS, as bench/acceptance_real.py
 # hsd_torch.generate's options per benchmark method (lookahead: the run's unless given)
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "ar": {"method": "ar"}, "sd": {"method": "sd"}, "slem": {"method": "slem"}, "tli": {"method": "tli"},
     "slrs": {"method": "slrs", "lookahead": 1},
-    "bslrs": {"method": "slrs", **BOUNDED}, "bslrsm": {"method": "slrs", **BOUNDED, "max_tokens": None}}
+    "bslrs": {"method": "slrs", **BOUNDED}, "bslrsm": {"method": "slrs", **BOUNDED, "max_tokens": None},
+    "sdtree": {"method": "sd"}, "slemtree": {"method": "slem"}, "tlitree": {"method": "tli"}}  # + tree (--tree)
 SWEPT = ("tli", "slem", "bslrs", "bslrsm")  # the methods whose rounds take a lookahead
 HF_SWEPT = (("uag", "greedy"), ("uagfix", "sample"))
 MODES = ("greedy", "sample")
@@ -177,6 +183,7 @@ class Bench:
         self.prompts = prompts
         self.new = new
         self.k = lookahead
+        self.tree: Any = None  # the tree methods' shape (--tree)
         self.device = device
         cuda = device.startswith("cuda")
         self.tt, self.dt = pair["target_tokenizer"], pair["drafter_tokenizer"]
@@ -211,8 +218,12 @@ class Bench:
 
         p = self.p
         opts = dict({"lookahead": k or self.k}, **METHOD_OPTIONS[method])
-        drafter = None if method == "ar" else (p["sd_drafter"] if method == "sd" else p["drafter"])
-        dtok = None if drafter is None else (self.tt if method == "sd" else self.dt)
+        same_vocab = opts["method"] == "sd"
+        drafter = None if method == "ar" else (p["sd_drafter"] if same_vocab else p["drafter"])
+        dtok = None if drafter is None else (self.tt if same_vocab else self.dt)
+        if method in TREE_METHODS:  # the tree's depth is its lookahead
+            opts.pop("lookahead")
+            opts["tree"] = self.tree
         prompts = self.prompts[:n] if n else (self.prompts[:self.b1] if batch == 1 else self.prompts)
         tm, dm = self._timer(p["target"]), (self._timer(drafter) if drafter is not None else None)
         tm.reset()
@@ -307,12 +318,29 @@ class Bench:
                 "forward_s": fwd, "forward_share": fwd / wall, "tokens_per_forward_s": new_tok / fwd}
 
 
+def tree_shape(text: str) -> Any:
+    """The tree shape ``--tree`` names: ``"2,2,1,1"`` (static widths per depth) or ``"dynamic:W:B:D"``
+    (expand the most likely open node above depth D, W children at a time, up to B nodes); ``ValueError``
+    otherwise."""
+    from hsd_core.methods.tree import Dynamic, Static
+
+    if text.startswith("dynamic:"):
+        parts = text.split(":")[1:]
+        if len(parts) != 3 or not all(x.isdigit() for x in parts):
+            raise ValueError(f"a dynamic shape is dynamic:WIDTH:BUDGET:DEPTH, got {text!r}")
+        return Dynamic(width=int(parts[0]), budget=int(parts[1]), depth=int(parts[2]))
+    widths = text.split(",")
+    if not all(w.isdigit() for w in widths):
+        raise ValueError(f"static widths are integers, comma-separated, got {text!r}")
+    return Static(tuple(int(w) for w in widths))
+
+
 def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...] = MODES,
             methods: tuple[str, ...] = HSD_METHODS) -> list[tuple[str, str, str, int]]:
     """The configurations: hsd's ``methods`` (SD only with an SD drafter) in ``modes`` at every batch;
     with ``hf``, transformers' at batch 1 (its UAG and patched USD in greedy and sampling only:
     the chat mode's top-p is not what the patch was checked for)."""
-    out = [("hsd", m, mode, b) for b in batches for m in methods if sd or m != "sd" for mode in modes]
+    out = [("hsd", m, mode, b) for b in batches for m in methods if sd or m not in ("sd", "sdtree") for mode in modes]
     if hf:
         out += [("hf", k, mode, 1) for k in ("ar", "sd", "uag") if sd or k != "sd" for mode in modes
                 if k == "ar" or mode != "chat"]
@@ -633,7 +661,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--lookahead", type=int, default=4)
-    ap.add_argument("--methods", default=",".join(HSD_METHODS), help=f"hsd's methods, of {','.join(HSD_METHODS)}")
+    ap.add_argument("--methods", default=",".join(HSD_METHODS),
+                    help=f"hsd's methods, of {','.join(HSD_METHODS + TREE_METHODS)}")
+    ap.add_argument("--tree", default="2,2,1,1", metavar="W,W,... | dynamic:WIDTH:BUDGET:DEPTH",
+                    help="the tree methods' shape: static widths per depth, or a dynamic shape (default 2,2,1,1)")
     ap.add_argument("--sweep", default=None, metavar="K,K,...",
                     help="also run the lookahead-taking methods at batch 1 at these lookaheads")
     ap.add_argument("--sweep-modes", default="greedy,sample", help="the sweep's modes (of --modes)")
@@ -655,8 +686,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(m not in MODES + ("chat",) for m in modes):
         ap.error(f"--modes takes greedy, sample, chat; got {args.modes!r}")
     methods = tuple(args.methods.split(","))
-    if not methods or any(m not in HSD_METHODS for m in methods) or "ar" not in methods:
-        ap.error(f"--methods takes {', '.join(HSD_METHODS)}, AR among them (the speed-ups' reference); got {args.methods!r}")
+    if not methods or any(m not in HSD_METHODS + TREE_METHODS for m in methods) or "ar" not in methods:
+        ap.error(f"--methods takes {', '.join(HSD_METHODS + TREE_METHODS)}, AR among them (the speed-ups' reference); "
+                 f"got {args.methods!r}")
+    try:
+        tree = tree_shape(args.tree)
+    except ValueError as e:
+        ap.error(f"--tree: {e}")
     sweep = [int(k) for k in args.sweep.split(",")] if args.sweep else []
     sweep_modes = tuple(md for md in args.sweep_modes.split(",") if md in modes)
     if any(k < 1 for k in sweep) or (sweep and not sweep_modes):
@@ -676,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = pairmod.prompts(args.prompts)
     batches = [int(b) for b in args.batches.split(",")]
     bench = Bench(p, prompts, args.new, args.lookahead, args.device, hf=not args.no_transformers)
+    bench.tree = tree
     if args.b1_prompts:
         bench.b1 = min(args.b1_prompts, len(prompts))
     cfgs: list[tuple[str, str, str, int, int | None]] = [
