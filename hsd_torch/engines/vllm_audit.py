@@ -1,4 +1,4 @@
-"""Audit vLLM, in its own environment, from hsd: ``hsd audit --impl vllm`` and the Python helpers
+"""Audit vLLM, in its own environment, from hsd: ``hsd audit vllm`` and the Python helpers
 behind it.
 
 vLLM pins its own torch and transformers, so it lives in its own venv
@@ -16,7 +16,7 @@ vLLM pins its own torch and transformers, so it lives in its own venv
   teacher-forced log-probabilities (full-vocabulary ``prompt_logprobs``) from a worker kept alive,
   streamed as float32 arrays over a pipe (a 262k-id vocabulary makes 1 MB per position: a
   JSON transport would be gigabytes);
-* :func:`run` is ``hsd audit --impl vllm``: the speculative file and its null control (the same
+* :func:`run` is ``hsd audit vllm``: the speculative file and its null control (the same
   engine without speculation, independent seeds), each audited against the reference (the
   target's transformers law, or ``--reference vllm``: the engine's own law).
 
@@ -382,10 +382,10 @@ _OPEN: list[VllmLaws] = []
 
 
 def open_laws(prompt_ids: list[int], ids: list[int]) -> np.ndarray:
-    """The law provider of the :class:`VllmLaws` that ``hsd audit --impl vllm --reference vllm``
+    """The law provider of the :class:`VllmLaws` that ``hsd audit vllm --reference vllm``
     holds open (what it names as the engine audit's ``--reference``)."""
     if not _OPEN:
-        raise ValueError("no vLLM law worker is open (hsd audit --impl vllm --reference vllm opens one)")
+        raise ValueError("no vLLM law worker is open (hsd audit vllm --reference vllm opens one)")
     return _OPEN[-1](prompt_ids, ids)
 
 
@@ -416,7 +416,7 @@ def _sample_files(args: argparse.Namespace, python: str, folder: str, runs: list
 
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]],
         engine_run: Callable[[argparse.Namespace], int]) -> int:
-    """``hsd audit --impl vllm``: sample the speculative file and its null control (the same
+    """``hsd audit vllm``: sample the speculative file and its null control (the same
     engine without speculation, seeds disjoint) with vLLM into ``--samples-dir``, then run the
     engine audit of the two (``engine_run``: :func:`hsd_torch.commands.engine.run`, i.e.
     :func:`hsd_torch.auditing.samples.audit_samples` with the null control as baseline: both against
@@ -440,13 +440,13 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     except VllmUnavailable as e:
         return error(str(e))
     if args.target is None:
-        return error("--impl vllm needs --target DIR|NAME")
+        return error("hsd audit vllm needs --target DIR|NAME")
     if args.prompt is None:
-        return error("--impl vllm needs --prompt")
+        return error("hsd audit vllm needs --prompt")
     method = args.spec or ("draft_model" if args.drafter else "ngram")
     reference = getattr(args, "reference", "transformers")
     if reference not in ("transformers", "vllm"):
-        return error(f"--impl vllm takes --reference transformers or vllm, got {reference!r}")
+        return error(f"hsd audit vllm takes --reference transformers or vllm, got {reference!r}")
     uses_drafter = method in ("draft_model", "tli")
     try:
         spec = spec_entry(method, None if args.drafter is None else model_folder(args.drafter), args.drafter,
