@@ -196,8 +196,8 @@ def samples_file(p: argparse.ArgumentParser) -> None:
     context_bugs(p)
     verdict(p)
     p.epilog = p.epilog or _examples(
-        "hsd audit samples --samples-file spec.jsonl --baseline-file plain.jsonl --target gemma-3-270m "
-        "--drafter smollm2-135m-instruct",
+        "hsd audit samples --samples-file bench/engines/samples/gemma-tli-smol-t1.jsonl --baseline-file "
+        "bench/engines/samples/gemma-none-t1.jsonl --target gemma-3-270m --drafter smollm2-135m-instruct",
         "hsd audit samples --samples-file spec.jsonl --target DIR --dtype bfloat16 --report out/engine.md")
 
 

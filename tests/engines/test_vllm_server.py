@@ -64,9 +64,9 @@ def null_server(vllm_python: str, smol: tuple[Any, Any], tmp_path_factory: pytes
 def _audit(capsys: pytest.CaptureFixture[str], url: str, *extra: str, sampling: tuple[str, ...] = ()
            ) -> tuple[int, str]:
     """``hsd audit endpoint --endpoint URL`` in this process; its status and what it printed."""
-    argv = ["audit", "endpoint", "--endpoint", url, "--target", SMOL, "--prompt", PROMPT, "--samples", str(N), "--max-new-tokens",
-            str(L), "--concurrency", str(N), "--model", "smol", "--request-timeout", "300", "--time-budget", "900",
-            "--context-bugs", "none",
+    argv = ["audit", "endpoint", "--endpoint", url, "--target", SMOL, "--prompt", PROMPT, "--samples", str(N),
+            "--max-new-tokens", str(L), "--concurrency", str(N), "--model", "smol", "--request-timeout", "300",
+            "--time-budget", "900", "--context-bugs", "none",
             *sampling, *extra]
     rc = cli.main(argv)
     out = capsys.readouterr()
