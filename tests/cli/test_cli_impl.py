@@ -48,7 +48,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def args(ckpt: Path, impl: str, *extra: str) -> list[str]:
-    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--prompt", PROMPT,
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+            "--prompt", PROMPT,
             "--samples", "300", "--top-k", "3", "--max-detectable-tv", "0.3", *extra]  # 300 draws: detectable TV 0.21
 
 
@@ -237,7 +238,8 @@ def test_asks_for_one_token_more_than_it_audits(ckpt: Path, impl: str, monkeypat
 
 
 def seq_args(ckpt: Path, impl: str, *extra: str) -> list[str]:
-    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--prompt", PROMPT,
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+            "--prompt", PROMPT,
             "--sequences", *extra]
 
 

@@ -100,7 +100,8 @@ BAD_AUDIT_VALUES = [
 
 
 def audit(ckpt: Path, impl: str, *extra: str, drafter: bool = True) -> list[str]:
-    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "m"), *(["--drafter", str(ckpt / "m")] if drafter else []),
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "m"),
+            *(["--drafter", str(ckpt / "m")] if drafter else []),
             "--prompt", "def", "--samples", "50", *extra]
 
 

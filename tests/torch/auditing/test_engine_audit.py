@@ -230,7 +230,8 @@ def test_cli_dtype_sets_the_reference_target_and_the_report_says_so(folder: Path
     import unittest.mock
 
     with unittest.mock.patch.object(cmd, "load", spy):
-        rc = hsd_main(["audit", "samples", "--samples-file", str(files["plain"]), "--target", str(folder), "--context-bugs",
+        rc = hsd_main(["audit", "samples", "--samples-file", str(files["plain"]), "--target", str(folder),
+                       "--context-bugs",
                        "none", "--dtype", "bf16"])
     out = capsys.readouterr().out
     assert rc == 0 and seen == [torch.bfloat16], (rc, seen, out)
@@ -275,7 +276,8 @@ def server(pair: Any) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_cli_endpoint(folder: Path, server: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc = hsd_main(["audit", "endpoint", "--endpoint", server, "--model", "tiny", "--target", str(folder), "--prompt", PROMPTS[0],
+    rc = hsd_main(["audit", "endpoint", "--endpoint", server, "--model", "tiny", "--target", str(folder),
+                   "--prompt", PROMPTS[0],
                    "--samples", "40", "--max-new-tokens", "6", "--speculative", "null", "--context-bugs", "none",
                    "--save-samples", str(tmp_path)])
     out = capsys.readouterr().out
