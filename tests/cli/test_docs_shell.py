@@ -73,10 +73,11 @@ def _missing(need: str) -> str | None:
     if need == "vllm":
         from hsd_torch.engines import vllm_audit
 
-        default = Path.home() / ".cache" / "hsd" / "vllm-venv" / "bin" / "python"
-        if os.environ.get(vllm_audit.PYTHON_ENV) or default.exists():
-            return None
-        return f"no vLLM venv (${vllm_audit.PYTHON_ENV}, or {default}): bench/engines/setup_vllm.sh builds one"
+        try:
+            vllm_audit.find_python(None)  # $HSD_VLLM_PYTHON, as the engines tests' fixture
+        except vllm_audit.VllmUnavailable as e:
+            return str(e)
+        return None
     if need == "llama-server":
         from hsd_torch.conformance import llama_server
 
