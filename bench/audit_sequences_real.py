@@ -11,7 +11,7 @@ beside the cost of sampling the same number of tokens with plain AR (batched ali
     python bench/audit_sequences_real.py --n 32 --max-new-tokens 16 --top-k 0 --no-control \
         --json bench/audit_sequences_real_full.json                               # full vocabulary
 
-``--top-k 0``: no top-k (the full vocabulary, as ``hsd audit --impl ... --sequences`` samples by
+``--top-k 0``: no top-k (the full vocabulary, as ``hsd audit model --impl ... --sequences`` samples by
 default). Every run records where the audit's own time goes (``"parts"``): the target's
 teacher-forced pass, the drafter's, the aimed test's second target pass, and the rest (laws,
 pushforwards and statistics), measured by timing the library's own functions.

@@ -6,10 +6,14 @@ target call, the first-position acceptance (enumerated, and the paper's closed f
 SLRS the drafter evaluations psi needs (with prefix sharing, and without).
 
 Other packages add to the command through entry points (:mod:`hsd_core.extensions`): ``hsd NAME``
-for the commands registered under ``hsd.commands`` (``hsd generate``) and ``hsd audit --impl NAME``
-for those under ``hsd.audit_impls``. This module imports none of them: it reads their names from
-the installed metadata and imports one only when the command line needs it, so ``hsd audit`` runs
-without torch, and ``hsd generate`` / ``hsd audit --impl`` without it say what to install.
+for the commands registered under ``hsd.commands`` (``hsd generate``, ``hsd conformance``) and the
+subcommands ``hsd audit model|samples|endpoint|vllm`` (:data:`AUDIT_KINDS`) for those under
+``hsd.audit_impls``, each subcommand with only its own options. This module imports none of them:
+it reads their names from the installed metadata and imports one only when the command line needs
+it, so ``hsd audit`` runs without torch, and ``hsd generate`` / ``hsd audit model`` without it say
+what to install. The old spellings ``hsd audit --impl NAME``, ``hsd audit --samples-file F`` and
+``hsd audit --endpoint URL`` keep working for one release, with one line on stderr naming the new one
+(:func:`old_spelling_notice`).
 """
 
 from __future__ import annotations
@@ -161,7 +165,23 @@ def check_report_path(path: str) -> str | None:
     return None
 
 
-IMPL_HELP = "audit a real implementation's first tokens over local checkpoints (needs torch)"
+AUDIT_HELP = "the exact toy audit; hsd audit model|samples|endpoint|vllm: a real sampler or engine"
+
+AUDIT_KINDS: dict[str, str] = {
+    "model": "a Python implementation's sampler (--impl hsd_torch|transformers) over checkpoints",
+    "samples": "an engine's recorded draws (a samples file) against --target's law",
+    "endpoint": "draws sampled from an OpenAI-compatible server against --target's law",
+    "vllm": "vLLM in its own venv: draws with and without speculation, audited",
+}
+"""The ``hsd audit KIND`` subcommands (name -> help line), each with only its own options; the
+extensions registered under ``hsd.audit_impls`` serve them (:class:`hsd_core.extensions.AuditImpl`)."""
+
+_AUDIT_USAGE = ("hsd audit [-h] [--sampled N] [--report PATH.md]\n"
+                "       hsd audit {" + ",".join(AUDIT_KINDS) + "} [-h] ...")
+_AUDIT_EPILOG = ("the subcommands, each with its own options and examples (hsd audit KIND -h):\n"
+                 + "\n".join(f"  {k:9s} {h}" for k, h in AUDIT_KINDS.items())
+                 + "\n  (engines on the conformance kit: hsd conformance)\n\n"
+                 "examples:\n  hsd audit\n  hsd audit --sampled 20000 --report out/report.md")
 
 
 class _ProbeError(Exception):
@@ -174,44 +194,52 @@ class _ProbeParser(argparse.ArgumentParser):
 
 
 def build_parser(commands: Mapping[str, str | None], impls: Sequence[str],
-                 impl_options: Sequence[extensions.AuditImpl] = (), *, probe: bool = False,
-                 epilog: str | None = None) -> argparse.ArgumentParser:
-    """The ``hsd`` parser: the registered ``commands`` (name -> help line) and ``audit``, whose
-    ``--impl`` takes the registered ``impls`` and which has the options of ``impl_options``. A probe
-    parser neither prints help nor accepts abbreviations, and raises instead of exiting."""
+                 impl_options: Sequence[extensions.AuditImpl] = (), *, probe: bool = False) -> argparse.ArgumentParser:
+    """The ``hsd`` parser: the registered ``commands`` (name -> help line) and ``audit``, the toy
+    audit (``--sampled``, ``--report``). ``audit`` also parses the old spelling (kept one release):
+    ``--impl`` (the registered ``impls``) and the options of ``impl_options``, none of them in its
+    help, which lists the ``hsd audit KIND`` subcommands instead. A probe parser neither prints help
+    nor accepts abbreviations, and raises instead of exiting."""
     cls = _ProbeParser if probe else argparse.ArgumentParser
     parser = cls(prog="hsd", description="Verify lossless speculative decoding.", add_help=not probe,
                  allow_abbrev=not probe)
     sub = parser.add_subparsers(dest="command")
     for name, help_ in commands.items():
         sub.add_parser(name, add_help=False, help=help_)
-    audit_p = sub.add_parser("audit", help="exact audit of every method on the built-in toy world",
-                             add_help=not probe, allow_abbrev=not probe, epilog=epilog)
+    audit_p = sub.add_parser("audit", help=AUDIT_HELP, add_help=not probe, allow_abbrev=not probe,
+                             usage=_AUDIT_USAGE, epilog=_AUDIT_EPILOG,
+                             description="The exact audit of every method and deliberately lossy variant on the "
+                                         "built-in toy world (no torch needed).",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     audit_p.add_argument("--sampled", type=int, default=0, metavar="N",
                          help="also audit every method and variant by sampling N outputs each (default 0: skip)")
     audit_p.add_argument("--report", default=None, metavar="PATH.md",
                          help="with --sampled, write a markdown report (and PNG plots if matplotlib is installed)")
-    # --impl NAME: the names come from the metadata (nothing imported); with none registered any
-    # NAME parses and the run says what to install
+    # the old spelling --impl NAME: the names come from the metadata (nothing imported); with none
+    # registered any NAME parses and the run says what to install
     audit_p.add_argument("--impl", choices=list(impls) or None, metavar=None if impls else "NAME", default=None,
-                         help=IMPL_HELP)
+                         help=argparse.SUPPRESS)
     added: list[Callable[[argparse.ArgumentParser], None]] = []
     for ext in impl_options:
         if ext.add_arguments not in added:  # several names may register one extension
             added.append(ext.add_arguments)
+            before = len(audit_p._actions)
             ext.add_arguments(audit_p)
+            for action in audit_p._actions[before:]:  # hsd audit KIND -h lists them
+                action.help = argparse.SUPPRESS
     return parser
 
 
 def _parse(args_in: list[str], commands: Sequence[str],
            impls: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace, extensions.AuditImpl | None]:
-    """Parse an ``hsd`` command line that is not a registered command's, importing extensions only
-    when it needs them. A quiet first parse with the core's options alone (no help, no
-    abbreviations) decides: ``--impl NAME`` imports that extension and parses with its options; a
-    line the core's options account for imports nothing; anything else (help, an error, an
-    abbreviation, an extension's option without ``--impl``) imports every extension it can, so that
-    the parse, the help and the errors are those of the whole command. Returns the parser, the
-    arguments and the ``--impl`` extension (None without ``--impl``); raises
+    """Parse an ``hsd`` command line that is neither a registered command's nor ``hsd audit KIND``'s,
+    importing extensions only when it needs them. A quiet first parse with the core's options alone
+    (no help, no abbreviations) decides: ``--impl NAME`` (the old spelling) imports that extension and
+    parses with its options; a line the core's options account for, and ``hsd audit``'s help, import
+    nothing; anything else (``hsd``'s help, an error, an abbreviation, an extension's option without
+    ``--impl``: the old spelling ``--samples-file F`` / ``--endpoint URL``) imports every extension
+    it can, so that the parse, the help and the errors are those of the whole command. Returns the
+    parser, the arguments and the extension that runs them (None: the toy audit); raises
     :class:`~hsd_core.extensions.ExtensionUnavailable` if that one does not import."""
     bare = dict.fromkeys(commands)
     try:
@@ -223,7 +251,7 @@ def _parse(args_in: list[str], commands: Sequence[str],
         ext = extensions.load_audit_impl(impl)
         parser = build_parser(bare, impls, [ext])
         return parser, parser.parse_args(args_in), ext
-    if not rest:  # the core's options account for the whole line: import nothing
+    if not rest or (getattr(ns, "command", None) == "audit" and set(rest) <= {"-h", "--help"}):  # import nothing
         parser = build_parser(bare, impls)
         return parser, parser.parse_args(args_in), None
     helps: dict[str, str | None] = {}
@@ -233,13 +261,12 @@ def _parse(args_in: list[str], commands: Sequence[str],
         except (extensions.ExtensionUnavailable, TypeError) as e:  # the help lists it all the same
             helps[name] = f"unavailable: {e}"
     loaded: dict[str, extensions.AuditImpl] = {}
-    missing: list[str] = []
     for name in impls:
         try:
             loaded[name] = extensions.load_audit_impl(name)
-        except (extensions.ExtensionUnavailable, TypeError) as e:
-            missing.append(str(e))
-    parser = build_parser(helps, impls, list(loaded.values()), epilog=missing[0] if missing else None)
+        except (extensions.ExtensionUnavailable, TypeError):
+            pass  # its options are not offered; hsd audit KIND says what it needs
+    parser = build_parser(helps, impls, list(loaded.values()))
     args = parser.parse_args(args_in)
     impl = getattr(args, "impl", None)
     if impl is None:
@@ -248,10 +275,112 @@ def _parse(args_in: list[str], commands: Sequence[str],
         if source is not None:  # --samples-file F / --endpoint URL: the engine's own draws, no --impl
             return parser, args, source
         if given:  # e.g. --samples N: the toy audit would run and ignore it
-            parser.error(f"{', '.join(given)}: options of hsd audit --impl {'|'.join(impls) or 'NAME'}, given without "
-                         "--impl; without it hsd audit runs the exact toy audit (its sampled audit is --sampled N)")
+            parser.error(f"{', '.join(given)}: options of hsd audit {'|'.join(AUDIT_KINDS)} (hsd audit KIND -h), "
+                         "given without one; without one hsd audit runs the exact toy audit (its sampled audit is "
+                         "--sampled N)")
         return parser, args, None
     return parser, args, loaded[impl] if impl in loaded else extensions.load_audit_impl(impl)
+
+
+def old_spelling_notice(args: argparse.Namespace) -> str:
+    """The one line that ``hsd audit --impl NAME`` / ``--samples-file`` / ``--endpoint`` (the old
+    spellings, kept one release) print on stderr: the new spelling."""
+    name = getattr(args, "impl", None)
+    if name is None:
+        flag = "--samples-file" if getattr(args, "samples_file", None) is not None else "--endpoint"
+        old, new = f"hsd audit {flag}", f"hsd audit {'samples' if flag == '--samples-file' else 'endpoint'} {flag}"
+    elif name in AUDIT_KINDS:
+        old, new = f"hsd audit --impl {name}", f"hsd audit {name}"
+    else:
+        old, new = f"hsd audit --impl {name}", f"hsd audit model --impl {name}"
+    return f"hsd audit: note: `{old}` is now `{new}`; the old spelling goes in the next release"
+
+
+def _model_impls(impls: Sequence[str]) -> list[str]:
+    """The names ``hsd audit model --impl`` takes: a name that is also a kind (``vllm``) is that
+    kind's own subcommand."""
+    return [n for n in impls if n not in AUDIT_KINDS]
+
+
+def _probe_impl(argv: Sequence[str]) -> str | None:
+    """The value of ``--impl`` in ``argv`` (None if absent or unparseable), imports nothing."""
+    probe = _ProbeParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--impl")
+    try:
+        name: str | None = probe.parse_known_args(list(argv))[0].impl
+    except _ProbeError:
+        return None
+    return name
+
+
+def _kind_extension(kind: str, argv: Sequence[str], impls: Sequence[str]) -> extensions.AuditImpl:
+    """The extension that serves ``hsd audit KIND ARGV``: for ``model``, the one ``--impl NAME``
+    names (without a valid one, the first that serves ``model``, for the help and the error); for
+    another kind, the one registered under the kind's name, else the first registered that serves
+    it. Imports only what it tries; raises :class:`~hsd_core.extensions.ExtensionUnavailable` when
+    none imports."""
+    what = f"hsd audit {kind}"
+    candidates = [kind] if kind in impls else list(impls)
+    if kind == "model":
+        candidates = _model_impls(impls)
+        name = _probe_impl(argv)
+        if name in candidates:
+            candidates, what = [name], f"hsd audit model --impl {name}"
+    unavailable: list[Exception] = []
+    for name in candidates:
+        try:
+            ext = extensions.load_audit_impl(name, what)
+        except extensions.ExtensionUnavailable as e:
+            unavailable.append(e)
+            continue
+        if kind in ext.kinds or (kind == "model" and not ext.kinds):
+            return ext
+    if unavailable:
+        raise unavailable[0]
+    served = (f"{extensions.AUDIT_IMPLS} has {', '.join(impls)}, none of which serves it" if impls
+              else f"nothing is registered under the entry-point group {extensions.AUDIT_IMPLS}")
+    raise extensions.ExtensionUnavailable(f"{what} needs torch and transformers ({served}); {extensions.INSTALL_HINT}")
+
+
+def build_kind_parser(kind: str, impls: Sequence[str], ext: extensions.AuditImpl) -> argparse.ArgumentParser:
+    """The parser of ``hsd audit KIND``: ``ext``'s options for that kind alone (with its examples,
+    if it sets an epilog), ``--report``, and for ``model`` ``--impl``. Every other option of ``ext``
+    is in the namespace at its default, so that ``ext.run`` reads what it reads in the old spelling;
+    ``args.impl`` is the kind's name where an extension is registered under it (``vllm``), else None."""
+    p = argparse.ArgumentParser(prog=f"hsd audit {kind}", description=f"hsd audit {kind}: {AUDIT_KINDS[kind]}.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if kind == "model":
+        names = _model_impls(impls)
+        p.add_argument("--impl", required=True, choices=names or None, metavar=None if names else "NAME",
+                       help="the implementation whose sampler is audited")
+    ext.kinds.get(kind, ext.add_arguments)(p)
+    p.add_argument("--report", default=None, metavar="PATH.md",
+                   help="write the audit's report to PATH.md (markdown; a model audit adds PNG plots beside it "
+                        "where matplotlib is installed)")
+    every = argparse.ArgumentParser(add_help=False)
+    ext.add_arguments(every)
+    own = {a.dest for a in p._actions}
+    p.set_defaults(**{a.dest: a.default for a in every._actions if a.dest not in own})
+    if kind != "model":
+        p.set_defaults(impl=kind if kind in impls else None)
+    return p
+
+
+def run_audit_kind(kind: str, argv: Sequence[str], impls: Sequence[str]) -> int:
+    """``hsd audit KIND ARGV...``: parse with :func:`build_kind_parser` and run the extension that
+    serves the kind; exit status 2 and one line when none imports (what to install)."""
+    try:
+        ext = _kind_extension(kind, argv, impls)
+    except extensions.ExtensionUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    parser = build_kind_parser(kind, impls, ext)
+    if kind == "model" and (name := _probe_impl(argv)) in AUDIT_KINDS:
+        parser.error(f"--impl {name} is its own subcommand: hsd audit {name} (hsd audit {name} -h)")
+    args = parser.parse_args(list(argv))
+    if args.report is not None and (problem := check_report_path(args.report)) is not None:
+        parser.error(problem)
+    return ext.run(args)
 
 
 SOURCE_OPTIONS = ("samples_file", "endpoint")
@@ -315,12 +444,16 @@ def _main(argv: Sequence[str] | None = None) -> int:
     commands = [n for n in extensions.names(extensions.COMMANDS) if n != "audit"]
     if args_in[:1] and args_in[0] in commands:  # the command parses its own arguments
         return run_command(args_in[0], args_in[1:])
+    impls = extensions.names(extensions.AUDIT_IMPLS)
+    if args_in[:1] == ["audit"] and args_in[1:2] and args_in[1] in AUDIT_KINDS:
+        return run_audit_kind(args_in[1], args_in[2:], impls)
     try:
-        parser, args, impl = _parse(args_in, commands, extensions.names(extensions.AUDIT_IMPLS))
+        parser, args, impl = _parse(args_in, commands, impls)
     except extensions.ExtensionUnavailable as e:
         print(e, file=sys.stderr)
         return 2
-    if impl is not None:  # a real implementation, audited by an extension (imports torch)
+    if impl is not None:  # the old spelling of a real implementation or engine (imports torch)
+        print(old_spelling_notice(args), file=sys.stderr)
         if args.report is not None and (problem := check_report_path(args.report)) is not None:
             parser.error(problem)
         return impl.run(args)

@@ -11,9 +11,11 @@ and ``hsd_lossless`` with an exact law never import torch.
     ``NAME = "module:attr"``, a :class:`Command`: ``hsd NAME ARGS...`` calls its ``main(ARGS)``
     (``hsd generate``).
 ``hsd.audit_impls``
-    ``NAME = "module:attr"``, an :class:`AuditImpl`: ``hsd audit --impl NAME ...`` adds its options
-    to the ``audit`` parser and calls its ``run(args)`` (``--impl transformers|hsd_torch``; several
-    names may share one object, whose options are then added once).
+    ``NAME = "module:attr"``, an :class:`AuditImpl`: the ``hsd audit KIND`` subcommands it serves
+    (``hsd audit model --impl NAME``; ``samples``, ``endpoint``, ``vllm``: :data:`AuditImpl.kinds`)
+    parse its options for that kind and call its ``run(args)``. The old spelling ``hsd audit --impl
+    NAME ...`` (kept one release) adds all its options to the ``audit`` parser (several names may
+    share one object, whose options are then added once).
 ``hsd.model_audits``
     ``NAME = "module:attr"``, a function ``(sample_fn, target, tokenizer, prompt, *, n, alpha, seed,
     **kw) -> report`` (the report as ``hsd_torch.auditing.first_tokens.audit_generate``'s): what ``hsd_lossless``
@@ -33,8 +35,8 @@ install. Entry points are read from the installed metadata: after editing them, 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -60,12 +62,20 @@ class Command:
 
 @dataclass(frozen=True)
 class AuditImpl:
-    """``hsd audit --impl NAME ...``: ``add_arguments(parser)`` adds the options it reads to the
-    ``audit`` parser (``--impl`` itself is the core's); ``run(args)`` returns the exit status
-    (``args.impl`` is the name it was chosen by)."""
+    """An implementation or engine that ``hsd audit`` audits. ``run(args)`` returns the exit status
+    (``args.impl`` is the name it was chosen by; None for ``hsd audit samples`` and ``endpoint``).
+
+    ``kinds`` maps each ``hsd audit KIND`` subcommand it serves (a name of
+    :data:`hsd_core.cli.AUDIT_KINDS`) to the function that adds that subcommand's options alone;
+    ``add_arguments(parser)`` adds every option it reads (the old spelling ``hsd audit --impl NAME``,
+    kept one release). An extension without ``kinds`` is ``hsd audit model --impl NAME``, with the
+    options of ``add_arguments``. A subcommand's namespace holds, besides its own options, every other
+    option of ``add_arguments`` at its default, so that ``run`` reads the same names in both spellings
+    (``--impl`` and ``--report`` are the core's)."""
 
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    kinds: Mapping[str, Callable[[argparse.ArgumentParser], None]] = field(default_factory=dict)
 
 
 class ExtensionUnavailable(ImportError):
@@ -113,9 +123,10 @@ def load_command(name: str) -> Command:
     return cmd
 
 
-def load_audit_impl(name: str) -> AuditImpl:
-    """The :class:`AuditImpl` registered as ``name`` under ``hsd.audit_impls``."""
-    impl: AuditImpl = _check(_load(AUDIT_IMPLS, name, f"hsd audit --impl {name}"), AuditImpl, AUDIT_IMPLS)
+def load_audit_impl(name: str, what: str | None = None) -> AuditImpl:
+    """The :class:`AuditImpl` registered as ``name`` under ``hsd.audit_impls`` (``what``: the command
+    that needs it, for the error; default ``hsd audit --impl NAME``)."""
+    impl: AuditImpl = _check(_load(AUDIT_IMPLS, name, what or f"hsd audit --impl {name}"), AuditImpl, AUDIT_IMPLS)
     return impl
 
 

@@ -1,6 +1,6 @@
 """Audit vLLM's OpenAI-compatible server end to end: start it (and a second server without
 speculation, the null control) with :class:`hsd_torch.engines.vllm_server.VllmServer`, run
-``hsd audit --endpoint URL --baseline-endpoint NULL_URL`` against them, stop both by their process
+``hsd audit endpoint --endpoint URL --baseline-endpoint NULL_URL`` against them, stop both by their process
 groups, and record the verdicts, the reports, vLLM's speculative counters and the times.
 
     HSD_VLLM_PYTHON=~/.cache/hsd/vllm-venv/bin/python python bench/engines/audit_vllm_server.py \\
@@ -43,9 +43,10 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 
 
 def audit(url: str, null_url: str, run_dir: str, sampling: str, args: argparse.Namespace) -> tuple[int, str, list[str]]:
-    """``hsd audit --endpoint`` in this process: its status, its stdout and the argv."""
-    argv = ["audit", "--endpoint", url, "--baseline-endpoint", null_url, "--target", SMOL, "--prompt", args.prompt,
-            "--samples", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--concurrency", str(args.n),
+    """``hsd audit endpoint`` in this process: its status, its stdout and the argv."""
+    argv = ["audit", "endpoint", "--endpoint", url, "--baseline-endpoint", null_url, "--target", SMOL,
+            "--prompt", args.prompt, "--samples", str(args.n), "--max-new-tokens", str(args.max_new_tokens),
+            "--concurrency", str(args.n),
             "--model", "smol", "--speculative", json.dumps(NGRAM), "--request-timeout", "600", "--time-budget", "1800",
             "--context-bugs", "none", "--save-samples", run_dir, "--report", os.path.join(run_dir, "report.md"),
             *SAMPLINGS[sampling]]

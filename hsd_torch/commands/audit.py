@@ -1,8 +1,11 @@
-"""``hsd audit --impl transformers|hsd_torch ...``: audit a speculative ``generate()`` over local
+"""``hsd audit model --impl transformers|hsd_torch ...``: audit a speculative ``generate()`` over local
 checkpoints with :func:`hsd_torch.auditing.first_tokens.audit_generate`. :data:`AUDIT` (its options and its runner)
 is registered under the ``hsd.audit_impls`` entry points ``transformers`` and ``hsd_torch``
-(pyproject.toml); ``hsd_core.cli`` imports this module only when ``--impl`` is given (or for the
-help), so that ``import hsd_core`` and ``hsd audit`` never import torch.
+(pyproject.toml), and also runs ``hsd audit samples`` / ``hsd audit endpoint``
+(:mod:`hsd_torch.commands.engine`); :data:`VLLM` is ``hsd audit vllm``. Each kind's options are
+:mod:`hsd_torch.commands.audit_options`'. ``hsd_core.cli`` imports this module only when a kind (or
+the old spelling ``hsd audit --impl NAME``) is given, so that ``import hsd_core`` and ``hsd audit``
+never import torch.
 
 ``--impl transformers`` samples ``target.generate(input_ids, assistant_model=drafter,
 tokenizer=tt, assistant_tokenizer=dt, ...)`` (universal assisted generation; with the same
@@ -47,56 +50,16 @@ from hsd_core.extensions import AuditImpl
 from hsd_core.progress import Progress, progress
 
 from ..auditing.first_tokens import GenerateAuditReport, audit_generate, audit_sequences
-from ..models.real import names as real_model_names
 from . import args as ca
+from . import audit_options
 from . import engine as cli_engine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``hsd audit --impl transformers|hsd_torch`` (``--impl`` is ``hsd_core.cli``'s)."""
-    a = p.add_argument
-    a("--target", metavar="DIR", help="target checkpoint folder, or a real model: " + ", ".join(real_model_names())
-      + " (hsd_torch.models.real; with --impl, --samples-file or --endpoint)")
-    a("--drafter", metavar="DIR", help="drafter / assistant checkpoint (with --impl; not needed for --impl hsd_torch "
-                                        "--method ar)")
-    a("--target-tokenizer", metavar="DIR", help="default: --target")
-    a("--drafter-tokenizer", metavar="DIR", help="default: --drafter")
-    a("--prompt", help="the prompt (with --impl)")
-    a("--samples", type=ca.positive_int, default=None, metavar="N",
-      help="draws (with --impl; default 20000, with --sequences 200 sequences)")
-    a("--positions", type=ca.positive_int, default=2, help="new tokens audited (default 2; not with --sequences)")
-    a("--sequences", action="store_true",
-      help="audit every token of whole sequences by teacher forcing (hsd_torch.auditing.sequences.audit_sequences)")
-    a("--max-new-tokens", type=ca.positive_int, default=32, metavar="L",
-      help="with --sequences: new tokens per sequence (default 32)")
-    a("--context-bugs", type=ca.context_bugs, default=None, metavar="NAMES",
-      help="with --sequences: context bugs to aim a test at, comma-separated, or 'none' (default "
-           "prompt_last_twice; hsd_core.context_bugs)")
-    a("--greedy", action="store_true", help="greedy: every draw must equal the target's greedy output")
-    a("--method", default=None, choices=ca.METHODS, help="hsd_torch method (default tli; not with --impl transformers)")
-    a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
-      help="hsd_torch bounded SLRS's probability stop")
-    a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
-      help="hsd_torch SLRS's proposal map (bounded SLRS: longest_prefix)")
-    a("--lookahead", type=ca.positive_int, default=None,
-      help=f"hsd_torch drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate and hsd generate; 1 "
-           "for slrs)")
-    a("--temperature", type=ca.temperature, default=1.0,
-      help="default 1; a number in [%g, %g] (--greedy: argmax)" % ca.TEMPERATURE_RANGE)
-    a("--top-k", type=ca.top_k, default=None, metavar="K", help="keep the K most likely ids (0: off)")
-    a("--top-p", type=ca.top_p, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
-    a("--alpha", type=ca.alpha, default=1e-3, help="family-wise false-fail rate (with --impl; default 1e-3)")
-    a("--max-detectable-tv", type=ca.max_detectable_tv, default=0.1, metavar="TV",
-      help="'inconclusive' when the audit could only detect a larger TV (default 0.1; 1 to accept any)")
-    a("--seed", type=ca.seed, default=0, help="default 0 (an int >= 0)")
-    a("--max-minutes", type=ca.positive_float, default=20.0, metavar="M",
-      help="refuse (after the first draws) a run whose sampling alone is estimated above M minutes, naming the "
-           "--samples that fits (default 20)")
-    ca.add_threads(p)
-    cli_engine.add_arguments(p)  # --samples-file, --endpoint, ...: engines audited without --impl
-    from ..engines import vllm_audit as engines_vllm  # numpy only: --impl vllm's options (--vllm-python, --spec, ...)
-
-    engines_vllm.add_arguments(p)
+    """Every option of every ``hsd audit`` kind on one parser: the old spelling ``hsd audit --impl
+    NAME`` / ``--samples-file`` / ``--endpoint`` (:func:`hsd_torch.commands.audit_options.all_options`;
+    each ``hsd audit KIND`` has its own list, :data:`hsd_torch.commands.audit_options.KINDS`)."""
+    audit_options.all_options(p)
 
 
 def load(path: str, tokenizer_path: str | None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
@@ -362,18 +325,21 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
     return 1 if rep.verdict == "lossy" else 0
 
 
-AUDIT = AuditImpl(add_arguments=add_arguments, run=run)
-"""What the ``hsd.audit_impls`` entry points name: ``hsd audit --impl transformers|hsd_torch``."""
+AUDIT = AuditImpl(add_arguments=add_arguments, run=run,
+                  kinds={k: audit_options.KINDS[k] for k in ("model", "samples", "endpoint")})
+"""What the ``hsd.audit_impls`` entry points ``transformers`` and ``hsd_torch`` name: ``hsd audit model
+--impl transformers|hsd_torch``, ``hsd audit samples`` and ``hsd audit endpoint`` (and the old
+spellings ``hsd audit --impl transformers|hsd_torch`` / ``--samples-file`` / ``--endpoint``)."""
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """``hsd audit --impl vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
+    """``hsd audit vllm``: :func:`hsd_torch.engines.vllm_audit.run` (vLLM runs in its own venv)."""
     from ..engines import vllm_audit as engines_vllm
 
     ref_load = cli_engine.loader(load, args)
     return engines_vllm.run(args, ref_load, lambda ns: cli_engine.run(ns, ref_load))
 
 
-VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm)
-"""What the ``hsd.audit_impls`` entry point ``vllm`` names: ``hsd audit --impl vllm`` (the same
-options as ``--impl transformers``, whose parser adds vLLM's own, so that the options are added once)."""
+VLLM = AuditImpl(add_arguments=add_arguments, run=run_vllm, kinds={"vllm": audit_options.vllm})
+"""What the ``hsd.audit_impls`` entry point ``vllm`` names: ``hsd audit vllm`` (old spelling ``hsd
+audit --impl vllm``, whose options are ``--impl transformers``'s, so that they are added once)."""

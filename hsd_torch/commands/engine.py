@@ -1,8 +1,9 @@
-"""``hsd audit --samples-file F --target T`` and ``hsd audit --endpoint URL --target T``: audits of
-engines that run outside hsd (:func:`hsd_torch.auditing.samples.audit_samples`). No ``--impl``: the draws
-are the engine's (a samples file, :mod:`hsd_core.samples`) or are drawn from its OpenAI-compatible
-server (:mod:`hsd_core.endpoint`). :mod:`hsd_torch.commands.audit` adds these options to ``hsd audit``
-and hands a command line that gives ``--samples-file`` or ``--endpoint`` to :func:`run`.
+"""``hsd audit samples --samples-file F --target T`` and ``hsd audit endpoint --endpoint URL --target T``:
+audits of engines that run outside hsd (:func:`hsd_torch.auditing.samples.audit_samples`). No ``--impl``:
+the draws are the engine's (a samples file, :mod:`hsd_core.samples`) or are drawn from its
+OpenAI-compatible server (:mod:`hsd_core.endpoint`). Their options are
+:mod:`hsd_torch.commands.audit_options`'; :mod:`hsd_torch.commands.audit` hands a command line that
+gives ``--samples-file`` or ``--endpoint`` to :func:`run`.
 """
 
 from __future__ import annotations
@@ -20,63 +21,7 @@ from hsd_core.context_bugs import DEFAULT_CONTEXT_BUGS
 
 from . import args as ca
 
-__all__ = ["add_arguments", "problem_before_loading", "run"]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return v
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of the engine audits (the target, drafter, alpha, seed, report and sampling
-    options are ``hsd audit --impl``'s own, :func:`hsd_torch.commands.audit.add_arguments`)."""
-    a = p.add_argument
-    a("--samples-file", metavar="F", help="audit an engine's recorded draws (JSONL, format hsd-samples/1, "
-                                          "docs/auditing.md) against --target, no --impl")
-    a("--baseline-file", metavar="F", help="the same engine's draws without speculation: the null control and the "
-                                           "two-sample test (with --samples-file)")
-    a("--endpoint", metavar="URL", help="sample an OpenAI-compatible server (its /v1 base, loopback only unless "
-                                        "--allow-remote) and audit its draws against --target, no --impl")
-    a("--baseline-endpoint", metavar="URL", help="the same engine's server without speculation (with --endpoint)")
-    a("--allow-remote", action="store_true", help="allow an endpoint that is not loopback")
-    a("--model", metavar="NAME", help="the served model's name (default: the first of GET /models)")
-    a("--max-requests", type=ca.positive_int, default=10_000, metavar="N", help="at most N requests per endpoint")
-    a("--request-timeout", type=_positive_float, default=60.0, metavar="S", help="seconds per request (default 60)")
-    a("--time-budget", type=_positive_float, default=3600.0, metavar="S",
-      help="seconds for all requests to one endpoint (default 3600)")
-    a("--concurrency", type=ca.positive_int, default=1, metavar="N",
-      help="with --endpoint: requests in flight at once (default 1; a batching server such as vLLM draws faster "
-           "with more)")
-    a("--server-kind", choices=("vllm", "llama.cpp", "sglang"), default=None,
-      help="with --endpoint: the server's kind; every sampling stage the audit does not set is then sent at its "
-           "neutral value (llama.cpp's defaults are top-k 40, top-p 0.95, min-p 0.05, penalties, DRY, XTC, ...; "
-           "vLLM's and SGLang's come from the model's generation config) and recorded in the samples file; "
-           "llama.cpp's draws follow its order of stages (top-p before temperature). Default: only the stages set "
-           "are sent")
-    a("--speculative", metavar="JSON", default=None,
-      help="with --endpoint: what the server speculates with, as the samples format's JSON object (default "
-           "{\"method\": \"unknown\"})")
-    a("--save-samples", metavar="DIR", help="with --endpoint: write the draws as samples files into DIR "
-                                           "(endpoint.jsonl, baseline.jsonl), each draw appended as it arrives")
-    a("--resume", action="store_true", help="with --endpoint and --save-samples DIR, or --impl vllm and --samples-dir "
-                                            "DIR: continue the run saved in DIR (the same options; only the missing "
-                                            "seeds are sampled)")
-    a("--retries", type=ca.int_at_least(0), default=3, metavar="N",
-      help="with --endpoint: retries per draw of HTTP 429/500/502/503/504 and resets, with backoff (default 3; 0: "
-           "none; another 4xx is never retried)")
-    a("--dtype", default="float32", choices=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"),
-      help="with --samples-file, --endpoint or --impl vllm: the dtype of the target whose teacher-forced law is the "
-           "reference (default float32; bf16 needs about half the memory and time on a CPU with AMX, and the report "
-           "states what it changes in the reference)")
-    a("--reference", metavar="transformers|MODULE:ATTR", default="transformers",
-      help="the reference law: transformers' teacher-forced law of --target (default), or a law provider "
-           "(prompt_ids, ids) -> [len(ids), V] raw log-probabilities named by MODULE:ATTR")
+__all__ = ["problem_before_loading", "run"]
 
 
 def problem_before_loading(args: argparse.Namespace) -> str | None:

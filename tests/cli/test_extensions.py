@@ -31,7 +31,10 @@ PRELUDE = """if True:
         sys.meta_path.insert(0, NoTorch())
     from hsd_core import cli
     cli.run_audit = lambda: 0  # the exact audit itself is tests/cli/test_cli.py's
-    rc = cli.main(sys.argv[1:])
+    try:
+        rc = cli.main(sys.argv[1:])
+    except SystemExit as e:  # argparse's help and errors
+        rc = e.code
     imported = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "hsd_torch", "transformers"})
     print("IMPORTED", imported, file=sys.stderr)
     sys.exit(rc)
@@ -79,6 +82,11 @@ def test_audit_runs_without_torch() -> None:
     (["audit", "--impl", "hsd_torch", "--target", "x"], "hsd audit --impl hsd_torch needs torch"),
     (["audit", "--impl", "transformers", "-h"], "hsd audit --impl transformers needs torch"),
     (["audit", "--imp", "hsd_torch"], "hsd audit --impl hsd_torch needs torch"),
+    (["audit", "model", "--impl", "hsd_torch", "--target", "x"], "hsd audit model --impl hsd_torch needs torch"),
+    (["audit", "model", "-h"], "hsd audit model needs torch"),
+    (["audit", "samples", "--samples-file", "f"], "hsd audit samples needs torch"),
+    (["audit", "endpoint", "-h"], "hsd audit endpoint needs torch"),
+    (["audit", "vllm", "--target", "x"], "hsd audit vllm needs torch"),
 ])
 def test_without_torch_the_extensions_say_what_to_install(args: list[str], needs: str) -> None:
     res = hsd(*args, no_torch=True)
@@ -91,18 +99,24 @@ def test_help_without_torch_lists_the_extensions_and_what_they_need() -> None:
     assert res.returncode == 0, res.stderr
     assert "generate" in res.stdout and "unavailable: hsd generate needs torch" in res.stdout
     res = hsd("audit", "-h", no_torch=True)
-    assert res.returncode == 0, res.stderr
-    assert "--impl {" in res.stdout and "--sampled" in res.stdout and "--target" not in res.stdout
-    assert "hsd audit --impl" in res.stdout and "needs torch" in res.stdout
+    assert res.returncode == 0 and "IMPORTED []" in res.stderr, res.stderr
+    assert "--sampled N" in res.stdout and "--target DIR" not in res.stdout and "--impl {" not in res.stdout
+    for kind in cli.AUDIT_KINDS:
+        assert f"\n  {kind} " in res.stdout, kind
 
 
-def test_help_with_torch_lists_every_option() -> None:
+def test_help_with_torch() -> None:
+    """``hsd audit -h`` lists the toy audit's options and the subcommands, imports nothing, and none
+    of the old spelling's options; ``hsd -h`` lists the registered commands."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     res = hsd("audit", "-h")
-    assert res.returncode == 0, res.stderr
-    for opt in ("--sampled", "--report", "--impl {", "--target DIR", "--method", "--seed"):
+    assert res.returncode == 0 and "IMPORTED []" in res.stderr, res.stderr
+    for opt in ("--sampled", "--report", "hsd audit {model,samples,endpoint,vllm}", "examples:"):
         assert opt in res.stdout
+    for opt in ("--impl {", "--target DIR", "--method {", "--seed SEED", "--samples-file F", "--endpoint URL",
+                "--vllm-python"):  # the options' own lines (the subcommands' help lines name some)
+        assert opt not in res.stdout
     res = hsd("-h")
     assert res.returncode == 0 and "speculative generation over local checkpoints" in res.stdout
 
@@ -165,15 +179,60 @@ def test_a_command_that_does_not_import(registered: None, capsys: pytest.Capture
 
 
 def test_a_registered_audit_impl_gets_its_options(registered: None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["audit", "--impl", "fake2", "--flav", "salty"]) == 5 and CALLS == [("fake2", "salty")]
+    """An extension without kinds is ``hsd audit model --impl NAME`` with all its options; the old
+    spelling runs it the same, with one line naming the new one."""
+    assert cli.main(["audit", "model", "--impl", "fake2", "--flav", "salty"]) == 5 and CALLS == [("fake2", "salty")]
+    assert capsys.readouterr().err == ""
+    assert cli.main(["audit", "--impl", "fake2", "--flav", "salty"]) == 5 and CALLS == [("fake2", "salty")] * 2
+    assert capsys.readouterr().err.splitlines() == [
+        "hsd audit: note: `hsd audit --impl fake2` is now `hsd audit model --impl fake2`; the old spelling goes in the "
+        "next release"]
+    for argv in (["audit", "--impl", "nope"], ["audit", "model", "--impl", "nope"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert "invalid choice: 'nope' (choose from 'fake', 'fake2')" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main(["audit", "--impl", "nope"])
-    assert "invalid choice: 'nope' (choose from 'fake', 'fake2')" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["audit", "-h"])
+        cli.main(["audit", "model", "-h"])
     out = capsys.readouterr().out
     assert out.count("--flavour FLAVOUR") == 2, "added once, though registered twice (usage and options)"
     assert "--impl {fake,fake2}" in out
+    with pytest.raises(SystemExit):
+        cli.main(["audit", "-h"])
+    out = capsys.readouterr().out
+    assert "--flavour" not in out and "--impl {" not in out
+    assert cli.main(["audit", "samples", "--flavour", "x"]) == 2  # no extension serves that kind
+    assert "hsd audit samples needs torch and transformers (hsd.audit_impls has fake, fake2, none of which " \
+           "serves it)" in capsys.readouterr().err
+
+
+def _add_kind(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True)
+
+
+def _run_kind(args: argparse.Namespace) -> int:
+    CALLS.append((args.impl, args.url, args.flavour))
+    return 3
+
+
+KINDS = extensions.AuditImpl(add_arguments=lambda p: (_add_flavour(p), p.add_argument("--url")) and None,
+                             run=_run_kind, kinds={"endpoint": _add_kind, "vllm": _add_flavour})
+
+
+def test_an_extension_serves_kinds(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hsd audit KIND`` parses the kind's options alone and gives the extension's other options
+    their defaults; a kind registered under its own name gets ``args.impl`` set to it."""
+    eps = {extensions.AUDIT_IMPLS: [EntryPoint("other", f"{__name__}:FAKE", extensions.AUDIT_IMPLS),
+                                    EntryPoint("vllm", f"{__name__}:KINDS", extensions.AUDIT_IMPLS)]}
+    monkeypatch.setattr(extensions, "_entry_points", lambda group: eps.get(group, []))
+    CALLS.clear()
+    assert cli.main(["audit", "endpoint", "--url", "u"]) == 3 and CALLS == [(None, "u", "plain")]
+    with pytest.raises(SystemExit):
+        cli.main(["audit", "endpoint", "--url", "u", "--flavour", "x"])  # not the endpoint kind's
+    assert "unrecognized arguments: --flavour x" in capsys.readouterr().err
+    assert cli.main(["audit", "vllm", "--flavour", "x"]) == 3 and CALLS[-1] == ("vllm", None, "x")
+    with pytest.raises(SystemExit):
+        cli.main(["audit", "model", "--impl", "vllm"])
+    assert "--impl vllm is its own subcommand: hsd audit vllm" in capsys.readouterr().err
 
 
 def test_audit_without_impl_does_not_load_extensions(registered: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,6 +250,8 @@ def test_nothing_registered(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     """Without any registration (a source tree that is not installed) --impl still parses and the
     run says what to install."""
     monkeypatch.setattr(extensions, "_entry_points", lambda group: [])
-    assert cli.main(["audit", "--impl", "hsd_torch", "--target", "x"]) == 2
-    err = capsys.readouterr().err
-    assert "nothing is registered under the entry-point group hsd.audit_impls" in err and HINT in err
+    for argv in (["audit", "--impl", "hsd_torch", "--target", "x"], ["audit", "model", "--impl", "hsd_torch"],
+                 ["audit", "samples", "--samples-file", "f"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "nothing is registered under the entry-point group hsd.audit_impls" in err and HINT in err

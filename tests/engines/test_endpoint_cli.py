@@ -1,4 +1,4 @@
-"""``hsd audit --endpoint`` under faults, end to end (issue 48, items 1, 3, 4): the tiny Llama target
+"""``hsd audit endpoint`` under faults, end to end (issue 48, items 1, 3, 4): the tiny Llama target
 (byte-level BPE, saved as a checkpoint folder), 20 draws of 4 tokens from a stdlib fake server that
 fails with HTTP 500 after 10 draws: the command ends with one error line naming the saved file, which
 holds the 10 draws; the same command again is refused unless ``--resume``, which requests only the
@@ -78,7 +78,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _audit(server: str, folder: Path, out: Path, *extra: str) -> list[str]:
-    return ["audit", "--endpoint", server, "--model", "tiny", "--target", str(folder), "--prompt", "def f(x):",
+    return ["audit", "endpoint", "--endpoint", server, "--model", "tiny", "--target", str(folder), "--prompt", "def f(x):",
             "--samples", "20", "--max-new-tokens", "4", "--request-timeout", "3", "--time-budget", "40",
             "--context-bugs", "none", "--save-samples", str(out), *extra]
 

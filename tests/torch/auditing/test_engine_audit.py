@@ -1,5 +1,5 @@
 """Audits of recorded engine samples (:func:`hsd_torch.auditing.samples.audit_samples`) and the
-``hsd audit --samples-file`` / ``--endpoint`` command lines, on a tiny Llama target (byte-level BPE)
+``hsd audit samples`` / ``hsd audit endpoint`` command lines, on a tiny Llama target (byte-level BPE)
 with a tiny GPT-2 drafter over the same tokenizer.
 
 The "engine" is :func:`hsd_torch.generate`: without speculation (``ar``) for the baseline, with
@@ -191,7 +191,7 @@ def test_cli_samples_file(folder: Path, files: dict[str, Path], capsys: pytest.C
                           tmp_path: Path) -> None:
     """A lossy engine (temperature 1.3 sampled, 1.0 written) against its baseline: caught over seeds 0-3
     with p below 1e-46 against the reference and below 1e-12 in the two-sample test."""
-    rc = hsd_main(["audit", "--samples-file", str(files["hot"]), "--baseline-file", str(files["plain"]),
+    rc = hsd_main(["audit", "samples", "--samples-file", str(files["hot"]), "--baseline-file", str(files["plain"]),
                    "--target", str(folder), "--context-bugs", "none", "--report", str(tmp_path / "r.md")])
     out = capsys.readouterr().out
     assert rc == 1 and out.startswith("engine audit: lossy") and "null control: plain.jsonl" in out
@@ -199,15 +199,17 @@ def test_cli_samples_file(folder: Path, files: dict[str, Path], capsys: pytest.C
     bad = tmp_path / "bad.jsonl"
     bad.write_text(files["plain"].read_text().replace('"seed": ', '"seed": 1.5, "x": ', 1))
     for argv, msg in (
-            (["--samples-file", str(bad)], r"bad\.jsonl:1: key 'seed': must be an int or null"),
-            (["--samples-file", str(files["plain"]), "--temperature", "0.5"], "--temperature: the samples file says"),
-            (["--samples-file", str(files["plain"]), "--impl", "hsd_torch"], "no --impl"),
-            (["--endpoint", "http://10.1.2.3:8000/v1", "--prompt", "x"], "is not loopback"),
-            (["--samples-file", str(files["plain"]), "--reference", "nosuchmodule:f"], "cannot be loaded")):
+            (["samples", "--samples-file", str(bad)], r"bad\.jsonl:1: key 'seed': must be an int or null"),
+            (["endpoint", "--endpoint", "http://10.1.2.3:8000/v1", "--prompt", "x"], "is not loopback"),
+            (["samples", "--samples-file", str(files["plain"]), "--reference", "nosuchmodule:f"], "cannot be loaded")):
         assert hsd_main(["audit", *argv, "--target", str(folder)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("hsd audit: error: "), err
         assert __import__("re").search(msg, err), err
+    for extra in (["--temperature", "0.5"], ["--impl", "hsd_torch"]):  # the file says its settings; no --impl
+        with pytest.raises(SystemExit):
+            hsd_main(["audit", "samples", "--samples-file", str(files["plain"]), *extra, "--target", str(folder)])
+        assert f"unrecognized arguments: {' '.join(extra)}" in capsys.readouterr().err
 
 
 def test_cli_dtype_sets_the_reference_target_and_the_report_says_so(folder: Path, files: dict[str, Path],
@@ -228,7 +230,8 @@ def test_cli_dtype_sets_the_reference_target_and_the_report_says_so(folder: Path
     import unittest.mock
 
     with unittest.mock.patch.object(cmd, "load", spy):
-        rc = hsd_main(["audit", "--samples-file", str(files["plain"]), "--target", str(folder), "--context-bugs",
+        rc = hsd_main(["audit", "samples", "--samples-file", str(files["plain"]), "--target", str(folder),
+                       "--context-bugs",
                        "none", "--dtype", "bf16"])
     out = capsys.readouterr().out
     assert rc == 0 and seen == [torch.bfloat16], (rc, seen, out)
@@ -273,7 +276,8 @@ def server(pair: Any) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_cli_endpoint(folder: Path, server: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc = hsd_main(["audit", "--endpoint", server, "--model", "tiny", "--target", str(folder), "--prompt", PROMPTS[0],
+    rc = hsd_main(["audit", "endpoint", "--endpoint", server, "--model", "tiny", "--target", str(folder),
+                   "--prompt", PROMPTS[0],
                    "--samples", "40", "--max-new-tokens", "6", "--speculative", "null", "--context-bugs", "none",
                    "--save-samples", str(tmp_path)])
     out = capsys.readouterr().out
