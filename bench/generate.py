@@ -34,7 +34,7 @@ the slow phases of a shared machine do not always hit the same ones.
 
 Token trees (``--methods`` with ``sdtree``, ``slemtree``, ``tlitree``; not in the default set): SD, SLEM and
 TLI with ``tree=`` the shape ``--tree`` names (static widths per depth, default ``2,2,1,1``, or
-``dynamic:WIDTH:BUDGET:DEPTH``); the tree's depth is their lookahead (docs/trees.md).
+``dynamic:BUDGET:WIDTH:DEPTH``); the tree's depth is their lookahead (docs/trees.md).
 
 Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, lookahead 1):
 
@@ -316,23 +316,6 @@ class Bench:
                 "target_forward_ms": 1e3 * tm.total / max(1, tm.calls),
                 "drafter_forward_ms": (1e3 * dm.total / max(1, dm.calls)) if dm else None,
                 "forward_s": fwd, "forward_share": fwd / wall, "tokens_per_forward_s": new_tok / fwd}
-
-
-def tree_shape(text: str) -> Any:
-    """The tree shape ``--tree`` names: ``"2,2,1,1"`` (static widths per depth) or ``"dynamic:W:B:D"``
-    (expand the most likely open node above depth D, W children at a time, up to B nodes); ``ValueError``
-    otherwise."""
-    from hsd_core.methods.tree import Dynamic, Static
-
-    if text.startswith("dynamic:"):
-        parts = text.split(":")[1:]
-        if len(parts) != 3 or not all(x.isdigit() for x in parts):
-            raise ValueError(f"a dynamic shape is dynamic:WIDTH:BUDGET:DEPTH, got {text!r}")
-        return Dynamic(width=int(parts[0]), budget=int(parts[1]), depth=int(parts[2]))
-    widths = text.split(",")
-    if not all(w.isdigit() for w in widths):
-        raise ValueError(f"static widths are integers, comma-separated, got {text!r}")
-    return Static(tuple(int(w) for w in widths))
 
 
 def configs(batches: list[int], hf: bool, sd: bool = True, modes: tuple[str, ...] = MODES,
@@ -663,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookahead", type=int, default=4)
     ap.add_argument("--methods", default=",".join(HSD_METHODS),
                     help=f"hsd's methods, of {','.join(HSD_METHODS + TREE_METHODS)}")
-    ap.add_argument("--tree", default="2,2,1,1", metavar="W,W,... | dynamic:WIDTH:BUDGET:DEPTH",
+    ap.add_argument("--tree", default="2,2,1,1", metavar="W,W,... | dynamic:BUDGET:WIDTH:DEPTH",
                     help="the tree methods' shape: static widths per depth, or a dynamic shape (default 2,2,1,1)")
     ap.add_argument("--sweep", default=None, metavar="K,K,...",
                     help="also run the lookahead-taking methods at batch 1 at these lookaheads")
@@ -689,9 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     if not methods or any(m not in HSD_METHODS + TREE_METHODS for m in methods) or "ar" not in methods:
         ap.error(f"--methods takes {', '.join(HSD_METHODS + TREE_METHODS)}, AR among them (the speed-ups' reference); "
                  f"got {args.methods!r}")
+    from hsd_torch.commands.args import tree_shape
+
     try:
         tree = tree_shape(args.tree)
-    except ValueError as e:
+    except argparse.ArgumentTypeError as e:
         ap.error(f"--tree: {e}")
     sweep = [int(k) for k in args.sweep.split(",")] if args.sweep else []
     sweep_modes = tuple(md for md in args.sweep_modes.split(",") if md in modes)

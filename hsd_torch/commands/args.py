@@ -147,6 +147,25 @@ def max_tokens(text: str) -> int | None:
     return value
 
 
+def tree_shape(text: str) -> Any:
+    """``--tree``: a token tree's shape, ``W,W,...`` (static: the children of every node at each depth,
+    ``hsd_core.methods.tree.Static``) or ``dynamic:BUDGET:WIDTH:DEPTH`` (``Dynamic(budget, width, depth)``: the
+    most likely open node above ``DEPTH`` expanded ``WIDTH`` children at a time up to ``BUDGET`` nodes)."""
+    from hsd_core.methods.tree import Dynamic, Static
+
+    fix = "give W,W,... (e.g. 2,2,1,1) or dynamic:BUDGET:WIDTH:DEPTH (e.g. dynamic:16:2:4)"
+    parts = text.split(":")
+    numbers = parts[1:] if parts[0] == "dynamic" else text.split(",")
+    if not numbers or not all(x.strip().isdigit() for x in numbers) or (parts[0] == "dynamic" and len(numbers) != 3):
+        raise argparse.ArgumentTypeError(f"not a tree shape: {text!r}; {fix}")
+    try:
+        if parts[0] == "dynamic":
+            return Dynamic(budget=int(numbers[0]), width=int(numbers[1]), depth=int(numbers[2]))
+        return Static(tuple(int(x) for x in numbers))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}; {fix}") from None
+
+
 def one_line(e: BaseException, limit: int = 400) -> str:
     """``str(e)`` on one line (its lines joined, runs of blanks collapsed), cut at ``limit``
     characters; the type's name if the message is empty."""
@@ -277,15 +296,18 @@ def default_lookahead(method: str) -> int:
 
 
 def method_problem(method: str, lookahead: int, greedy: bool, min_path_prob: float | None,
-                   proposal_map: str | None, max_tokens: int | None) -> str | None:
+                   proposal_map: str | None, max_tokens: int | None, tree: Any = None,
+                   tree_draws: str | None = None) -> str | None:
     """Why ``hsd_torch.generate`` would refuse these method options (None if it would not), in the
     command line's words: the flags to give, not the library's keyword names."""
     from ..methods import make
 
     try:
         make(method, lookahead=lookahead, greedy=greedy, lookbehind=None, min_path_prob=min_path_prob,
-             proposal_map=proposal_map, max_tokens=max_tokens)
+             proposal_map=proposal_map, max_tokens=max_tokens, tree=tree, tree_draws=tree_draws)
     except (ValueError, NotImplementedError) as e:
+        if tree is not None and method not in ("sd", "tli", "slem"):
+            return f"--tree is for --method sd, tli or slem (their token-tree twins), not {method}"
         if method == "slrs" and lookahead > 1 and proposal_map != "longest_prefix":
             return (f"--method slrs with --lookahead {lookahead} needs bounded SLRS: add --proposal-map longest_prefix "
                     "--min-path-prob TAU (e.g. 0.05; psi then costs at most 1 + (lookahead - 1) / TAU drafter rows "

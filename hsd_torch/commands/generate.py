@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lookahead", type=ca.positive_int, default=None, metavar="K",
       help=f"drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate; 1 for slrs)")
     a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
+    a("--tree", type=ca.tree_shape, default=None, metavar="SHAPE",
+      help="draft a token tree (--method sd, tli, slem; docs/trees.md): W,W,... children per node at each depth "
+           "(e.g. 2,2,1,1) or dynamic:BUDGET:WIDTH:DEPTH; its depth replaces --lookahead")
+    a("--tree-draws", choices=("distinct", "iid"), default=None,
+      help="with --tree: a node's children drawn without replacement (distinct, the default) or independently")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="bounded SLRS: stop drafting a path below this drafter probability")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
@@ -226,8 +231,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..engine.entry import generate
 
     # the method's options, as generate checks them first, in the flags' words
+    if args.tree is not None and args.lookahead is not None:
+        parser.error("--lookahead and --tree: a tree's depth is its lookahead; give one of them")
     problem = ca.method_problem(args.method, lookahead, args.greedy, args.min_path_prob, args.proposal_map,
-                                args.max_tokens)
+                                args.max_tokens, args.tree, args.tree_draws)
     if problem is None:
         problem = _problem_before_loading(args)
     if problem is None and args.method == "sd":  # the tokenizers only: refused before either model loads
@@ -245,7 +252,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        lookahead=lookahead, max_new_tokens=args.max_new_tokens, do_sample=not args.greedy,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map,
-                       max_tokens=args.max_tokens, mask_textless=args.mask_textless)
+                       max_tokens=args.max_tokens, mask_textless=args.mask_textless, tree=args.tree,
+                       tree_draws=args.tree_draws)
     except (ValueError, NotImplementedError) as e:  # not TypeError & co.: the CLI typed every value
         raise ca.Refusal(ca.one_line(e)) from None
     finally:

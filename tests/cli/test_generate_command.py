@@ -63,6 +63,34 @@ def test_generate_bounded_slrs(pair: Path) -> None:
     assert res.stdout == ar.stdout
 
 
+def test_generate_token_trees(pair: Path) -> None:
+    """``--tree`` runs a method's token-tree twin (docs/trees.md): greedy, SLEM-tree with a static and TLI-tree
+    with a dynamic shape are the target's greedy decoding; sampled, the same seed gives the same output; bad
+    shapes and combinations are one-line refusals naming the fix."""
+    args = ("--target", str(pair / "target"), "--prompt", "def foo(x):", "--prompt", "Hello", "--max-new-tokens", "6")
+    ar = run("-m", "hsd_torch.commands.generate", *args, "--greedy", "--method", "ar")
+    assert ar.returncode == 0, ar.stderr
+    for method, shape in (("slem", "2,2,1"), ("tli", "dynamic:6:2:3")):
+        res = run("-m", "hsd_torch.commands.generate", *args, "--greedy", "--drafter", str(pair / "drafter"),
+                  "--method", method, "--tree", shape, "--stats")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith(ar.stdout), (method, res.stdout)
+    sampled = [run("-m", "hsd_torch.commands.generate", *args, "--drafter", str(pair / "drafter"), "--method", "tli",
+                   "--tree", "2,1", "--tree-draws", "iid", "--seed", "5") for _ in range(2)]
+    assert all(r.returncode == 0 for r in sampled), sampled[0].stderr
+    assert sampled[0].stdout == sampled[1].stdout
+    for extra, message in ((("--method", "tli", "--tree", "2,x"), "not a tree shape: '2,x'"),
+                           (("--method", "tli", "--tree", "dynamic:2:6"), "dynamic:BUDGET:WIDTH:DEPTH"),
+                           (("--method", "tli", "--tree", "0,1"), "integer >= 1"),
+                           (("--method", "tli", "--tree", "2,1", "--lookahead", "3"), "a tree's depth is its lookahead"),
+                           (("--method", "slrs", "--tree", "2,1"), "--tree is for --method sd, tli or slem"),
+                           (("--method", "tli", "--tree-draws", "iid"), "give tree= too")):
+        res = run("-m", "hsd_torch.commands.generate", *args, "--drafter", str(pair / "drafter"), *extra)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and message in res.stderr, (extra, res.stderr)
+        said = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith(("usage:", " "))]
+        assert len(said) == 1, res.stderr  # argparse's usage lines (if any), then one line
+
+
 def test_generate_errors_are_one_line(pair: Path) -> None:
     res = run("-m", "hsd_torch.commands.generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
               "--method", "slrs", "--lookahead", "3", "--prompt", "x")
