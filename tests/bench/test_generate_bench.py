@@ -38,12 +38,13 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     try:
         assert gen.main(["--quick", "--fast-pair", "--pair", str(tmp_path / "pair"), "--prompts", "2", "--new", "5",
                          "--repeats", "1", "--batches", "1,2", "--extra-layers", "2", "--json", str(out),
-                         "--plots", str(tmp_path / "plots"), "--sweep", "2,4", "--sweep-modes", "greedy"]) == 0
+                         "--plots", str(tmp_path / "plots"), "--sweep", "2,4", "--sweep-modes", "greedy",
+                         "--methods", "ar,sd,slem,tli,slrs,bslrs,bslrsm,sdtree,slemtree,tlitree", "--tree", "2,1"]) == 0
     finally:
         torch.set_num_threads(threads)
     res = json.loads(out.read_text())
     m = res["methods"]
-    for method in ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm"):
+    for method in ("ar", "sd", "slem", "tli", "slrs", "bslrs", "bslrsm", "sdtree", "slemtree", "tlitree"):
         for mode in ("greedy", "sample"):
             for b in (1, 2):
                 row = m[f"hsd:{method}-{mode}@b{b}"]
@@ -69,6 +70,9 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         row = m[f"hsd:{x}-greedy@b1/k2"]
         assert row["new_tokens"] == 2 * 5 and 0 < row["proposed"] <= 2 * row["rounds"]
     assert res["setup"]["sweep"] == [2] and res["setup"]["bounded_slrs"]["min_path_prob"] == 0.05
+    # the token trees (--tree 2,1: depth 2): greedy equal to AR's, as every method's
+    trees = {k: v for k, v in res["greedy_mismatches"].items() if "tree" in k}
+    assert len(trees) == 6 and not any(trees.values()), res["greedy_mismatches"]  # 3 methods x batches 1, 2
     sw = res["lookahead_sweep"]
     assert set(sw) == {"hsd:tli-greedy", "hsd:slem-greedy", "hsd:bslrs-greedy", "hsd:bslrsm-greedy", "hf:uag-greedy"}
     assert all(set(by_k) == {"2", "4"} for by_k in sw.values())

@@ -63,7 +63,7 @@ def test_generate_bounded_slrs(pair: Path) -> None:
     assert res.stdout == ar.stdout
 
 
-def test_generate_token_trees(pair: Path) -> None:
+def test_generate_token_trees(pair: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--tree`` runs a method's token-tree twin (docs/trees.md): greedy, SLEM-tree with a static and TLI-tree
     with a dynamic shape are the target's greedy decoding; sampled, the same seed gives the same output; bad
     shapes and combinations are one-line refusals naming the fix."""
@@ -79,16 +79,23 @@ def test_generate_token_trees(pair: Path) -> None:
                    "--tree", "2,1", "--tree-draws", "iid", "--seed", "5") for _ in range(2)]
     assert all(r.returncode == 0 for r in sampled), sampled[0].stderr
     assert sampled[0].stdout == sampled[1].stdout
+    from hsd_torch.commands import generate as gen_cmd  # the refusals come before any model loads: in process
+
+    base = [a for a in args if a != "--greedy"] + ["--drafter", str(pair / "drafter")]
     for extra, message in ((("--method", "tli", "--tree", "2,x"), "not a tree shape: '2,x'"),
                            (("--method", "tli", "--tree", "dynamic:2:6"), "dynamic:BUDGET:WIDTH:DEPTH"),
                            (("--method", "tli", "--tree", "0,1"), "integer >= 1"),
                            (("--method", "tli", "--tree", "2,1", "--lookahead", "3"), "a tree's depth is its lookahead"),
                            (("--method", "slrs", "--tree", "2,1"), "--tree is for --method sd, tli or slem"),
                            (("--method", "tli", "--tree-draws", "iid"), "give tree= too")):
-        res = run("-m", "hsd_torch.commands.generate", *args, "--drafter", str(pair / "drafter"), *extra)
-        assert res.returncode == 2 and "Traceback" not in res.stderr and message in res.stderr, (extra, res.stderr)
-        said = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith(("usage:", " "))]
-        assert len(said) == 1, res.stderr  # argparse's usage lines (if any), then one line
+        try:
+            code = gen_cmd.main([*base, *extra])  # a refusal after parsing returns 2
+        except SystemExit as e:  # argparse's refusal exits with 2
+            code = e.code
+        err = capsys.readouterr().err
+        said = [ln for ln in err.strip().splitlines() if not ln.startswith(("usage:", " "))]
+        assert code == 2 and "Traceback" not in err and message in err, (extra, err)
+        assert len(said) == 1, err  # argparse's usage lines (if any), then one line
 
 
 def test_generate_errors_are_one_line(pair: Path) -> None:

@@ -84,6 +84,8 @@ def test_wrong_temperature_is_lossy(pair: Any) -> None:
     assert "the tokens fit best the claimed processing at temperature 1.1 " in rep.reason, rep.reason
 
 
+# slow tier (19 s): a power demonstration; the sequence audit's teeth in the fast tier are the zoo's tests
+@pytest.mark.slow
 def test_a_bug_after_the_first_tokens_is_caught_only_by_sequences(pair: Any) -> None:
     """A sampler exact for its first 4 tokens, then at temperature 1.25: audit_generate (first two
     tokens) cannot see it (its law there is exact, so it passes); audit_sequences catches it."""

@@ -16,6 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
+# slow tier (13 s): the GPU machine's check script, run on CPU; run before a device session (pytest -m slow)
+@pytest.mark.slow
 def test_gpu_check_script_passes_on_cpu(capsys: pytest.CaptureFixture[str],
                                        bench_module: Callable[[str], ModuleType]) -> None:
     rc = bench_module("gpu_check_generate").main(["--samples", "3000", "--chunk", "1500"])
