@@ -50,6 +50,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self._t0: float | None = None
+        self._base = 0  # the units done when the clock started (not timed: they came at once, or before it)
         self._next = every
         self._bar: Any = None
         self._closed = False
@@ -60,6 +61,7 @@ class Progress:
         for a few long units, such as the phases of a conversion. Prints nothing."""
         if self._t0 is None:
             self._t0 = time.monotonic()
+            self._base = self.done
         return self
 
     def update(self, k: int = 1) -> None:
@@ -67,8 +69,9 @@ class Progress:
         if self.mode == "off" or k <= 0:
             self.done += max(k, 0)
             return
-        if self._t0 is None:
+        if self._t0 is None:  # the clock starts with the first units: they came at once, so they are not timed
             self._t0 = time.monotonic()
+            self._base = self.done + k
         self.done += k
         if self.mode == "tqdm":
             if self._bar is None:
@@ -85,7 +88,8 @@ class Progress:
 
     def _line(self) -> None:
         elapsed = time.monotonic() - (self._t0 or time.monotonic())
-        rate = self.done / elapsed if elapsed > 0 else math.inf
+        timed = self.done - self._base  # the units done since the clock started
+        rate = timed / elapsed if elapsed > 0 and timed > 0 else math.inf
         left = (self.total - self.done) / rate if rate > 0 and math.isfinite(rate) else math.inf
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         if not math.isfinite(rate) or rate <= 0:

@@ -94,3 +94,20 @@ def test_slow_units_show_seconds_per_unit_and_start_starts_the_clock(monkeypatch
     lines = out.getvalue().splitlines()
     assert lines[0] == "phase 1/3 (33%), 20 s/phase, ETA 40 s", lines
     assert lines[1] == "phase 2/3 (67%), 30 s/phase, ETA 30 s", lines
+
+
+def test_units_that_come_at_once_are_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first update (a chunk of 64 draws, or draws resumed from a file) starts the clock and is not
+    counted in the rate: its line shows no rate (before: 64 draws in microseconds, about 1e7 draw/s);
+    the rate after it counts only the units done since."""
+    monkeypatch.delenv("HSD_PROGRESS", raising=False)
+    now = [100.0]
+    monkeypatch.setattr("hsd_core.progress.time.monotonic", lambda: now[0])
+    out = io.StringIO()
+    with progress(200, "d", "draw", stream=out) as bar:
+        bar.update(64)
+        now[0] += 2.0
+        bar.update(64)  # 64 draws in 2 s since the clock started
+    first, second = out.getvalue().splitlines()[:2]
+    assert first == "d 64/200 (32%), - draw/s, ETA ?", first
+    assert second == "d 128/200 (64%), 32 draw/s, ETA 2 s", second
