@@ -86,6 +86,8 @@ def test_generate_bench_quick_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                                      "generate_bound.png", "generate_lookahead.png"}
 
 
+# slow tier (9 s): bench/pair.py's rebuild path, a benchmark tool's; the quick path above stays in the fast tier
+@pytest.mark.slow
 def test_pair_rebuilds_the_tli_drafter_alone_and_diagnoses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/pair.py --drafters-only --keep-sd-drafter: the target and the SD drafter are kept (same
     weights, their recorded times carried over), the TLI drafter is retrained; diagnose() reports
@@ -111,6 +113,8 @@ def test_pair_rebuilds_the_tli_drafter_alone_and_diagnoses(tmp_path: Path, monke
     assert all(v > 0 for v in d["nll_per_char"].values())
 
 
+# slow tier (10 s): a cut benchmark run keeps its finished repeats (the tool's resilience, not the library's)
+@pytest.mark.slow
 def test_generate_bench_keeps_finished_repeats_when_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run stopped during its second repeat (as a device's time limit stops it) leaves the first
     repeat's figures in --json, marked partial; a finished run's file has no such mark."""
