@@ -181,32 +181,30 @@ def byte_alphabet() -> list[str]:
     return out
 
 
-def _bpe_vocab() -> tuple[list[str], list[tuple[str, str]]]:
-    alpha = byte_alphabet()
-    tokens = list(SPECIALS) + alpha
+def _left_merges(tokens: list[str], words: list[list[str]]) -> list[tuple[str, str]]:
+    """The merges that build each word of ``words`` (its pieces) left to right, one piece at a time; each
+    new token is appended to ``tokens`` (in place) as its merge is made."""
     merges: list[tuple[str, str]] = []
-    for word in _BPE_WORDS:
-        pieces = [alpha[b] for b in word.encode()]
+    for pieces in words:
         cur = pieces[0]
         for nxt in pieces[1:]:
             if cur + nxt not in tokens:
                 merges.append((cur, nxt))
                 tokens.append(cur + nxt)
             cur = cur + nxt
+    return merges
+
+
+def _bpe_vocab() -> tuple[list[str], list[tuple[str, str]]]:
+    alpha = byte_alphabet()
+    tokens = list(SPECIALS) + alpha
+    merges = _left_merges(tokens, [[alpha[b] for b in word.encode()] for word in _BPE_WORDS])
     return tokens, merges
 
 
 def _sp_vocab() -> tuple[list[str], list[tuple[str, str]]]:
     tokens = list(SPECIALS) + [f"<0x{b:02X}>" for b in range(256)] + list(_SP_CHARS)
-    merges: list[tuple[str, str]] = []
-    for word in _SP_WORDS:
-        pieces = list(word.replace(" ", "▁"))
-        cur = pieces[0]
-        for nxt in pieces[1:]:
-            if cur + nxt not in tokens:
-                merges.append((cur, nxt))
-                tokens.append(cur + nxt)
-            cur = cur + nxt
+    merges = _left_merges(tokens, [list(word.replace(" ", "▁")) for word in _SP_WORDS])
     return tokens, merges
 
 
