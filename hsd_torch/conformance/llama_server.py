@@ -55,7 +55,7 @@ from typing import Any
 
 from hsd_core.samples import Sampling, SamplesFile
 
-from ..engines._procs import guarded, stop_group
+from ..engines._procs import guarded, log_tail, stop_group
 from ..engines.vllm_server import free_port
 from .engines import Case, EngineRefused
 
@@ -154,15 +154,6 @@ def server_args(model: str, port: int, *, threads: int = 1, context: int = CONTE
             "-c", str(int(context)), "--no-webui", "--cache-ram", "0", *extra]
 
 
-def _tail(path: str, n: int = 15) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.rstrip() for ln in f.readlines()[-n:]]
-    except OSError:
-        return "(no log)"
-    return " | ".join(ln for ln in lines if ln)
-
-
 def _get(url: str, timeout: float) -> int:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -212,12 +203,12 @@ class LlamaServer:
                 code = self._proc.poll()
                 if code is not None:
                     raise LlamaServerError(f"llama-server exited with status {code} before it was ready "
-                                           f"(log {self.log}: {_tail(self.log)})")
+                                           f"(log {self.log}: {log_tail(self.log)})")
                 if _get(self.url + "/health", 2.0) == 200:
                     break
                 if time.monotonic() - t0 > self.startup_timeout:
                     raise LlamaServerError(f"llama-server was not ready within {self.startup_timeout:g} s "
-                                           f"(log {self.log}: {_tail(self.log)})")
+                                           f"(log {self.log}: {log_tail(self.log)})")
                 time.sleep(self.poll_s)
         except BaseException:
             self.stop()

@@ -35,6 +35,17 @@ WATCH_EVERY = 0.2
 """Seconds between two checks of the guard's watchdog."""
 
 
+def log_tail(path: str, n: int = 15) -> str:
+    """The non-blank lines among the last ``n`` of an engine's log, joined by `` | `` (one line for an
+    error message); ``(no log)`` when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln.rstrip() for ln in f.readlines()[-n:]]
+    except OSError:
+        return "(no log)"
+    return " | ".join(ln for ln in lines if ln)
+
+
 def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still running (zombies, which only await their
     parent, do not count; read from ``/proc`` where there is one, else a signal 0 to the group)."""

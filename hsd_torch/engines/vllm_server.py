@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._procs import group_alive, guarded, stop_group
+from ._procs import group_alive, guarded, log_tail, stop_group
 from .vllm_audit import VllmUnavailable
 from .vllm_worker import ENV_DEFAULTS, SPEC_METRICS, speculative_config
 
@@ -120,15 +120,6 @@ def parse_spec_metrics(text: str) -> dict[str, Any]:
     return out
 
 
-def _tail(path: str, n: int = 15) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.rstrip() for ln in f.readlines()[-n:]]
-    except OSError:
-        return "(no log)"
-    return " | ".join(ln for ln in lines if ln)
-
-
 def _get(url: str, timeout: float) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -199,14 +190,14 @@ class VllmServer:
             code = self._proc.poll()
             if code is not None:
                 raise VllmServerError(f"the vLLM server exited with status {code} before it was ready "
-                                      f"(log {self.log}: {_tail(self.log)})")
+                                      f"(log {self.log}: {log_tail(self.log)})")
             if _get(base + "/health", 5.0)[0] == 200:
                 status, body = _get(self.url + "/models", 10.0)
                 if status == 200 and self.served_model_name in body.decode("utf-8", "replace"):
                     return
             if time.monotonic() - t0 > self.startup_timeout:
                 raise VllmServerError(f"the vLLM server was not ready within {self.startup_timeout:g} s "
-                                      f"(log {self.log}: {_tail(self.log)})")
+                                      f"(log {self.log}: {log_tail(self.log)})")
             time.sleep(self.poll_s)
 
     def running(self) -> bool:
