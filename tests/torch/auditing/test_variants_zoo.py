@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 from hsd_torch import generate  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 from hsd_torch.auditing.sequences import audit_sequences  # noqa: E402
-from hsd_torch.auditing.variants import VARIANTS, generate_with  # noqa: E402
+from hsd_torch.auditing.variants import TREE_VARIANTS, VARIANTS, generate_with  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -129,6 +129,7 @@ def test_positions_not_reset_are_caught_on_a_position_sensitive_target() -> None
 # named seams: a variant patches only what the module that defines it declares (ZOO_SEAMS)
 
 def test_every_variant_patches_only_declared_seams_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single-path variants and the token trees' (TREE_VARIANTS) alike."""
     import hsd_torch.auditing.variants as variants
 
     seen: list[tuple[Any, str]] = []
@@ -139,7 +140,7 @@ def test_every_variant_patches_only_declared_seams_and_restores_them(monkeypatch
         return real(owner, name, make)
 
     monkeypatch.setattr(variants, "patch_seam", recording)
-    for v in VARIANTS.values():
+    for v in (*VARIANTS.values(), *TREE_VARIANTS.values()):
         seen.clear()
         with v.patch():
             assert seen, f"variant {v.name} patched nothing through patch_seam"
