@@ -311,19 +311,32 @@ def test_sample_runs_the_worker_and_reports_its_failure(tmp_path: Path) -> None:
 
 def test_sample_reports_the_draws_as_the_worker_appends_them(tmp_path: Path) -> None:
     """``sample(on_draw=)`` counts the lines the worker appends to each file while it runs (a line
-    counted once whole), the ones a resumed file already holds first, and nothing twice."""
-    out = tmp_path / "f.jsonl"
+    counted once whole), the ones a resumed file already holds first, and nothing twice. No timing
+    luck: the fake worker writes half a line, then a whole one, and waits until hsd has reported that
+    draw (a marker file the callback writes) before it writes the other four."""
+    out, seen = tmp_path / "f.jsonl", tmp_path / "seen"
     out.write_text('{"resumed": 1}\n{"resumed": 2}\n')
-    body = ("import json, time\n"
-            f"with open({str(out)!r}, 'a') as f:\n"
-            "    for i in range(5):\n"
-            "        f.write('{\"draw\": ' + str(i)); f.flush(); time.sleep(0.03)\n"
-            "        f.write('}\\n'); f.flush(); time.sleep(0.03)\n"
+    body = ("import json, os, time\n"
+            f"out, seen = {str(out)!r}, {str(seen)!r}\n"
+            "with open(out, 'a') as f:\n"
+            "    f.write('{\"draw\": 0'); f.flush(); time.sleep(0.1)\n"
+            "    f.write('}\\n'); f.flush()\n"
+            "    deadline = time.monotonic() + 60\n"
+            "    while not os.path.exists(seen) and time.monotonic() < deadline:\n"
+            "        time.sleep(0.01)\n"
+            "    for i in range(1, 5):\n"
+            "        f.write('{\"draw\": ' + str(i) + '}\\n'); f.flush()\n"
             "print(json.dumps({'draws': 5}))\n")
     job = va.build_job("/t", [va.file_entry([[1]], ["a"], [3], str(out), do_sample=True)], None)
     calls: list[int] = []
-    assert va.sample(_fake_python(tmp_path, body), job, on_draw=calls.append, poll=0.02) == [{"draws": 5}]
-    assert calls[0] == 2 and sum(calls) == 7 and len(calls) > 2, calls  # resumed first, then as they come
+
+    def on_draw(k: int) -> None:
+        calls.append(k)
+        if sum(calls) >= 3:
+            seen.touch()
+
+    assert va.sample(_fake_python(tmp_path, body), job, on_draw=on_draw, poll=0.02) == [{"draws": 5}]
+    assert calls[:2] == [2, 1] and sum(calls) == 7, calls  # resumed first, then the draw alone, then the rest
 
 
 def test_expand_kernel_fix_keeps_dtype_and_values() -> None:
