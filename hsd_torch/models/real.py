@@ -64,6 +64,7 @@ the next call converts again). :func:`load_checkpoint` applies the same checks t
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -340,15 +341,31 @@ def _folder(name: str) -> Path:
     """The converted folder of ``name``, converting first if it is missing or stale."""
     src = _source(name)
     folder = cache_dir() / name
+    if _fresh(src, folder):
+        return folder
+    _require(src)  # a missing package is said before anything is written
+    # one converter at a time per model across processes (parallel test workers, two shells): the
+    # others wait here, then find the folder fresh and convert nothing
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(f".{name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not _fresh(src, folder):
+                _convert(name, src, folder)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder
+
+
+def _fresh(src: _Source, folder: Path) -> bool:
+    """Whether ``folder`` holds a finished conversion of ``src``'s installed package."""
     stamp = folder / STAMP
     if _present(src) and stamp.is_file():
         try:
-            if json.loads(stamp.read_text()) == _stamp(src):
-                return folder
+            return bool(json.loads(stamp.read_text()) == _stamp(src))
         except ValueError:
-            pass
-    _convert(name, src, folder)
-    return folder
+            return False
+    return False
 
 
 def _quiet() -> Any:

