@@ -85,6 +85,14 @@ def time_model(name: str, dtype_name: str, sizes: list[int], context: int, repea
     """Min and median seconds of a tree pass of each size, and their ratios to the one-node pass."""
     model, tok = real_models.load(name, dtype=DTYPES[dtype_name])
     model.eval()
+    out = time_loaded(model, DTYPES[dtype_name], sizes, context, repeats)
+    del model, tok
+    return {"model": name, "dtype": dtype_name, **out}
+
+
+def time_loaded(model: Any, dtype: torch.dtype, sizes: list[int], context: int, repeats: int) -> dict[str, Any]:
+    """:func:`time_model` on a model already loaded (in ``dtype``): ``context``, ``repeats`` and the
+    rows of ``sizes`` (the first size is the ratios' base)."""
     vocab = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(1000, min(vocab, 20000), (1, context), generator=gen)
@@ -94,7 +102,7 @@ def time_model(name: str, dtype_name: str, sizes: list[int], context: int, repea
     with torch.inference_mode():
         prefill = model(input_ids=ctx, use_cache=True)
     cache = getattr(prefill, cache_kw, None) or prefill.past_key_values
-    inputs = {n: (torch.randint(1000, min(vocab, 20000), (1, n), generator=gen), *tree_inputs(n, context, DTYPES[dtype_name]))
+    inputs = {n: (torch.randint(1000, min(vocab, 20000), (1, n), generator=gen), *tree_inputs(n, context, dtype))
               for n in sizes}
     check_mask(model, cache_kw, cache, ctx, *inputs[sizes[-1]])
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -114,8 +122,8 @@ def time_model(name: str, dtype_name: str, sizes: list[int], context: int, repea
     base = statistics.median(times[sizes[0]])
     rows = [{"nodes": n, "min_ms": min(times[n]) * 1e3, "median_ms": statistics.median(times[n]) * 1e3,
              "ratio_to_one_node": statistics.median(times[n]) / base} for n in sizes]
-    del model, tok, cache
-    return {"model": name, "dtype": dtype_name, "context": context, "repeats": repeats, "rows": rows}
+    del cache
+    return {"context": context, "repeats": repeats, "rows": rows}
 
 
 def main() -> None:
