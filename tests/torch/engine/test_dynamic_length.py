@@ -18,6 +18,7 @@ Models: test_generate.py's tiny float64 models (conftest), as the mirror tests u
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
@@ -234,3 +235,59 @@ def test_refusals(toks: dict[str, Any], models: dict[str, Any]) -> None:
         generate(target, drafter, "x", method="tli", tree=Static((2, 1)), min_confidence=0.5, **kw)
     out = generate(target, drafter, "x", method="tli", min_confidence=np.float32(0.5), max_new_tokens=3, seed=0, **kw)
     assert len(out.sequences[0]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# command line and benchmark
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from hsd_torch.models.tiny import save_tiny_pair
+
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def proposals(table: str) -> int:
+    """The ``proposed`` total of ``hsd generate --stats``'s table (its ``all`` line)."""
+    head = next(line for line in table.splitlines() if line.startswith("#  "))
+    total = next(line for line in table.splitlines() if line.startswith("all "))
+    return int(total.split()[re.split(r"\s{2,}", head).index("proposed") - 1])  # the "all" line has no prompt
+
+
+def test_generate_command_min_confidence(saved_pair: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hsd generate --min-confidence C``: greedy output is still the target's (AR's), with fewer
+    proposals than without it; bad values and methods are one-line refusals (exit status 2)."""
+    from hsd_torch.commands.generate import main
+
+    target, drafter = map(str, saved_pair)
+    args = ["--target", target, "--prompt", "def foo(x):", "--max-new-tokens", "8", "--greedy"]
+    assert main([*args, "--method", "ar"]) == 0
+    ar = capsys.readouterr().out
+    counts = {}
+    for conf in ([], ["--min-confidence", "0.5"]):
+        assert main([*args, "--drafter", drafter, "--method", "tli", "--stats", *conf]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(ar)
+        counts[bool(conf)] = proposals(out[len(ar):])
+    assert counts[True] < counts[False]
+    for bad, why in ((["--method", "tli", "--min-confidence", "0"], "needs a number in (0, 1]"),
+                     (["--method", "slrs", "--lookahead", "1", "--min-confidence", "0.5"],
+                      "--min-confidence is for --method sd, tli or slem"),
+                     (["--method", "tli", "--tree", "2,1", "--min-confidence", "0.5"], "--min-confidence and --tree")):
+        try:
+            code = main([*args, "--drafter", drafter, *bad])
+        except SystemExit as e:  # argparse's own refusal of a value
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2 and why in err, (bad, err)
+
+
+def test_benchmark_options(bench_module: Any) -> None:
+    """``bench/generate.py --min-confidence C`` reaches the single-path SD, SLEM and TLI only."""
+    gen = bench_module("generate")
+    for m in ("sd", "slem", "tli"):
+        assert gen.hsd_options(m, 4, None, 0.4) == {"lookahead": 4, "method": m, "min_confidence": 0.4}
+        assert "min_confidence" not in gen.hsd_options(m, 4, None, None)
+    for m in ("ar", "slrs", "bslrs", "bslrsm", "sdtree", "tlitree", "slemtree"):
+        assert "min_confidence" not in gen.hsd_options(m, 4, "shape", 0.4)
