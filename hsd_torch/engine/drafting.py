@@ -30,7 +30,8 @@ from ._precision import nan_hint
 from .laws import TextSpace, restricted_law, space_law
 from .round_state import DraftColumns, Drafts, EngineState
 
-__all__ = ["DraftColumns", "confidence", "draft_tokens", "drafter_context_from_text", "drafting_uniforms", "feed_drafter"]
+__all__ = ["DraftColumns", "confidence", "draft_tokens", "drafter_context_from_text", "drafting_uniforms",
+           "feed_drafter"]
 
 
 def drafter_context_from_text(gen: EngineState, active: Sequence[bool], resync: Resync) -> None:

@@ -61,7 +61,8 @@ def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path
     check_method(method)
     given = {"lookbehind": lookbehind is not None, "resync": resync is not None, "min_path_prob": min_path_prob is not None,
              "proposal_map": proposal_map is not None, "max_tokens": not (is_int(max_tokens) and max_tokens == 1),
-             "tree": tree is not None, "tree_draws": tree_draws is not None, "min_confidence": min_confidence is not None}
+             "tree": tree is not None, "tree_draws": tree_draws is not None,
+             "min_confidence": min_confidence is not None}
     values = {"lookbehind": lookbehind, "resync": resync, "min_path_prob": min_path_prob, "proposal_map": proposal_map,
               "max_tokens": max_tokens, "tree": tree, "tree_draws": tree_draws, "min_confidence": min_confidence}
     refuse_options_not_taken(method, given, values)

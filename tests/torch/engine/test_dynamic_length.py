@@ -39,7 +39,7 @@ from hsd_torch import CoreModel, generate  # noqa: E402
 from hsd_torch.engine import kernels  # noqa: E402
 from hsd_torch.models.mirror import core_text, target_two_token_law  # noqa: E402
 
-generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only: the mirror's setting
+generate = functools.partial(generate, mask_textless=True)  # hsd_core's laws hold ids with text only (the mirror's)
 
 torch.set_num_threads(1)
 
@@ -99,7 +99,8 @@ def check_mirror(method: str, pair: str, conf: float, greedy: bool, toks: dict[s
     assert made < 0.8 * unbounded, f"the threshold must stop drafts in this test: {made} vs {unbounded} proposals"
     target, tt, drafter, dt, dtemp = unpack(pair, toks, models)
     ct = CoreModel(target, tt, **process)
-    cd = CoreModel(drafter, dt, **dict(process, temperature=process.get("temperature", 1.0) if dtemp is None else dtemp))
+    dtemp = process.get("temperature", 1.0) if dtemp is None else dtemp
+    cd = CoreModel(drafter, dt, **dict(process, temperature=dtemp))
     ref = core_method(method, greedy, conf)
     assert out.uniforms is not None
     for i, prompt in enumerate(PROMPTS):
