@@ -36,6 +36,12 @@ Token trees (``--methods`` with ``sdtree``, ``slemtree``, ``tlitree``; not in th
 TLI with ``tree=`` the shape ``--tree`` names (static widths per depth, default ``2,2,1,1``, or
 ``dynamic:BUDGET:WIDTH:DEPTH``); the tree's depth is their lookahead (docs/trees.md).
 
+The dynamic draft length (``--min-confidence C``, off by default): hsd's single-path SD, SLEM and TLI
+run with ``min_confidence=C`` (each row stops drafting before a later draft whose drafter law's largest
+probability is below C; docs/trees.md); the other methods and transformers' assistants (which keep
+drafting exactly ``--lookahead`` tokens) run as without it. The JSON's ``setup`` records
+``min_confidence`` and the methods it applied to.
+
 Configurations (lookahead ``--lookahead``, 4 by default; SLRS is one-token, lookahead 1):
 
 - ``hsd:<method>-<mode>@b<B>``: ``hsd_torch.generate`` with method AR, SD (the SD drafter, on the
@@ -111,6 +117,7 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "slrs": {"method": "slrs", "lookahead": 1},
     "bslrs": {"method": "slrs", **BOUNDED}, "bslrsm": {"method": "slrs", **BOUNDED, "max_tokens": None},
     "sdtree": {"method": "sd"}, "slemtree": {"method": "slem"}, "tlitree": {"method": "tli"}}  # + tree (--tree)
+DYNAMIC_LENGTH = ("sd", "slem", "tli")  # the single-path methods that take --min-confidence
 SWEPT = ("tli", "slem", "bslrs", "bslrsm")  # the methods whose rounds take a lookahead
 HF_SWEPT = (("uag", "greedy"), ("uagfix", "sample"))
 MODES = ("greedy", "sample")
@@ -123,6 +130,19 @@ VS_PATCHED = {"tli-sample": "uagfix-sample"}
 VS_SWEEP = {"slem-greedy": "uag-greedy", "tli-greedy": "uag-greedy", "bslrs-greedy": "uag-greedy",
             "bslrsm-greedy": "uag-greedy", "tli-sample": "uagfix-sample", "bslrs-sample": "uagfix-sample",
             "bslrsm-sample": "uagfix-sample"}
+
+
+def hsd_options(method: str, lookahead: int, tree: Any = None, min_confidence: float | None = None) -> dict[str, Any]:
+    """``hsd_torch.generate``'s options for benchmark method ``method`` (:data:`METHOD_OPTIONS`):
+    ``lookahead`` unless the method fixes its own, a tree method's ``tree`` in its place, and
+    ``min_confidence`` for the single-path methods of :data:`DYNAMIC_LENGTH` when given."""
+    opts = dict({"lookahead": lookahead}, **METHOD_OPTIONS[method])
+    if method in TREE_METHODS:  # the tree's depth is its lookahead
+        opts.pop("lookahead")
+        opts["tree"] = tree
+    if min_confidence is not None and method in DYNAMIC_LENGTH:
+        opts["min_confidence"] = min_confidence
+    return opts
 
 
 class FwdTimer:
@@ -184,6 +204,7 @@ class Bench:
         self.new = new
         self.k = lookahead
         self.tree: Any = None  # the tree methods' shape (--tree)
+        self.min_confidence: float | None = None  # the single-path methods' dynamic draft length (--min-confidence)
         self.device = device
         cuda = device.startswith("cuda")
         self.tt, self.dt = pair["target_tokenizer"], pair["drafter_tokenizer"]
@@ -217,13 +238,10 @@ class Bench:
         import hsd_torch as ht
 
         p = self.p
-        opts = dict({"lookahead": k or self.k}, **METHOD_OPTIONS[method])
+        opts = hsd_options(method, k or self.k, self.tree, self.min_confidence)
         same_vocab = opts["method"] == "sd"
         drafter = None if method == "ar" else (p["sd_drafter"] if same_vocab else p["drafter"])
         dtok = None if drafter is None else (self.tt if same_vocab else self.dt)
-        if method in TREE_METHODS:  # the tree's depth is its lookahead
-            opts.pop("lookahead")
-            opts["tree"] = self.tree
         prompts = self.prompts[:n] if n else (self.prompts[:self.b1] if batch == 1 else self.prompts)
         tm, dm = self._timer(p["target"]), (self._timer(drafter) if drafter is not None else None)
         tm.reset()
@@ -648,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"hsd's methods, of {','.join(HSD_METHODS + TREE_METHODS)}")
     ap.add_argument("--tree", default="2,2,1,1", metavar="W,W,... | dynamic:BUDGET:WIDTH:DEPTH",
                     help="the tree methods' shape: static widths per depth, or a dynamic shape (default 2,2,1,1)")
+    ap.add_argument("--min-confidence", default=None, metavar="C",
+                    help="the dynamic draft length of SD, SLEM and TLI (single paths): stop drafting before a later "
+                         "draft whose drafter law's largest probability is below C, in (0, 1] (default: off)")
     ap.add_argument("--sweep", default=None, metavar="K,K,...",
                     help="also run the lookahead-taking methods at batch 1 at these lookaheads")
     ap.add_argument("--sweep-modes", default="greedy,sample", help="the sweep's modes (of --modes)")
@@ -672,12 +693,16 @@ def main(argv: list[str] | None = None) -> int:
     if not methods or any(m not in HSD_METHODS + TREE_METHODS for m in methods) or "ar" not in methods:
         ap.error(f"--methods takes {', '.join(HSD_METHODS + TREE_METHODS)}, AR among them (the speed-ups' reference); "
                  f"got {args.methods!r}")
-    from hsd_torch.commands.args import tree_shape
+    from hsd_torch.commands.args import min_confidence as confidence_arg, tree_shape
 
     try:
         tree = tree_shape(args.tree)
     except argparse.ArgumentTypeError as e:
         ap.error(f"--tree: {e}")
+    try:
+        min_confidence = None if args.min_confidence is None else confidence_arg(args.min_confidence)
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--min-confidence: {e}")
     sweep = [int(k) for k in args.sweep.split(",")] if args.sweep else []
     sweep_modes = tuple(md for md in args.sweep_modes.split(",") if md in modes)
     if any(k < 1 for k in sweep) or (sweep and not sweep_modes):
@@ -698,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     bench = Bench(p, prompts, args.new, args.lookahead, args.device, hf=not args.no_transformers)
     bench.tree = tree
+    bench.min_confidence = min_confidence
     if args.b1_prompts:
         bench.b1 = min(args.b1_prompts, len(prompts))
     cfgs: list[tuple[str, str, str, int, int | None]] = [
@@ -738,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
                         "build": p["build"] if args.pair == "distilled" else
                         {k: p["build"].get(k) for k in ("build_seconds", "steps", "fast")},
                         "prompts": len(prompts), "batch1_prompts": bench.b1, "new_tokens": args.new, "lookahead": args.lookahead,
-                        "methods": list(methods), "sweep": sweep, "sweep_modes": list(sweep_modes), "bounded_slrs": BOUNDED,
+                        "methods": list(methods), "min_confidence": min_confidence,
+                        "min_confidence_methods": [m for m in methods if m in DYNAMIC_LENGTH] if min_confidence else [],
+                        "sweep": sweep, "sweep_modes": list(sweep_modes), "bounded_slrs": BOUNDED,
                         "repeats": args.repeats, "batches": batches, "device": args.device, "dtype": args.dtype,
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "transformers": __import__("transformers").__version__,

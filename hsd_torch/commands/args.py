@@ -102,6 +102,12 @@ def min_path_prob(text: str) -> float:
     return _float(text, "needs a number in (0, 1] (bounded SLRS's probability stop, e.g. 0.05)", lambda v: 0 < v <= 1)
 
 
+def min_confidence(text: str) -> float:
+    """``--min-confidence``: a number in (0, 1]."""
+    return _float(text, "needs a number in (0, 1] (stop drafting before a draft the drafter is less sure of, e.g. 0.4)",
+                  lambda v: 0 < v <= 1)
+
+
 def alpha(text: str) -> float:
     """``--alpha``: a number strictly between 0 and 1."""
     return _float(text, "needs a number strictly between 0 and 1 (the family-wise false-fail rate, e.g. 1e-3)",
@@ -297,17 +303,22 @@ def default_lookahead(method: str) -> int:
 
 def method_problem(method: str, lookahead: int, greedy: bool, min_path_prob: float | None,
                    proposal_map: str | None, max_tokens: int | None, tree: Any = None,
-                   tree_draws: str | None = None) -> str | None:
+                   tree_draws: str | None = None, min_confidence: float | None = None) -> str | None:
     """Why ``hsd_torch.generate`` would refuse these method options (None if it would not), in the
     command line's words: the flags to give, not the library's keyword names."""
     from ..methods import make
 
     try:
         make(method, lookahead=lookahead, greedy=greedy, lookbehind=None, min_path_prob=min_path_prob,
-             proposal_map=proposal_map, max_tokens=max_tokens, tree=tree, tree_draws=tree_draws)
+             proposal_map=proposal_map, max_tokens=max_tokens, tree=tree, tree_draws=tree_draws,
+             min_confidence=min_confidence)
     except (ValueError, NotImplementedError) as e:
         if tree is not None and method not in ("sd", "tli", "slem"):
             return f"--tree is for --method sd, tli or slem (their token-tree twins), not {method}"
+        if min_confidence is not None and method not in ("sd", "tli", "slem"):
+            return f"--min-confidence is for --method sd, tli or slem (a single draft path), not {method}"
+        if min_confidence is not None and tree is not None:
+            return "--min-confidence and --tree: the dynamic draft length is for a single draft path; give one of them"
         if method == "slrs" and lookahead > 1 and proposal_map != "longest_prefix":
             return (f"--method slrs with --lookahead {lookahead} needs bounded SLRS: add --proposal-map longest_prefix "
                     "--min-path-prob TAU (e.g. 0.05; psi then costs at most 1 + (lookahead - 1) / TAU drafter rows "

@@ -2,6 +2,7 @@
 
     hsd generate --target DIR --drafter DIR --method tli --prompt "def foo(x):" \\
         [--prompt ...] [--prompts-file FILE] [--max-new-tokens N] [--greedy] [--seed S] [--stats]
+        [--min-confidence C]
 
 ``DIR`` are ``save_pretrained`` folders (model and tokenizer; ``--target-tokenizer`` /
 ``--drafter-tokenizer`` load the tokenizers from other folders). Everything is offline
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
            "(e.g. 2,2,1,1) or dynamic:BUDGET:WIDTH:DEPTH; its depth replaces --lookahead")
     a("--tree-draws", choices=("distinct", "iid"), default=None,
       help="with --tree: a node's children drawn without replacement (distinct, the default) or independently")
+    a("--min-confidence", type=ca.min_confidence, default=None, metavar="C",
+      help="--method sd, tli, slem: the dynamic draft length, stop drafting before a later draft whose drafter law's "
+           "largest probability is below C (the first draft is always made; lossless: docs/trees.md)")
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="bounded SLRS: stop drafting a path below this drafter probability")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
@@ -234,7 +238,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.tree is not None and args.lookahead is not None:
         parser.error("--lookahead and --tree: a tree's depth is its lookahead; give one of them")
     problem = ca.method_problem(args.method, lookahead, args.greedy, args.min_path_prob, args.proposal_map,
-                                args.max_tokens, args.tree, args.tree_draws)
+                                args.max_tokens, args.tree, args.tree_draws, args.min_confidence)
     if problem is None:
         problem = _problem_before_loading(args)
     if problem is None and args.method == "sd":  # the tokenizers only: refused before either model loads
@@ -253,7 +257,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        progress=bar, min_path_prob=args.min_path_prob, proposal_map=args.proposal_map,
                        max_tokens=args.max_tokens, mask_textless=args.mask_textless, tree=args.tree,
-                       tree_draws=args.tree_draws)
+                       tree_draws=args.tree_draws, min_confidence=args.min_confidence)
     except (ValueError, NotImplementedError) as e:  # not TypeError & co.: the CLI typed every value
         raise ca.Refusal(ca.one_line(e)) from None
     finally:

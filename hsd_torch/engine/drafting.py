@@ -7,6 +7,13 @@ Drafting uniforms: a row draws ``k[i]`` uniforms at the start of the round (one 
 draft) and consumes the first ``n[i]`` of them, one per draft, in order (:func:`drafting_uniforms`).
 Validity: each draw's law is checked by the mass the draw reads (NaN, infinite or zero): methods
 that must propose raise ``ValueError``, the others stop drafting that row.
+
+The dynamic draft length (``min_confidence``, SD, TLI, SLEM; ``hsd_core.methods.base.draft_autoregressive``):
+before its second and every later draft, a row whose law drawn from has a largest probability
+(:func:`confidence`: the largest entry over the row's mass, so TLI's slice reads as q_cap) below
+``min_confidence`` stops drafting; its first draft is always made. The stop reads only the
+drafter's law, so each row stops on its own, and a batch's rows may draft different lengths.
+A stopped row consumes no uniform for the draft it did not make.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from hsd_core.laws import Prob
 from hsd_core.methods.resync import Resync, drafter_context_ids
 
 from . import kernels
@@ -22,7 +30,8 @@ from ._precision import nan_hint
 from .laws import TextSpace, restricted_law, space_law
 from .round_state import DraftColumns, Drafts, EngineState
 
-__all__ = ["DraftColumns", "draft_tokens", "drafter_context_from_text", "drafting_uniforms", "feed_drafter"]
+__all__ = ["DraftColumns", "confidence", "draft_tokens", "drafter_context_from_text", "drafting_uniforms",
+           "feed_drafter"]
 
 
 def drafter_context_from_text(gen: EngineState, active: Sequence[bool], resync: Resync) -> None:
@@ -69,11 +78,24 @@ def feed_drafter(gen: EngineState, contexts: Sequence[Sequence[int] | None], hea
     return drun.feed(blocks, [len(b) - 1 for b in blocks], None, head)
 
 
-def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
-                 ) -> tuple[Drafts, list[list[int]]]:
+def confidence(law: Tensor, rows: Sequence[int]) -> list[float]:
+    """The drafter's confidence at each of ``rows`` of ``law [B, N]`` (non-negative weights over the
+    drafting columns, need not be normalized: TLI's slice): the row's largest entry divided by its
+    total, i.e. the largest probability of the law a draw from that row samples (NaN for a row
+    with no mass, which the draw's own check then reports). Read back to the host."""
+    sub = law if len(rows) == law.shape[0] else law.index_select(
+        0, torch.tensor(list(rows), dtype=torch.long, device=law.device))
+    out: list[float] = (sub.amax(dim=-1) / sub.sum(dim=-1)).tolist()
+    return out
+
+
+def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns,
+                 min_confidence: Prob | None = None) -> tuple[Drafts, list[list[int]]]:
     """Up to ``k[i]`` drafts for each active row from the drafter's processed law at
     ``gen.d_ctx[i]`` followed by the drafts so far (argmax when greedy, ties to the first column),
-    stopping after the drafter's EOS. Returns the :class:`Drafts` (with ``cols`` filled when
+    stopping after the drafter's EOS and, with ``min_confidence`` (a probability in (0, 1], as
+    ``hsd_core.methods.base.check_confidence`` returns it), before a row's second or later draft
+    whose law's :func:`confidence` is below it. Returns the :class:`Drafts` (with ``cols`` filled when
     ``cols.to_target`` is given) and each row's drafted drafter ids."""
     batch, greedy, dev, dt = gen.batch, gen.greedy, gen.dev, gen.dt
     assert dt is not None and gen.d_drop is not None
@@ -96,6 +118,13 @@ def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], col
             law = space_law(last, space, gen.d_drop, *gen.d_process.args())
             if n_draw < space.n:
                 law = law[:, :n_draw]
+        if min_confidence is not None and j > 0:  # the dynamic draft length: the first draft is always made
+            for r, c in zip(rows, confidence(law, rows)):
+                if c < min_confidence:
+                    still[r] = False
+            rows = [i for i in rows if still[i]]
+            if not rows:
+                break
         if not greedy and u_round is None:  # one host-to-device copy a round
             u_round = kernels._host_tensor(
                 [[[r[j] if j < len(r) else 0.0] for r in d_uniforms] for j in range(max(k))], law.dtype, dev)

@@ -104,7 +104,7 @@ def generate(
     min_new_tokens: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
     dtype: Any = None,
-    tree: Any = None, tree_draws: str | None = None,
+    tree: Any = None, tree_draws: str | None = None, min_confidence: float | None = None,
 ) -> GenerateOutput:
     """Generate continuations of ``prompts`` from ``target``, lossless for its processed law.
 
@@ -116,25 +116,24 @@ def generate(
     ``lookahead`` (drafts per round, default 4; AR ignores it), ``lookbehind`` (SLEM's, None: 4), ``resync`` (SLEM's,
     SLRS's drafter re-sync, ``hsd_core.methods.Resync``), ``proposal_map="longest_prefix"``, ``min_path_prob`` (bounded
     SLRS, beyond lookahead 1; greedy needs none), ``max_tokens`` (target ids per round, 1; None: the budget); ``tree``
-    (SD, TLI, SLEM; ``hsd_core.methods.tree.Static``/``Dynamic``, for lookahead), ``tree_draws``: docs/trees.md.
-    ``do_sample=False``: greedy (argmax, ties to the lowest id); ``temperature`` (1e-3 to 1e3),
-    ``top_k``, ``top_p``: both models' processing (:func:`process_logits`; ``drafter_temperature``
-    replaces the drafter's, which is free); ``seed``: an int, a ``torch.Generator`` or None.
-    ``mask_textless=True`` removes ids without text (not EOS, end ids) from the target's law (as ``hsd_core``).
-    ``generation_config`` (None: the target's): end ids, ``min_new_tokens`` and ``stop_strings`` are
-    honoured, fields that change the law otherwise are refused (:mod:`hsd_torch.engine.genconfig`);
-    ``logits_processor``, ``min_new_tokens``, ``stop_strings``: as transformers applies them, at
-    every verified position (:mod:`hsd_torch.engine.processors`). ``streamer`` (one prompt): fed as
-    transformers feeds it. ``record_uniforms=True`` fills ``GenerateOutput.uniforms``; ``progress(n)``
-    is called after every round with the rows that finished in it. Numpy integers are ints.
+    (SD, TLI, SLEM; ``hsd_core.methods.tree.Static``/``Dynamic``, for lookahead), ``tree_draws``: docs/trees.md;
+    ``min_confidence`` (SD, TLI, SLEM paths; None: off): ``hsd_core``'s dynamic draft length (docs/trees.md).
+    ``do_sample=False``: greedy (argmax, ties to the lowest id); ``temperature`` (1e-3 to 1e3), ``top_k``, ``top_p``:
+    both models' processing (:func:`process_logits`; ``drafter_temperature`` replaces the drafter's, which is free);
+    ``seed``: an int, a ``torch.Generator`` or None. ``mask_textless=True`` removes ids without text (not EOS, end
+    ids) from the target's law (as ``hsd_core``). ``generation_config`` (None: the target's): end ids,
+    ``min_new_tokens`` and ``stop_strings`` are honoured, fields that change the law otherwise are refused
+    (:mod:`hsd_torch.engine.genconfig`); ``logits_processor``, ``min_new_tokens``, ``stop_strings``: as transformers
+    applies them, at every verified position (:mod:`hsd_torch.engine.processors`). ``streamer`` (one prompt): fed as
+    transformers feeds it. ``record_uniforms=True`` fills ``GenerateOutput.uniforms``; ``progress(n)`` is called after
+    every round with the rows that finished in it. Numpy integers are ints.
 
-    ``dtype`` (None: whatever the models are in): ``torch.float32``, ``torch.bfloat16`` (also
-    "fp32", "bf16", "float16", "float64", ...): the dtype both models must already be in
-    (``ValueError`` otherwise: generate never converts them; load them so, e.g.
-    ``real_models.load(name, dtype=torch.bfloat16)``). Laws are float32 softmaxes of the logits in
-    any dtype. Greedy with a bfloat16 or float16 target re-decides near ties in float32 from the
-    forward's final hidden state (:mod:`hsd_torch.engine._precision`; ``GenerateOutput.near_ties``,
-    ``tie_flips``): docs/generate.md, "Reduced precision", states what is then promised.
+    ``dtype`` (None: whatever the models are in): ``torch.float32``, ``torch.bfloat16`` (also "fp32", "bf16",
+    "float16", "float64", ...): the dtype both models must already be in (``ValueError`` otherwise: generate never
+    converts them; load them so, e.g. ``real_models.load(name, dtype=torch.bfloat16)``). Laws are float32 softmaxes
+    of the logits in any dtype. Greedy with a bfloat16 or float16 target re-decides near ties in float32 from the
+    forward's final hidden state (:mod:`hsd_torch.engine._precision`; ``GenerateOutput.near_ties``, ``tie_flips``):
+    docs/generate.md, "Reduced precision", states what is then promised.
 
     Every argument is checked before any work (``docs/generate.md``, "What generate refuses, and
     why"). Returns :class:`GenerateOutput` (lists; ``.tensors()``: transformers' padded tensors).
@@ -144,7 +143,8 @@ def generate(
     items, ids = _check_rows(prompts, input_ids, attention_mask)
     m, options = _check_options(method, len(items) if ids is None else len(ids), lookahead, max_new_tokens, do_sample,
                                 mask_textless, progress, streamer, temperature, top_k, top_p, drafter_temperature,
-                                lookbehind, min_path_prob, proposal_map, max_tokens, resync, seed, tree, tree_draws)
+                                lookbehind, min_path_prob, proposal_map, max_tokens, resync, seed, tree,
+                                tree_draws, min_confidence)
     _check_models(target, drafter, target_tokenizer, drafter_tokenizer, m, dtype)
     options.update(_check_extras(target, generation_config, logits_processor, min_new_tokens, stop_strings))
     rendered = _render(items, ids, attention_mask, m, target, target_tokenizer, drafter_tokenizer)
@@ -157,7 +157,8 @@ def generate(
 def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: Any, do_sample: Any,
                    mask_textless: Any, progress: Any, streamer: Any, temperature: Any, top_k: Any, top_p: Any,
                    drafter_temperature: Any, lookbehind: Any, min_path_prob: Any, proposal_map: Any, max_tokens: Any,
-                   resync: Any, seed: Any, tree: Any = None, tree_draws: Any = None) -> tuple[Method, dict[str, Any]]:
+                   resync: Any, seed: Any, tree: Any = None, tree_draws: Any = None,
+                   min_confidence: Any = None) -> tuple[Method, dict[str, Any]]:
     """The method object (:func:`hsd_torch.methods.make`, which checks its options and gives it its
     ``lookahead``, an int >= 1) and ``Generation``'s keyword options that need no model:
     ``max_new_tokens`` (an int >= 1), ``greedy``, ``mask_textless``, both models' processing
@@ -172,7 +173,8 @@ def _check_options(method: str, n_prompts: int, lookahead: Any, max_new_tokens: 
     d_process = process if drafter_temperature is None else process.with_temperature(
         check_temperature(drafter_temperature, "drafter_temperature"))
     m = make(method, lookahead=lookahead, greedy=not do_sample, lookbehind=lookbehind, min_path_prob=min_path_prob,
-             proposal_map=proposal_map, max_tokens=max_tokens, resync=resync, tree=tree, tree_draws=tree_draws)
+             proposal_map=proposal_map, max_tokens=max_tokens, resync=resync, tree=tree, tree_draws=tree_draws,
+             min_confidence=min_confidence)
     check_seed(seed)
     return m, {"max_new_tokens": max_new_tokens, "greedy": not do_sample, "mask_textless": mask_textless,
                "process": process, "d_process": d_process, "seed": seed}

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hsd_core.laws import Prob
 from hsd_core.methods.resync import Resync, ResyncMemo
 
 from ..vocab import VocabBridge
@@ -137,8 +138,8 @@ class RoundView(Protocol):
     def feed_drafter(self, contexts: Sequence[Sequence[int] | None], head: Tensor | None = None) -> Tensor:
         """:func:`hsd_torch.engine.drafting.feed_drafter`."""
 
-    def draft_tokens(self, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
-                     ) -> tuple[Drafts, list[list[int]]]:
+    def draft_tokens(self, active: Sequence[bool], k: Sequence[int], cols: DraftColumns,
+                     min_confidence: Prob | None = None) -> tuple[Drafts, list[list[int]]]:
         """:func:`hsd_torch.engine.drafting.draft_tokens`."""
 
     def drafter_context_from_text(self, active: Sequence[bool], resync: Resync) -> None:

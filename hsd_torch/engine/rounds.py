@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hsd_core.laws import Prob
 from hsd_core.methods.resync import Resync, ResyncMemo
 
 from ..vocab import VocabBridge
@@ -181,10 +182,10 @@ class _Services:
         """:func:`hsd_torch.engine.drafting.feed_drafter` (a method's service)."""
         return drafting.feed_drafter(self, contexts, head)
 
-    def draft_tokens(self: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns
-                     ) -> tuple[Drafts, list[list[int]]]:
+    def draft_tokens(self: EngineState, active: Sequence[bool], k: Sequence[int], cols: DraftColumns,
+                     min_confidence: Prob | None = None) -> tuple[Drafts, list[list[int]]]:
         """:func:`hsd_torch.engine.drafting.draft_tokens` (a method's service)."""
-        return drafting.draft_tokens(self, active, k, cols)
+        return drafting.draft_tokens(self, active, k, cols, min_confidence)
 
     def drafter_context_from_text(self: EngineState, active: Sequence[bool], resync: Resync) -> None:
         """:func:`hsd_torch.engine.drafting.drafter_context_from_text` (a method's service)."""

@@ -37,9 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from hsd_core.laws import Prob
+from hsd_core.methods.base import check_confidence
+
 __all__ = ["METHODS", "OPTIONS", "TEMPERATURE_RANGE", "ConflictingArguments", "InvalidArgument", "NotSupported",
            "OptionNotTaken", "OutOfRange", "UnknownChoice", "WrongType", "as_int", "check_max_tokens", "check_method",
-           "check_min_path_prob", "check_seed",
+           "check_min_confidence", "check_min_path_prob", "check_seed",
            "check_temperature", "check_top_k", "check_top_p", "is_int", "is_real", "refuse_options_not_taken"]
 
 
@@ -76,7 +79,7 @@ METHODS = ("ar", "sd", "tli", "slem", "slrs")
 
 OPTIONS = {"lookbehind": ("slem",), "resync": ("slem", "slrs"), "min_path_prob": ("slrs",), "proposal_map": ("slrs",),
            "max_tokens": ("slrs",), "tree": ("sd", "tli", "slem"),
-           "tree_draws": ("sd", "tli", "slem")}
+           "tree_draws": ("sd", "tli", "slem"), "min_confidence": ("sd", "tli", "slem")}
 """``generate``'s method options and the methods that take them (the others refuse them when given:
 ``None``, or ``max_tokens=1``, counts as not given). ``lookahead`` is not here: every method but AR
 drafts that many, and AR, which drafts nothing, accepts it too (the command line and the benches pass
@@ -129,6 +132,19 @@ def check_min_path_prob(min_path_prob: Any) -> float | None:
     if min_path_prob is not None and (not is_real(min_path_prob) or not 0 < min_path_prob <= 1):
         raise OutOfRange(f"min_path_prob must be None or a number in (0, 1], got {min_path_prob!r}")
     return None if min_path_prob is None else float(min_path_prob)
+
+
+def check_min_confidence(min_confidence: Any) -> Prob | None:
+    """SD's, TLI's and SLEM's ``min_confidence`` (the dynamic draft length): None or a probability in
+    ``(0, 1]``, checked by ``hsd_core``'s own rule (:func:`hsd_core.methods.base.check_confidence`,
+    whose value it returns: an int as a ``Fraction``, a numpy number as a float), its ``TypeError``
+    as :class:`WrongType` and its ``ValueError`` as :class:`OutOfRange`, same message."""
+    try:
+        return check_confidence(min_confidence)
+    except TypeError as e:
+        raise WrongType(str(e)) from None
+    except ValueError as e:
+        raise OutOfRange(str(e)) from None
 
 
 def check_seed(seed: Any) -> None:

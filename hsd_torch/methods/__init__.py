@@ -12,8 +12,8 @@ from typing import Any
 
 from hsd_core.methods.resync import as_resync
 
-from ..engine.validation import (METHODS, OPTIONS, OutOfRange, as_int, check_method, is_int,
-                                 refuse_options_not_taken)
+from ..engine.validation import (METHODS, OPTIONS, ConflictingArguments, OutOfRange, as_int, check_method,
+                                 check_min_confidence, is_int, refuse_options_not_taken)
 from .ar import AR
 from .base import Method
 from .sd import SD
@@ -40,7 +40,8 @@ __all__ = ["AR", "METHODS", "OPTIONS", "SD", "SLEM", "SLRS", "TLI", "BoundedSLRS
 
 
 def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path_prob: Any, proposal_map: Any,
-         max_tokens: Any, resync: Any = None, tree: Any = None, tree_draws: Any = None) -> Method:
+         max_tokens: Any, resync: Any = None, tree: Any = None, tree_draws: Any = None,
+         min_confidence: Any = None) -> Method:
     """The method object for ``generate``'s ``method=`` and its options, which it owns (checked
     here, once, with :mod:`hsd_torch.engine.validation`'s kinds of error: ``UnknownChoice`` for an unknown
     method, ``OptionNotTaken`` for an option it does not take (:data:`OPTIONS`, naming the methods
@@ -52,14 +53,23 @@ def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path
     ``Dynamic`` shape; :class:`hsd_core.methods.tree.SDTree`'s default ``Static((2, 1, 1))`` is not
     implied: None drafts a single path) makes the method its token-tree twin (:mod:`.tree`; its depth
     replaces ``lookahead``), ``tree_draws`` (``"distinct"``, the default, or ``"iid"``) how a node's
-    children are drawn; both ``OutOfRange`` when invalid."""
+    children are drawn; both ``OutOfRange`` when invalid. ``min_confidence`` (SD, TLI, SLEM single
+    paths; None: off) is ``hsd_core``'s dynamic draft length: a row stops drafting before any later
+    draft whose law's largest probability is below it (:func:`hsd_torch.engine.drafting.draft_tokens`),
+    checked by ``hsd_core``'s rule (:func:`hsd_torch.engine.validation.check_min_confidence`);
+    ``ConflictingArguments`` with ``tree`` (``hsd_core`` defines it for single paths only)."""
     check_method(method)
     given = {"lookbehind": lookbehind is not None, "resync": resync is not None, "min_path_prob": min_path_prob is not None,
              "proposal_map": proposal_map is not None, "max_tokens": not (is_int(max_tokens) and max_tokens == 1),
-             "tree": tree is not None, "tree_draws": tree_draws is not None}
+             "tree": tree is not None, "tree_draws": tree_draws is not None,
+             "min_confidence": min_confidence is not None}
     values = {"lookbehind": lookbehind, "resync": resync, "min_path_prob": min_path_prob, "proposal_map": proposal_map,
-              "max_tokens": max_tokens, "tree": tree, "tree_draws": tree_draws}
+              "max_tokens": max_tokens, "tree": tree, "tree_draws": tree_draws, "min_confidence": min_confidence}
     refuse_options_not_taken(method, given, values)
+    conf = check_min_confidence(min_confidence)
+    if conf is not None and tree is not None:
+        raise ConflictingArguments(f"min_confidence (got {min_confidence!r}) is the dynamic length of a single draft "
+                                   "path; a token tree's size is its shape: give tree= or min_confidence=, not both")
     if tree_draws is not None and tree is None:
         raise OutOfRange(f"tree_draws is an option of a token tree: give tree= too (got tree_draws={tree_draws!r})")
     if tree is not None:
@@ -72,5 +82,8 @@ def make(method: str, *, lookahead: int, greedy: bool, lookbehind: Any, min_path
                                      None if max_tokens is None else int(max_tokens), rs, lookahead=lookahead)
         return SLRS(rs)
     if method == "slem":
-        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs, lookahead=lookahead)
-    return {"ar": AR, "sd": SD, "tli": TLI}[method](lookahead=lookahead)
+        return SLEM(4 if lookbehind is None else as_int("lookbehind", lookbehind, 0), rs, lookahead=lookahead,
+                    min_confidence=conf)
+    if method == "ar":
+        return AR(lookahead=lookahead)
+    return {"sd": SD, "tli": TLI}[method](lookahead=lookahead, min_confidence=conf)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hsd_core.laws import Prob
+
 from ..engine.laws import TextSpace
 from ..engine.round_state import Drafts, RoundView, Verdicts
 
@@ -29,14 +31,17 @@ class Method:
     (all but AR); ``extends_drafter_context``: the drafter's context grows by :meth:`resync` across
     rounds, so its cache is re-synced to it when a round settles (SD, TLI; SLEM and SLRS re-encode
     theirs from the text at every round); ``lookahead``: the drafts per round (an int >= 1, as
-    :func:`hsd_torch.methods.make` checked it; AR drafts none and keeps it only to be uniform)."""
+    :func:`hsd_torch.methods.make` checked it; AR drafts none and keeps it only to be uniform);
+    ``min_confidence``: the dynamic draft length of the methods that draft one path token by token
+    (SD, TLI, SLEM; None: off, and for every other method), checked where it was made."""
 
     name = ""
     needs_drafter = True
     extends_drafter_context = False
 
-    def __init__(self, *, lookahead: int = 4) -> None:
+    def __init__(self, *, lookahead: int = 4, min_confidence: Prob | None = None) -> None:
         self.lookahead = lookahead
+        self.min_confidence = min_confidence
 
     def drafter_space(self, view: RoundView, space: TextSpace) -> TextSpace:
         """The columns the drafter's laws live on, given its text space ``space`` (called once,

@@ -12,7 +12,8 @@ Glossary
 
 Steps of one round
     1. Drafter context = its ids of the prompt + the emitted ids (the same ids as the target's).
-    2. Draft ``x_1..x_n ~ q`` token by token, ``n = min(k, budget)``, stopping after EOS
+    2. Draft ``x_1..x_n ~ q`` token by token, ``n = min(k, budget)``, stopping after EOS (and, with
+       ``min_confidence``, before a later draft whose law's largest probability is below it)
        (:func:`hsd_torch.engine.drafting.draft_tokens`; a law with no mass raises ``ValueError``).
     3. One target pass gives ``p_1..p_{n+1}``; rejection verification with exactly those q
        (:func:`hsd_torch.engine.verification.rejection`).
@@ -35,7 +36,7 @@ __all__ = ["SD"]
 
 
 class SD(Method):
-    """Same-tokenizer speculative decoding."""
+    """Same-tokenizer speculative decoding (``min_confidence``: the dynamic draft length)."""
 
     name = "sd"
     extends_drafter_context = True
@@ -64,7 +65,7 @@ class SD(Method):
 
     def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """``min(lookahead, budget)`` drafts per active row."""
-        return gen.draft_tokens(active, self.depth(active, budget), self.cols)[0]
+        return gen.draft_tokens(active, self.depth(active, budget), self.cols, self.min_confidence)[0]
 
     def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against the drafter laws the drafts were drawn from."""

@@ -15,7 +15,8 @@ Steps of one round
     1. Drafter context = its encoding of (prompt + emitted text), recomputed every round
        (:func:`hsd_torch.engine.drafting.drafter_context_from_text`).
     2. Draft ``min(k, budget)`` drafter tokens (:func:`hsd_torch.engine.drafting.draft_tokens`), stopping
-       after EOS: no round drafts more drafter tokens than it can emit target tokens.
+       after EOS: no round drafts more drafter tokens than it can emit target tokens (and, with
+       ``min_confidence``, before a later draft whose law's largest probability is below it).
     3. Candidates = :func:`retokenize` of the drafted text after the target context, followed by
        the target's EOS if the drafter ended with EOS, cut to the budget; none when the target
        cannot encode the text (:class:`~hsd_torch.vocab.text.Unencodable`: a byte it has no token for).
@@ -27,6 +28,7 @@ Steps of one round
 from __future__ import annotations
 
 from collections.abc import Sequence
+from hsd_core.laws import Prob
 from hsd_core.methods.resync import Resync
 
 from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
@@ -51,12 +53,14 @@ def retokenize(text_of: TokenText, ctx: Sequence[int], text: bytes, lookbehind: 
 
 class SLEM(Method):
     """String-level exact match with look-behind ``lookbehind`` (the target's re-tokenization) and
-    the drafter's context re-synced under ``resync`` (:mod:`hsd_core.methods.resync`)."""
+    the drafter's context re-synced under ``resync`` (:mod:`hsd_core.methods.resync`); with
+    ``min_confidence`` the draft length is dynamic (:func:`hsd_torch.engine.drafting.draft_tokens`)."""
 
     name = "slem"
 
-    def __init__(self, lookbehind: int, resync: Resync = Resync(), *, lookahead: int = 4) -> None:
-        super().__init__(lookahead=lookahead)
+    def __init__(self, lookbehind: int, resync: Resync = Resync(), *, lookahead: int = 4,
+                 min_confidence: Prob | None = None) -> None:
+        super().__init__(lookahead=lookahead, min_confidence=min_confidence)
         self.lookbehind, self.text_resync = lookbehind, resync
 
     def setup(self, gen: RoundView) -> None:
@@ -68,7 +72,7 @@ class SLEM(Method):
         """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
         assert gen.dt is not None
         gen.drafter_context_from_text(active, self.text_resync)
-        out, drafts_d = gen.draft_tokens(active, self.depth(active, budget), self.cols)
+        out, drafts_d = gen.draft_tokens(active, self.depth(active, budget), self.cols, self.min_confidence)
         tt, t_pos, eos_d = gen.tt, gen.t_space.pos, gen.dt.eos_id
         for i in range(gen.batch):
             if not active[i]:

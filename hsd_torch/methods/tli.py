@@ -17,7 +17,9 @@ Steps of one round
     2. Draft up to ``min(k, budget)`` drafter ids from q_cap (:func:`hsd_torch.engine.drafting.draft_tokens`
        over the intersection's columns, the first ``n_draw`` of the drafter's space: a slice, not
        renormalized; a draw reads the mass it normalizes by); stop after EOS, or where q_cap has no
-       mass (a round with no draft is plain target decoding). Without top-k / top-p for the
+       mass (a round with no draft is plain target decoding), or, with ``min_confidence``, before a
+       later draft whose q_cap's largest probability (the slice's largest entry over its mass) is
+       below it, as ``hsd_core`` reads q_cap. Without top-k / top-p for the
        drafter, its head computes only the intersection's logits and q_cap is their softmax (the
        same law: the restriction of ``softmax(logits / T)`` renormalized; the head's other rows
        are never computed).
@@ -74,7 +76,7 @@ def tli_columns(bridge: VocabBridge, tt: TokenText, dt: TokenText, t_space: Text
 
 
 class TLI(Method):
-    """Token-level intersection."""
+    """Token-level intersection (``min_confidence``: the dynamic draft length, read from q_cap)."""
 
     name = "tli"
     extends_drafter_context = True
@@ -90,7 +92,7 @@ class TLI(Method):
 
     def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """Up to ``min(lookahead, budget)`` drafts per active row from q_cap."""
-        return gen.draft_tokens(active, self.depth(active, budget), self.cols)[0]
+        return gen.draft_tokens(active, self.depth(active, budget), self.cols, self.min_confidence)[0]
 
     def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against q_cap pushed to target columns (divided by each draw's mass)."""
