@@ -201,8 +201,10 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such). ``bar``:
     the cell's progress over its ``n`` draws (moved here, closed by the caller)."""
     row = Row(engine_name, case.mode, case_name, case.prompt_ids, "crashed", "", samples=str(out) if out else None)
+    t0 = time.perf_counter()
     try:
         law = kc.sequence_law(kc.kit_model(case.target), case.prompt_ids, case.sampling)
+        row.times["law"] = time.perf_counter() - t0
     except AmbiguousLawError as e:
         row.outcome, row.reason = "not determinable", str(e)
         return row
@@ -221,16 +223,19 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
         row.outcome, row.reason = "crashed", _one_line(e)
         row.tests = [{"traceback": traceback.format_exc(limit=4)}]
         return row
-    row.seconds = time.perf_counter() - t0
+    row.seconds = row.times["draws"] = time.perf_counter() - t0
     draws = got.draws
     if not draws:
         row.outcome, row.reason = "crashed", "the engine returned no draws"
         return row
+    t0 = time.perf_counter()
     a = audit_draws(draws, law, alpha)
     row.outcome, row.reason, row.n, row.tests = a.verdict, a.reason, a.n, [dataclasses.asdict(t) for t in a.tests]
+    row.times["audit"] = time.perf_counter() - t0
     method = MODE_SPECS.get(case.mode, (None, {}, None))[2]
     s = case.sampling
     if method and s.do_sample and not s.processing():
+        t0 = time.perf_counter()
         k = int(case.settings.get("num_speculative_tokens", 3))
         exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s,
                                      target=case.target)
@@ -240,6 +245,7 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
             if acc.defect and row.outcome == "conforms":
                 row.outcome = "performance defect"
                 row.reason = "the draws conform, but it accepts less than the method promises: " + acc.describe()
+        row.times["expected_acceptance"] = time.perf_counter() - t0
     return row
 
 
