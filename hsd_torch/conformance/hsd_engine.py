@@ -17,7 +17,7 @@ the acceptance test reads.
 (``spawn``, one torch thread each, the kit's models loaded once per worker), so a case uses every
 core of the machine; the chunks, their seeds and so every draw are the same as with one process (a
 chunk's draws depend on its seeds alone), and they come back in chunk order. What the parent
-process patches (the bug zoo's :meth:`hsd_torch.auditing.variants.Variant.patch`) does not reach the
+process patches (the bug zoo's ``Variant.patch()``, :mod:`hsd_torch.auditing.variants`) does not reach the
 workers: audit a patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
 each worker (``cls(kit)``), so a subclass must be importable by its module name.
 
