@@ -332,6 +332,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(the samples-file engine); repeat; with it no engine runs unless --engine is given")
     p.add_argument("-n", "--n", type=int, default=2000, help="draws per cell (default 2000)")
     p.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-fail rate per cell (default 1e-3)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="hsd_torch draws in N worker processes "
+                   "(default 1: in this one; the draws are the same)")
     p.add_argument("--list", action="store_true", help="list the engines, modes and cases, and exit")
 
 
@@ -364,6 +366,8 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         return usage(f"unknown case {bad_case[0]!r}; one of {', '.join(sorted(names))}")
     if args.n < 1 or not (0 < args.alpha < 1):
         return usage("--n must be >= 1 and --alpha in (0, 1)")
+    if args.workers < 1:
+        return usage("--workers must be >= 1")
     missing = [f for f in (args.samples or []) if not Path(f).is_file()]
     if missing:
         return usage(f"--samples {missing[0]!r} is not a file")
@@ -388,13 +392,24 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         return progress_bar(total, desc, unit, every=0.05 if unit == "cell" else 0.25)
 
     t0 = time.perf_counter()
+    registry = dict(ENGINES)
+    if args.workers > 1:
+        workers = args.workers
+
+        def hsd_torch_workers(k: Path) -> Engine:
+            from .hsd_engine import HsdTorchEngine
+
+            return HsdTorchEngine(k, workers=workers)
+
+        registry["hsd_torch"] = hsd_torch_workers
     rows = run_matrix(kit, engines, modes=args.mode, cases=cases, n=args.n, alpha=args.alpha, out=out, progress=show,
-                      bars=bars)
+                      bars=bars, registry=registry)
     if args.samples:
         for r in audit_samples_files(kit, [Path(f) for f in args.samples], args.alpha):
             show(r)
             rows.append(r)
-    meta = {"kit": str(kit), "n": args.n, "alpha": args.alpha, "engines": engines, "seconds": time.perf_counter() - t0}
+    meta = {"kit": str(kit), "n": args.n, "alpha": args.alpha, "engines": engines, "workers": args.workers,
+            "seconds": time.perf_counter() - t0}
     paths = write_report(rows, out, meta)
     for k, p in paths.items():
         print(f"report ({k}): {p}")

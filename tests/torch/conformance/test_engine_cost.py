@@ -131,3 +131,32 @@ def test_workers_make_the_draws_one_process_makes(kit: Path) -> None:
         assert r.outcome == "conforms", r.reason
     finally:
         two.close()
+
+
+def test_the_run_refuses_no_workers(kit: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from hsd_torch.conformance.matrix import add_arguments, main
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    assert main(ap.parse_args(["--kit", str(kit), "--out", str(tmp_path / "o"), "--workers", "0"])) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_cli_runs_with_workers(kit: Path, tmp_path: Path) -> None:
+    """``hsd conformance run --workers 2``: the cell's draws are those one process makes."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    run = [sys.executable, "-m", "hsd_core.cli", "conformance", "run", "--kit", str(kit), "-n", "40", "--mode", "sd",
+           "--case", "eos_early"]
+    got = {}
+    for w in (1, 2):
+        p = subprocess.run(run + ["--out", str(tmp_path / f"w{w}"), "--workers", str(w)], capture_output=True,
+                           text=True, cwd=root, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        got[w] = [d.ids for d in read_samples(tmp_path / f"w{w}" / "samples" / "hsd_torch" / "sd" / "eos_early-p0.jsonl").draws]
+    assert got[1] == got[2] and len(got[1]) == 40
