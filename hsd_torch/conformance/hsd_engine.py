@@ -132,15 +132,18 @@ class HsdTorchEngine(KitEngine):
 
     def up(self) -> None:
         """Load the kit's models now (with workers: start every worker, each loading them as it
-        starts), so that the first draws do not pay for it."""
+        starts, and wait until each has answered, at most 100 rounds of one job a worker), so that
+        the first draws do not pay for it."""
         if self.workers == 1:
             for r in ROLES:
                 self._load(r)
             return
         pool = self._start()
         seen: set[int] = set()
-        while len(seen) < self.workers:  # each worker answers once its initializer (the loads) is done
+        for _ in range(100):  # each worker answers once its initializer (the loads) is done
             seen.update(pool.map(_worker_pid, range(self.workers)))
+            if len(seen) >= self.workers:
+                break
 
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
