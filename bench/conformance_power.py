@@ -1,13 +1,24 @@
-"""Power and cost of the conformance matrix (issue 47, item 5): per processing case of
-``hsd_torch.conformance.matrix.CASES``, the number of draws N that makes a per-token TV of 0.01
-(at any position; the mean per-token TV is at most the largest) and a first-token TV of 0.005
-detectable with power 0.99 at family-wise alpha 1e-3 (Holm over the case's tests: each at
-1e-3 / m; :func:`hsd_core.stats.min_num_samples_for_tv` with k the law's support), and the wall
-time hsd_torch's engine takes for that N, measured at ``--n`` draws and scaled linearly (the
-engine draws in batches of 500: its time is linear in N beyond one batch), plus the TVs a cell
-of ``--n`` draws detects.
+"""Power and cost of the conformance matrix (issue 47, item 5) on hsd_torch's engine: per processing
+case of ``hsd_torch.conformance.matrix.CASES``, the draws N that make a per-token TV of 0.01 (at any
+position; the mean per-token TV is at most the largest) and a first-token TV of 0.005 detectable
+with power 0.99 at family-wise alpha 1e-3 (Holm over the case's tests: each at 1e-3 / m;
+:func:`hsd_core.stats.min_num_samples_for_tv` with k the position's support), then one cell of
+that case run as ``hsd conformance run`` runs it (:func:`hsd_torch.conformance.matrix.audit_case`:
+the draws appended to a samples file in a temporary folder, then audited) and its cost in parts:
+the exact law, the draws (the samples file included), the audit, the acceptance reference.
 
-    python bench/conformance_power.py --json bench/conformance_power.json [--n 2000] [--mode sd]
+    python bench/conformance_power.py --json bench/conformance_power.json [--n 20000] [--goal-case plain]
+        [--goal] [--mode sd --mode none] [--workers 2] [--case plain ...]
+
+``--goal`` runs every case at the N the goal needs (about 4 x 10^5 draws: minutes a case),
+``--goal-case NAME`` that case only; the others run ``--n`` draws, and the time for the goal's N is
+scaled from them (the draws' time is linear in N beyond one batch of the engine; the audit's is
+too; the law's and the exact expectation's do not grow with N). A point-mass case (greedy) runs
+2000 draws: its exact check needs no more. Each row records the N, the seconds of each part, the
+draws per second, the CPU seconds of the process and its workers (psutil; what the cell costs the
+machine whatever else runs beside it: on an idle machine of 2 cores with 2 workers the wall time is
+about half of it), and the TVs the cell detects. ``--workers``:
+hsd_torch's worker processes (:class:`HsdTorchEngine`'s ``workers``).
 
 Not a timed test. The machine is shared (2 cores, other developers' jobs): times are upper bounds.
 """
@@ -16,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,12 +41,12 @@ from bench_record import save  # noqa: E402
 from hsd_core import conformance as kc  # noqa: E402
 from hsd_core.processing import AmbiguousLawError  # noqa: E402
 from hsd_core.stats import InvalidTest, min_num_samples_for_tv  # noqa: E402
-from hsd_torch.conformance.engines import Case, EngineRefused  # noqa: E402
+from hsd_torch.conformance.engines import Case  # noqa: E402
 from hsd_torch.conformance.hsd_engine import HsdTorchEngine  # noqa: E402
 from hsd_torch.conformance.kit import build_kit  # noqa: E402
 from hsd_torch.conformance.matrix import CASES, MODE_SPECS, audit_case  # noqa: E402
 
-ALPHA, POWER, TOKEN_TV, FIRST_TV = 1e-3, 0.99, 0.01, 0.005
+ALPHA, POWER, TOKEN_TV, FIRST_TV, BUDGET_S = 1e-3, 0.99, 0.01, 0.005, 120.0
 
 
 def needed(law: dict[tuple[int, ...], tuple[float, str]]) -> dict[str, int]:
@@ -51,49 +64,102 @@ def needed(law: dict[tuple[int, ...], tuple[float, str]]) -> dict[str, int]:
     return {"per_token_tv_0.01": per_token, "first_token_tv_0.005": first, "n": max(per_token, first), "tests": m}
 
 
+def cpu_seconds(eng: HsdTorchEngine) -> float:
+    """CPU seconds (user + system) of this process and of the engine's worker processes so far."""
+    total = time.process_time()
+    pool = getattr(eng, "_pool", None)
+    if pool is not None:
+        import psutil
+
+        for pid in list(getattr(pool, "_processes", {}) or {}):
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
+def run_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, tmp: Path) -> dict[str, Any]:
+    """One cell of ``pc`` in ``mode`` at ``n`` draws (0: the goal's N), timed in parts."""
+    s = pc.for_engine(eng.order)
+    row: dict[str, Any] = {"case": pc.name, "mode": mode, "sampling": s.describe(), "prompt": list(pc.prompts[0])}
+    try:
+        law = kc.sequence_law(kc.kit_model(pc.target), pc.prompts[0], s)
+    except AmbiguousLawError as e:
+        return {**row, "outcome": "not determinable", "reason": str(e)}
+    except ValueError as e:
+        return {**row, "outcome": "refused", "reason": str(e)}
+    try:
+        row.update(needed(law))
+    except InvalidTest as e:
+        row["sizing"] = str(e)
+    goal_n = int(row.get("n", 0) or 0)
+    run_n = (n or goal_n) if goal_n else 2000  # a point-mass case needs no N: its exact check runs on a few draws
+    drafter, settings, _ = MODE_SPECS[mode]
+    case = Case(eng.kit, pc.prompts[0], s, mode, drafter, settings, pc.target)
+    out = tmp / f"{pc.name}-{mode}.jsonl"
+    cpu0 = cpu_seconds(eng)
+    r = audit_case(eng, "hsd_torch", case, pc.name, run_n, ALPHA, out)
+    cpu = cpu_seconds(eng) - cpu0
+    if out.exists():
+        out.unlink()
+    row.update(outcome=r.outcome, measured_n=r.n, seconds={k: round(v, 3) for k, v in r.times.items()})
+    if r.outcome in ("refused", "crashed"):
+        return {**row, "reason": r.reason}
+    total = sum(r.times.values())
+    row.update(total_seconds=round(total, 2), cpu_seconds=round(cpu, 2),
+               draws_per_second=round(r.n / r.times["draws"], 1),
+               detectable_tv={t["name"]: t["detectable_tv"] for t in r.tests})
+    if goal_n:
+        scale = goal_n / r.n  # the draws and the audit grow with N; the law and the exact expectation do not
+        fixed = r.times.get("law", 0.0) + r.times.get("expected_acceptance", 0.0)
+        at_goal = fixed + scale * (total - fixed)
+        row["seconds_for_goal_n"] = round(at_goal, 1) if scale != 1 else round(total, 1)
+        row["goal_met"] = bool(at_goal <= BUDGET_S) if scale != 1 else bool(total <= BUDGET_S)
+        row["goal_seconds_measured"] = scale == 1
+        row["cpu_seconds_for_goal_n"] = round(cpu * scale, 1)
+    if r.acceptance:
+        row["acceptance"] = {k: r.acceptance[k] for k in ("expected", "measured", "low", "high")}
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the record here")
-    ap.add_argument("--n", type=int, default=2000, help="draws per cell measured (default 2000)")
-    ap.add_argument("--mode", default="sd", help="hsd_torch mode timed (default sd)")
+    ap.add_argument("--n", type=int, default=20000, help="draws per cell measured (default 20000)")
+    ap.add_argument("--goal", action="store_true", help="run each case at the N the goal needs (overrides --n)")
+    ap.add_argument("--goal-case", action="append", default=[], help="run this case at the N the goal needs; repeat")
+    ap.add_argument("--mode", action="append", help="hsd_torch mode timed; repeat (default sd)")
+    ap.add_argument("--case", action="append", help="a case of the matrix; repeat (default all)")
+    ap.add_argument("--workers", type=int, default=2, help="hsd_torch's worker processes (default 2)")
     args = ap.parse_args()
+    modes = args.mode or ["sd"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         kit = Path(tmp) / "kit"
         build_kit(kit, gguf=False)
-        eng = HsdTorchEngine(kit)
+        eng = HsdTorchEngine(kit, workers=args.workers)
         t0 = time.perf_counter()
-        eng._load("target"), eng._load("target_pos"), eng._load("drafter"), eng._load("drafter_sp")
+        eng.up()
         up = time.perf_counter() - t0
-        for pc in CASES:
-            s = pc.for_engine(eng.order)
-            row: dict[str, object] = {"case": pc.name, "sampling": s.describe(), "prompt": list(pc.prompts[0])}
-            try:
-                law = kc.sequence_law(kc.kit_model(pc.target), pc.prompts[0], s)
-            except AmbiguousLawError as e:
-                rows.append({**row, "outcome": "not determinable", "reason": str(e)})
-                continue
-            except ValueError as e:
-                rows.append({**row, "outcome": "refused", "reason": str(e)})
-                continue
-            try:
-                row.update(needed(law))
-            except InvalidTest as e:
-                row["sizing"] = str(e)
-            drafter, settings, _ = MODE_SPECS[args.mode]
-            case = Case(kit, pc.prompts[0], s, args.mode, drafter, settings, pc.target)
-            r = audit_case(eng, "hsd_torch", case, pc.name, args.n, ALPHA, None)
-            row.update(outcome=r.outcome, measured_n=r.n, seconds=round(r.seconds, 2))
-            if r.outcome not in ("refused", "crashed") and r.seconds > 0 and isinstance(row.get("n"), int):
-                row["seconds_for_n"] = round(r.seconds * int(row["n"]) / args.n, 1)  # type: ignore[call-overload]
-                row["detectable_tv_at_measured_n"] = {t["name"]: t["detectable_tv"] for t in r.tests}
-            else:
-                row["reason"] = r.reason
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    save({"benchmark": "conformance_power", "mode": args.mode, "measured_n": args.n, "alpha": ALPHA, "power": POWER,
-          "engine_up_seconds": round(up, 2), "machine_note": "2 cores shared with other developers' jobs",
-          "rows": rows}, args.json)
+        try:
+            for pc in CASES:
+                if args.case and pc.name not in args.case:
+                    continue
+                for mode in modes:
+                    at_goal = args.goal or pc.name in args.goal_case
+                    row = run_case(eng, pc, mode, 0 if at_goal else args.n, Path(tmp))
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+        finally:
+            eng.close()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    save({"benchmark": "conformance_power", "modes": modes, "goal": args.goal or args.goal_case,
+          "measured_n": None if args.goal else args.n,
+          "workers": args.workers, "alpha": ALPHA, "power": POWER, "budget_seconds": BUDGET_S,
+          "engine_up_seconds": round(up, 2), "load_average_at_end": load,
+          "machine_note": "2 cores shared with other developers' jobs: times are upper bounds", "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

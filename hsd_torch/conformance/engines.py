@@ -17,11 +17,13 @@ the bar up to the draws returned when an engine reports none (a worker that writ
 
 :class:`KitEngine` is what the in-process engines (hsd_torch, transformers) share: the kit's
 checkpoints loaded once per role, and :meth:`KitEngine.collect`, the loop that resumes a file,
-draws the missing seeds a chunk at a time, appends each draw as it arrives and reports it.
+draws the missing seeds a chunk at a time (in this process, or in worker processes that return each
+chunk's draws in order), appends each draw as it arrives and reports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,32 +129,44 @@ class KitEngine:
             self.on_draw(k)
 
     def collect(self, out: Path | None, seeds: Sequence[int], shared: Mapping[str, Any],
-                draw: Callable[[list[int]], Iterable[Draw]], chunk: int = 1, label: str = "<engine>") -> SamplesFile:
+                draw: Callable[[list[int]], Iterable[Draw]], chunk: int = 1, label: str = "<engine>",
+                map_chunks: Callable[[list[list[int]]], Iterable[Iterable[Draw]]] | None = None) -> SamplesFile:
         """The draws of ``seeds`` as a :class:`SamplesFile`: those ``out`` already holds (:func:`resume`),
         then ``draw(seeds)`` for the missing ones ``chunk`` seeds at a time, in order, each draw
         appended to ``out`` as it arrives (or kept in memory without ``out``: the file is then named
         ``label``) and reported to :attr:`on_draw`. ``shared``: each line's ``engine``, ``sampling``,
-        ``speculative`` and ``target``."""
+        ``speculative`` and ``target``. ``map_chunks`` (None: ``draw`` on each chunk in turn, here):
+        the chunks' draws, in chunk order, however it makes them (e.g. worker processes).
+
+        The draws come back from memory (``line`` 0), not re-read from ``out``: every line written was
+        validated as it was written (:class:`~hsd_core.samples.SamplesAppender`) from these same
+        ``shared`` settings; a resumed file is read back whole, so that settings it holds from another
+        run are refused (mixed settings) as :func:`~hsd_core.samples.read_samples` refuses them."""
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("seeds repeat: a repeated seed is not an independent draw")
         done, todo = resume(out, seeds)
         self._report(len(done))
-        lines: list[str] = []
+        made: list[Draw] = []
         app = SamplesAppender(out, **shared) if out is not None else None
+        step = max(1, chunk)
+        chunks = [list(todo[k:k + step]) for k in range(0, len(todo), step)]
         try:
-            for k in range(0, len(todo), max(1, chunk)):
-                got = 0
-                for d in draw(list(todo[k:k + max(1, chunk)])):
+            for got in (map_chunks(chunks) if map_chunks is not None else map(draw, chunks)):
+                k = len(made)
+                for d in got:
                     if app is not None:
                         app.append(d)
-                    else:
-                        lines.append(format_draw(d, **shared))
-                    got += 1
-                self._report(got)
+                    made.append(d)
+                self._report(len(made) - k)
         finally:
             if app is not None:
                 app.close()
-        if out is not None:
+        if out is not None and done:
             return read_samples(out)
-        return parse_samples([format_draw(d, **shared) for d in done] + lines, label)
+        if not made:  # nothing drawn: the file as parsed (an empty one is refused there)
+            return read_samples(out) if out is not None else parse_samples([], label)
+        first = parse_samples([format_draw(made[0], **shared)], label)  # the shared settings, validated
+        return dataclasses.replace(first, path=str(out) if out is not None else label, draws=tuple(made))
 
     def close(self) -> None:
         self._models.clear()

@@ -12,14 +12,31 @@ batch's first seed (row ``j`` of the batch draws from ``SeedSequence(s).spawn(..
 are independent); each draw records its own seed from the case's list, the batch's seed and row,
 and the engine's counts for it (``new_tokens``, ``target_calls``, ``proposed``, ``accepted``), which
 the acceptance test reads.
+
+**Workers.** ``HsdTorchEngine(kit, workers=2)`` draws the chunks in that many worker processes
+(``spawn``, one torch thread each, the kit's models loaded once per worker), so a case uses every
+core of the machine; the chunks, their seeds and so every draw are the same as with one process (a
+chunk's draws depend on its seeds alone), and they come back in chunk order. What the parent
+process patches (the bug zoo's ``Variant.patch()``, :mod:`hsd_torch.auditing.variants`) does not reach the
+workers: audit a patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
+each worker (``cls(kit)``), so a subclass must be importable by its module name.
+
+**Cost** (bench/conformance_power.py, docs/conformance.md "Power and cost"): the kit's models are
+small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of SD at
+lookahead 3 feeds about 5 target and 3.5 drafter positions, so a draw costs about 0.5-1 ms of one
+core here whatever the batch (the rows' Python work in ``generate`` grows with the rows too):
+batches larger than :attr:`HsdTorchEngine.batch` were measured no faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hsd_core.conformance_design import ROLES
 from hsd_core.samples import Draw, SamplesFile
 
 from .engines import Case, EngineRefused, KitEngine
@@ -46,15 +63,21 @@ def refusal(case: Case) -> str | None:
 
 
 class HsdTorchEngine(KitEngine):
-    """The engine (module docstring) over the kit folder ``kit``; models load at the first draw."""
+    """The engine (module docstring) over the kit folder ``kit``; models load at the first draw.
+    ``workers``: the processes that draw (1: this one; more: a pool started at the first draw and
+    stopped by :meth:`close`)."""
 
     batch = 500
     order = "transformers"
 
-    def __init__(self, kit: Path) -> None:
+    def __init__(self, kit: Path, workers: int = 1) -> None:
         import hsd_torch
 
         super().__init__(kit)
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
         self.name = f"hsd_torch {getattr(hsd_torch, '__version__', 'dev')}"
 
     def modes(self) -> Sequence[str]:
@@ -72,31 +95,92 @@ class HsdTorchEngine(KitEngine):
         return {"method": case.mode, "drafter": case.drafter or DEFAULT_DRAFTER[case.mode],
                 "num_speculative_tokens": self.lookahead(case)}
 
-    def sample(self, case: Case, seeds: Sequence[int], out: Path | None = None) -> SamplesFile:
+    def draw_chunk(self, case: Case, chunk: Sequence[int]) -> list[Draw]:
+        """One ``generate`` call: ``len(chunk)`` rows of ``case`` with ``seed=chunk[0]`` (row ``j``
+        draws from ``SeedSequence(chunk[0]).spawn(len(chunk))[j]``), one :class:`Draw` per seed of
+        ``chunk``, in order (module docstring)."""
         import hsd_torch
 
+        method = METHOD_OF_MODE[case.mode]
+        target, ttok = self._load(case.target)
+        drafter, dtok = (None, None) if method == "ar" else self._load(case.drafter or DEFAULT_DRAFTER[case.mode])
+        s = case.sampling
+        o = hsd_torch.generate(target, drafter, input_ids=[list(case.prompt_ids)] * len(chunk),
+                               target_tokenizer=ttok, drafter_tokenizer=dtok, method=method,
+                               lookahead=self.lookahead(case), max_new_tokens=s.max_new_tokens,
+                               do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                               seed=int(chunk[0]), min_new_tokens=s.min_tokens or None,
+                               stop_strings=list(s.stop) or None)
+        return [Draw(tuple(int(i) for i in ids), seed=int(seed), prompt_ids=tuple(case.prompt_ids),
+                     extra={"generate_seed": int(chunk[0]), "row": j, "new_tokens": st.new_tokens,
+                            "target_calls": st.target_calls, "proposed": st.proposed, "accepted": st.accepted})
+                for j, (seed, ids, st) in enumerate(zip(chunk, o.sequences, o.stats))]
+
+    def sample(self, case: Case, seeds: Sequence[int], out: Path | None = None) -> SamplesFile:
         if case.mode not in METHOD_OF_MODE:
             raise EngineRefused(f"hsd_torch has no mode {case.mode!r} (it offers {', '.join(METHOD_OF_MODE)})")
         why = refusal(case)
         if why:
             raise EngineRefused(why)
-        method = METHOD_OF_MODE[case.mode]
-        target, ttok = self._load(case.target)
-        drafter, dtok = (None, None) if method == "ar" else self._load(case.drafter or DEFAULT_DRAFTER[case.mode])
         s = case.sampling
         shared: dict[str, Any] = dict(engine={"name": "hsd_torch", "version": self.name.split()[-1]},
                                       sampling=s, speculative=self.speculative(case), target=f"conformance-kit/{case.target}")
+        many: Callable[[list[list[int]]], Iterable[list[Draw]]] | None = None
+        if self.workers > 1:  # the chunks' draws from the pool, in chunk order
+            many = partial(self._start().map, partial(_draw_in_worker, type(self), self.kit, case))
+        return self.collect(out, seeds, shared, partial(self.draw_chunk, case), self.batch, "<hsd_torch>", many)
 
-        def draw(chunk: list[int]) -> list[Draw]:
-            o = hsd_torch.generate(target, drafter, input_ids=[list(case.prompt_ids)] * len(chunk),
-                                   target_tokenizer=ttok, drafter_tokenizer=dtok, method=method,
-                                   lookahead=self.lookahead(case), max_new_tokens=s.max_new_tokens,
-                                   do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                   seed=int(chunk[0]), min_new_tokens=s.min_tokens or None,
-                                   stop_strings=list(s.stop) or None)
-            return [Draw(tuple(int(i) for i in ids), seed=int(seed), prompt_ids=tuple(case.prompt_ids),
-                         extra={"generate_seed": int(chunk[0]), "row": j, "new_tokens": st.new_tokens,
-                                "target_calls": st.target_calls, "proposed": st.proposed, "accepted": st.accepted})
-                    for j, (seed, ids, st) in enumerate(zip(chunk, o.sequences, o.stats))]
+    def up(self) -> None:
+        """Load the kit's models now (with workers: start every worker, each loading them as it
+        starts, and wait until each has answered, at most 100 rounds of one job a worker), so that
+        the first draws do not pay for it."""
+        if self.workers == 1:
+            for r in ROLES:
+                self._load(r)
+            return
+        pool = self._start()
+        seen: set[int] = set()
+        for _ in range(100):  # each worker answers once its initializer (the loads) is done
+            seen.update(pool.map(_worker_pid, range(self.workers)))
+            if len(seen) >= self.workers:
+                break
 
-        return self.collect(out, seeds, shared, draw, self.batch, "<hsd_torch>")
+    def _start(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing
+
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init, initargs=(type(self), self.kit))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+        super().close()
+
+
+_WORKER_ENGINES: dict[tuple[type, Path], HsdTorchEngine] = {}
+"""A worker process's engines (one per class and kit: its models load once)."""
+
+
+def _worker_init(cls: type[HsdTorchEngine], kit: Path) -> None:
+    """A worker's start: one torch thread, the kit's models loaded."""
+    import torch
+
+    torch.set_num_threads(1)
+    eng = _WORKER_ENGINES[(cls, kit)] = cls(kit)
+    for r in ROLES:
+        eng._load(r)
+
+
+def _worker_pid(_: int) -> int:
+    import os
+    import time
+
+    time.sleep(0.05)  # long enough that the pool's other workers take some of the jobs
+    return os.getpid()
+
+
+def _draw_in_worker(cls: type[HsdTorchEngine], kit: Path, case: Case, chunk: list[int]) -> list[Draw]:
+    return _WORKER_ENGINES[(cls, kit)].draw_chunk(case, chunk)

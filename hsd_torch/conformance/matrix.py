@@ -201,8 +201,10 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
     :class:`Row` with the outcome (refusals, crashes and ambiguous laws recorded as such). ``bar``:
     the cell's progress over its ``n`` draws (moved here, closed by the caller)."""
     row = Row(engine_name, case.mode, case_name, case.prompt_ids, "crashed", "", samples=str(out) if out else None)
+    t0 = time.perf_counter()
     try:
         law = kc.sequence_law(kc.kit_model(case.target), case.prompt_ids, case.sampling)
+        row.times["law"] = time.perf_counter() - t0
     except AmbiguousLawError as e:
         row.outcome, row.reason = "not determinable", str(e)
         return row
@@ -221,16 +223,19 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
         row.outcome, row.reason = "crashed", _one_line(e)
         row.tests = [{"traceback": traceback.format_exc(limit=4)}]
         return row
-    row.seconds = time.perf_counter() - t0
+    row.seconds = row.times["draws"] = time.perf_counter() - t0
     draws = got.draws
     if not draws:
         row.outcome, row.reason = "crashed", "the engine returned no draws"
         return row
+    t0 = time.perf_counter()
     a = audit_draws(draws, law, alpha)
     row.outcome, row.reason, row.n, row.tests = a.verdict, a.reason, a.n, [dataclasses.asdict(t) for t in a.tests]
+    row.times["audit"] = time.perf_counter() - t0
     method = MODE_SPECS.get(case.mode, (None, {}, None))[2]
     s = case.sampling
     if method and s.do_sample and not s.processing():
+        t0 = time.perf_counter()
         k = int(case.settings.get("num_speculative_tokens", 3))
         exp = kc.expected_acceptance(case.prompt_ids, method, k, s.max_new_tokens, sampling=s, drafter_sampling=s,
                                      target=case.target)
@@ -240,6 +245,7 @@ def audit_case(engine: Engine, engine_name: str, case: Case, case_name: str, n: 
             if acc.defect and row.outcome == "conforms":
                 row.outcome = "performance defect"
                 row.reason = "the draws conform, but it accepts less than the method promises: " + acc.describe()
+        row.times["expected_acceptance"] = time.perf_counter() - t0
     return row
 
 
@@ -326,6 +332,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(the samples-file engine); repeat; with it no engine runs unless --engine is given")
     p.add_argument("-n", "--n", type=int, default=2000, help="draws per cell (default 2000)")
     p.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-fail rate per cell (default 1e-3)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="hsd_torch draws in N worker processes "
+                   "(default 1: in this one; the draws are the same)")
     p.add_argument("--list", action="store_true", help="list the engines, modes and cases, and exit")
 
 
@@ -358,6 +366,8 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         return usage(f"unknown case {bad_case[0]!r}; one of {', '.join(sorted(names))}")
     if args.n < 1 or not (0 < args.alpha < 1):
         return usage("--n must be >= 1 and --alpha in (0, 1)")
+    if args.workers < 1:
+        return usage("--workers must be >= 1")
     missing = [f for f in (args.samples or []) if not Path(f).is_file()]
     if missing:
         return usage(f"--samples {missing[0]!r} is not a file")
@@ -382,13 +392,24 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
         return progress_bar(total, desc, unit, every=0.05 if unit == "cell" else 0.25)
 
     t0 = time.perf_counter()
+    registry = dict(ENGINES)
+    if args.workers > 1:
+        workers = args.workers
+
+        def hsd_torch_workers(k: Path) -> Engine:
+            from .hsd_engine import HsdTorchEngine
+
+            return HsdTorchEngine(k, workers=workers)
+
+        registry["hsd_torch"] = hsd_torch_workers
     rows = run_matrix(kit, engines, modes=args.mode, cases=cases, n=args.n, alpha=args.alpha, out=out, progress=show,
-                      bars=bars)
+                      bars=bars, registry=registry)
     if args.samples:
         for r in audit_samples_files(kit, [Path(f) for f in args.samples], args.alpha):
             show(r)
             rows.append(r)
-    meta = {"kit": str(kit), "n": args.n, "alpha": args.alpha, "engines": engines, "seconds": time.perf_counter() - t0}
+    meta = {"kit": str(kit), "n": args.n, "alpha": args.alpha, "engines": engines, "workers": args.workers,
+            "seconds": time.perf_counter() - t0}
     paths = write_report(rows, out, meta)
     for k, p in paths.items():
         print(f"report ({k}): {p}")

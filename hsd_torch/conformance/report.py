@@ -35,6 +35,10 @@ class Row:
     samples: str | None = None
     tests: list[dict[str, Any]] = field(default_factory=list)
     acceptance: dict[str, Any] | None = None
+    times: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of the cell's parts: ``law`` (the kit's exact law of the case), ``draws`` (the
+    engine, its samples file included: :attr:`seconds`), ``audit`` (the tests of the draws) and
+    ``expected_acceptance`` (the exact expectation and the acceptance test), each where it ran."""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
