@@ -22,7 +22,9 @@ skipped with the reason when missing, a failure where the ``HSD_REQUIRE_*`` vari
 A fenced block with no language tag is refused: it is tagged ``text`` (output) or a shell.
 
 Each example's test id (:attr:`Block.name`) is its page and a short name made from its command, so that
-editing a page above a block does not rename its test: ``README.md:hsd-generate-HF_HUB_OFFLINE1-1a2b3c`` and six hex digits of the block's text), or ``README.md:NAME`` with ``name=NAME``.
+editing a page above a block does not rename its test: ``README.md:hsd-generate-gemma-3-270m-59758c``
+(the command's first words that are not options, and six hex digits of the block's text: :func:`slug`),
+or ``README.md:NAME`` with ``name=NAME``.
 Two examples that run with one id are a problem of :func:`site_blocks` (give one a ``name=``); the test's
 messages name the block's line as well (:attr:`Block.where`).
 """
@@ -85,8 +87,8 @@ class Block:
 def slug(code: str) -> str:
     """A short name of an example: the first three words of its first command that are not options
     (variables, ``nice``, ``setsid``, the interpreter and a ``#`` comment dropped, paths cut to their last
-    part), joined by ``-`` (40 characters at most), then six
-    hex digits of the SHA-1 of ``code`` (two examples with the same first words differ there)."""
+    part), joined by ``-`` (40 characters at most), then six hex digits of the SHA-1 of ``code`` (two
+    examples with the same first words differ there)."""
     first = next((ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
     rest = _LEAD.sub("", first.partition(" #")[0] + " ")
     words = [re.sub(r"[^A-Za-z0-9_.-]", "", w.rstrip("/").rpartition("/")[2]) for w in rest.split()
