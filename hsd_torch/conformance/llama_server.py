@@ -10,7 +10,11 @@ raises :class:`LlamaServerUnavailable` naming the setup script.
 starts ``llama-server -m target.gguf`` on ``127.0.0.1`` and a free port, one slot (``-np 1``), one
 thread, a context of :data:`CONTEXT` ids, no web UI, no prompt cache in RAM, under the process-group
 guard of :mod:`hsd_torch.engines._procs` (the server never outlives hsd, however hsd ends), waits until
-``/health`` answers 200 and stops the whole group on exit.
+``/health`` answers 200 and stops the whole group on exit. Given ``announce`` (a function of one line),
+it says so: a line as it starts (naming its log), a line every ``notice_s`` seconds while it loads (the
+server's ``/health`` answers 503 with no measure of how far the load is, so these lines count seconds
+against the start-up limit, not percent), and a line when it is ready. :class:`LlamaServerEngine`
+prints them on stderr (``hsd conformance run --engine llama.cpp``: one start per mode).
 
 **Speculative modes** (``common/speculative.cpp``, ``common_speculative_type_from_name``, and
 ``common/arg.cpp``; the mode is a server flag, per-request speculative settings being disabled in
@@ -44,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -167,12 +172,15 @@ def _get(url: str, timeout: float) -> int:
 class LlamaServer:
     """``llama-server`` for the time of a ``with`` block (module docstring). ``binary``: None finds it
     (:func:`find_binary`); ``model``: the target GGUF; ``extra_args``: more options (a mode's:
-    :func:`mode_args`); ``log``: its output (default: a temporary file, kept for error messages).
-    After :meth:`start`: ``url`` (the server's root), ``pid`` (its process group's id)."""
+    :func:`mode_args`); ``log``: its output (default: a temporary file, kept for error messages);
+    ``announce``: called with the start-up lines (module docstring), one every ``notice_s`` seconds of
+    loading. After :meth:`start`: ``url`` (the server's root), ``pid`` (its process group's id),
+    ``startup_s``."""
 
     def __init__(self, model: str, *, binary: str | None = None, extra_args: Sequence[str] = (), threads: int = 1,
                  context: int = CONTEXT, port: int | None = None, startup_timeout: float = 120.0,
-                 stop_timeout: float = 10.0, log: str | None = None, poll_s: float = 0.2) -> None:
+                 stop_timeout: float = 10.0, log: str | None = None, poll_s: float = 0.2,
+                 announce: Callable[[str], None] | None = None, notice_s: float = 10.0) -> None:
         self.binary = binary or find_binary()
         self.model = model
         self.port = free_port() if port is None else int(port)
@@ -182,6 +190,7 @@ class LlamaServer:
         self.url = f"http://{HOST}:{self.port}"
         self.pid = 0
         self.startup_s = 0.0
+        self.announce, self.notice_s = announce, float(notice_s)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -193,7 +202,9 @@ class LlamaServer:
         stopping what was started) if it exits or is not ready within ``startup_timeout`` seconds."""
         if self._proc is not None:
             raise RuntimeError("this LlamaServer is already started")
+        self._say(f"starting llama-server ({Path(self.model).name}, port {self.port}; its log: {self.log})")
         t0 = time.monotonic()
+        notice = t0 + self.notice_s
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(guarded(self.command()), stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True)
@@ -206,15 +217,25 @@ class LlamaServer:
                                            f"(log {self.log}: {log_tail(self.log)})")
                 if _get(self.url + "/health", 2.0) == 200:
                     break
-                if time.monotonic() - t0 > self.startup_timeout:
+                now = time.monotonic()
+                if now - t0 > self.startup_timeout:
                     raise LlamaServerError(f"llama-server was not ready within {self.startup_timeout:g} s "
                                            f"(log {self.log}: {log_tail(self.log)})")
+                if now >= notice:
+                    self._say(f"llama-server still loading after {now - t0:.0f} s (at most {self.startup_timeout:g} s; "
+                              f"its log: {self.log})")
+                    notice = now + self.notice_s
                 time.sleep(self.poll_s)
         except BaseException:
             self.stop()
             raise
         self.startup_s = time.monotonic() - t0
+        self._say(f"llama-server ready in {self.startup_s:.1f} s")
         return self
+
+    def _say(self, line: str) -> None:
+        if self.announce is not None:
+            self.announce(line)
 
     def running(self) -> bool:
         """Whether the server's main process is running."""
@@ -255,7 +276,8 @@ class LlamaServerEngine:
     """llama.cpp's server as a conformance :class:`~hsd_torch.conformance.engines.Engine` (module
     docstring): one server at a time, restarted when a case asks for another mode, drafter or
     settings. ``binary``: None finds it; ``threads``: the server's threads; ``timeout``: seconds per
-    request."""
+    request. Each server start is announced (:class:`LlamaServer`'s lines, after the mode) through
+    :meth:`announce`: on stderr, ``hsd conformance: llama.cpp MODE: ...``."""
 
     def __init__(self, binary: str | None = None, *, threads: int = 1, timeout: float = 60.0) -> None:
         self.binary = binary or find_binary()
@@ -275,6 +297,10 @@ class LlamaServerEngine:
     def modes(self) -> Sequence[str]:
         return MODES
 
+    def announce(self, line: str) -> None:
+        """A line of a server's start (on stderr, as the matrix's progress lines)."""
+        print(f"hsd conformance: llama.cpp {line}", file=sys.stderr, flush=True)
+
     def _ensure(self, case: Case) -> LlamaServer:
         if case.target != "target":
             raise EngineRefused(f"the kit exports GGUF files of its target and drafter only, not of {case.target!r}")
@@ -291,7 +317,8 @@ class LlamaServerEngine:
         if self._server is not None and self._key == key and self._server.running():
             return self._server
         self.close()
-        self._server = LlamaServer(key[0], binary=self.binary, extra_args=extra, threads=self.threads).start()
+        self._server = LlamaServer(key[0], binary=self.binary, extra_args=extra, threads=self.threads,
+                                   announce=lambda line: self.announce(f"{case.mode}: {line}")).start()
         self._key = key
         return self._server
 

@@ -36,14 +36,15 @@ WATCH_EVERY = 0.2
 
 
 def log_tail(path: str, n: int = 15) -> str:
-    """The non-blank lines among the last ``n`` of an engine's log, joined by `` | `` (one line for an
-    error message); ``(no log)`` when it cannot be read."""
+    """The last ``n`` non-blank lines of an engine's log, each stripped, joined by `` | `` (one line
+    for an error message); ``(no log)`` when it cannot be read. A server's log (default 15: its error
+    comes before its shutdown lines) and a worker's (3: a traceback's last lines name the error) alike."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.rstrip() for ln in f.readlines()[-n:]]
+            lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return "(no log)"
-    return " | ".join(ln for ln in lines if ln)
+    return " | ".join(lines[-n:])
 
 
 def group_alive(pgid: int) -> bool:

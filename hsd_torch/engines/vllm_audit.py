@@ -42,9 +42,9 @@ import numpy as np
 
 from hsd_core.progress import progress
 
-from ._procs import guarded, stop_group
-from .vllm_jobs import PYTHON_ENV, SETUP, SPEC_METHODS, WORKER, VllmUnavailable, _tail, build_job, file_entry, \
-    find_python, model_folder, sample, spec_entry
+from ._procs import guarded, log_tail, stop_group
+from .vllm_jobs import PYTHON_ENV, SETUP, SPEC_METHODS, WORKER, WORKER_TAIL, VllmUnavailable, build_job, \
+    file_entry, find_python, model_folder, sample, spec_entry
 
 __all__ = ["PYTHON_ENV", "SETUP", "VllmLaws", "VllmUnavailable", "WORKER", "add_arguments", "audit_file",
            "build_job", "file_entry", "find_python", "model_folder", "open_laws", "read_samples_file", "run", "sample", "spec_entry"]
@@ -86,8 +86,8 @@ class VllmLaws:
         head = self._proc.stdout.readline()
         if not head:
             self.close()
-            raise VllmUnavailable("the vLLM law worker exited before it was ready"
-                                  + (f" (log {self.log}: {_tail(self.log)})" if self.log else " (give log= to see why)"))
+            why = f" (log {self.log}: {log_tail(self.log, WORKER_TAIL)})" if self.log else " (give log= to see why)"
+            raise VllmUnavailable("the vLLM law worker exited before it was ready" + why)
         ready = json.loads(head)
         self.vocab_size, self.version = int(ready["vocab_size"]), str(ready["version"])
 
@@ -101,8 +101,8 @@ class VllmLaws:
         self._proc.stdin.flush()
         head = self._proc.stdout.readline()
         if not head:
-            raise VllmUnavailable("the vLLM law worker died" + (f" (log {self.log}: {_tail(self.log)})"
-                                                                 if self.log else ""))
+            raise VllmUnavailable("the vLLM law worker died"
+                                  + (f" (log {self.log}: {log_tail(self.log, WORKER_TAIL)})" if self.log else ""))
         h = json.loads(head)
         if "error" in h:
             raise ValueError(f"vLLM refused the law request: {h['error']}")

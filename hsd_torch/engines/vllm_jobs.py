@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._procs import guarded, stop_group
+from ._procs import guarded, log_tail, stop_group
 
-__all__ = ["PYTHON_ENV", "SETUP", "SPEC_METHODS", "VllmUnavailable", "WORKER", "build_job", "file_entry",
-           "find_python", "model_folder", "sample", "spec_entry"]
+__all__ = ["PYTHON_ENV", "SETUP", "SPEC_METHODS", "VllmUnavailable", "WORKER", "WORKER_TAIL", "build_job",
+           "file_entry", "find_python", "model_folder", "sample", "spec_entry"]
 
 PYTHON_ENV = "HSD_VLLM_PYTHON"
 """The environment variable naming vLLM's Python (when ``--vllm-python`` is not given)."""
@@ -124,13 +124,9 @@ def build_job(target: str, files: Sequence[dict[str, Any]], speculative: dict[st
     return job
 
 
-def _tail(path: str, lines: int = 3) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
+WORKER_TAIL = 3
+"""Lines of a worker's log in its error message (:func:`~hsd_torch.engines._procs.log_tail`): a
+traceback's last lines name the error."""
 
 
 class _NewLines:
@@ -196,5 +192,6 @@ def sample(python: str, job: dict[str, Any], log: str | None = None, timeout: fl
     finally:
         os.unlink(path)
     if proc.returncode != 0:
-        raise VllmUnavailable(f"the vLLM worker failed (exit status {proc.returncode}; log {log}): {_tail(log)}")
+        raise VllmUnavailable(f"the vLLM worker failed (exit status {proc.returncode}; log {log}): "
+                              f"{log_tail(log, WORKER_TAIL)}")
     return [json.loads(ln) for ln in stdout.decode().splitlines() if ln.strip()]

@@ -6,7 +6,6 @@ lossy; the greedy-draft expected acceptance is a probability. Numpy only, fixed 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,17 +16,13 @@ import pytest
 
 from hsd_core import conformance as kc
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lc() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("llamacpp_conformance", ROOT / "bench/engines/llamacpp_conformance.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return suite_helpers.bench_script("engines/llamacpp_conformance.py")
 
 
 def _draws(lc: Any, prompt: list[int], s: Any, n: int, seed: int) -> list[tuple[tuple[int, ...], str]]:

@@ -12,17 +12,26 @@ before the block)::
     <!-- doc-test: engines needs=vllm -->    run in the slow tier, marker engines
     <!-- doc-test: skip REASON -->           never run (an install, a schematic line, ...): REASON says why
 
-Options after the decision: ``needs=A,B`` (``real-models``: SmolLM2 and Gemma, ``real-qwen``,
+Options after the decision: ``name=NAME`` (the test's id on this page, instead of the one made from the
+command: see :attr:`Block.name`), ``needs=A,B`` (``real-models``: SmolLM2 and Gemma, ``real-qwen``,
 ``real-tokenizers``, ``vllm``, ``llama-server``, ``cuda``:
 skipped with the reason when missing, a failure where the ``HSD_REQUIRE_*`` variable of that need is
 1), ``fails-with="TEXT"`` (a reproducer of a crash: the block must exit non-zero and print TEXT),
 ``env="NAME=VALUE ..."`` (set for the run, e.g. a script's own size knob).
 
 A fenced block with no language tag is refused: it is tagged ``text`` (output) or a shell.
+
+Each example's test id (:attr:`Block.name`) is its page and a short name made from its command, so that
+editing a page above a block does not rename its test: ``README.md:hsd-generate-gemma-3-270m-59758c``
+(the command's first words that are not options, and six hex digits of the block's text: :func:`slug`),
+or ``README.md:NAME`` with ``name=NAME``.
+Two examples that run with one id are a problem of :func:`site_blocks` (give one a ``name=``); the test's
+messages name the block's line as well (:attr:`Block.where`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -41,6 +50,11 @@ DECISION = re.compile(r"<!--\s*doc-test:\s*(?P<body>.*?)\s*-->$")
 KINDS = ("fast", "slow", "engines", "skip")
 NEEDS = ("real-models", "real-qwen", "real-tokenizers", "vllm", "llama-server", "cuda")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([^\s`]*)")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""What a ``name=`` may be (a test id part that ``pytest -k`` reads as one word)."""
+_LEAD = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S*\s+|nice\s+-n\s+-?\d+\s+|nice\s+|setsid\s+|\$\w+\s+|\S*/?python3?\s+)+")
+"""What comes before the words that name an example: ``VAR=value``, ``nice -n N``, ``setsid``, an
+interpreter (``python``, ``.venv/bin/python``, ``$HSD_VLLM_PYTHON``)."""
 
 
 @dataclass(frozen=True)
@@ -56,29 +70,55 @@ class Block:
     needs: tuple[str, ...] = ()
     fails_with: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    given_name: str | None = None
 
     @property
     def name(self) -> str:
+        """The test id: ``PAGE:NAME`` with the decision's ``name=``, else ``PAGE:WORDS-DIGEST``
+        (:func:`slug`); it does not change when lines are added above the block."""
+        return f"{self.page.relative_to(ROOT)}:{self.given_name or slug(self.code)}"
+
+    @property
+    def where(self) -> str:
+        """``PAGE:LINE`` of the block's first line (where to find it)."""
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def parse_decision(text: str) -> tuple[str, str, tuple[str, ...], str | None, dict[str, str]]:
-    """``(kind, reason, needs, fails_with, env)`` of a decision's body; ``ValueError`` naming what is
-    wrong with it."""
+def slug(code: str) -> str:
+    """A short name of an example: the first three words of its first command that are not options
+    (variables, ``nice``, ``setsid``, the interpreter and a ``#`` comment dropped, paths cut to their last
+    part), joined by ``-`` (40 characters at most), then six hex digits of the SHA-1 of ``code`` (two
+    examples with the same first words differ there)."""
+    first = next((ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+    rest = _LEAD.sub("", first.partition(" #")[0] + " ")
+    words = [re.sub(r"[^A-Za-z0-9_.-]", "", w.rstrip("/").rpartition("/")[2]) for w in rest.split()
+             if not w.startswith("-")]
+    head = "-".join([w for w in words if w][:3])[:40].rstrip("-.") or "block"
+    return f"{head}-{hashlib.sha1(code.encode('utf-8')).hexdigest()[:6]}"
+
+
+def parse_decision(text: str) -> tuple[str, str, tuple[str, ...], str | None, dict[str, str], str | None]:
+    """``(kind, reason, needs, fails_with, env, name)`` of a decision's body; ``ValueError`` naming what
+    is wrong with it."""
     kind, _, rest = text.partition(" ")
     if kind not in KINDS:
         raise ValueError(f"doc-test decision {kind!r}: give one of {', '.join(KINDS)}")
     if kind == "skip":
         if not rest.strip():
             raise ValueError("doc-test: skip needs a reason")
-        return kind, rest.strip(), (), None, {}
+        return kind, rest.strip(), (), None, {}, None
     needs: tuple[str, ...] = ()
-    fails_with, env = None, {}
+    fails_with, env, name = None, {}, None
     for word in shlex.split(rest):
         key, eq, value = word.partition("=")
-        if not eq or key not in ("needs", "fails-with", "env"):
-            raise ValueError(f"doc-test option {word!r}: give needs=..., fails-with=\"...\" or env=\"A=B ...\"")
-        if key == "needs":
+        if not eq or key not in ("name", "needs", "fails-with", "env"):
+            raise ValueError(f"doc-test option {word!r}: give name=..., needs=..., fails-with=\"...\" or "
+                             "env=\"A=B ...\"")
+        if key == "name":
+            if not NAME.match(value):
+                raise ValueError(f"doc-test name={value!r}: letters, digits, '_', '.', '-' (a letter or digit first)")
+            name = value
+        elif key == "needs":
             needs = tuple(value.split(","))
             if bad := [n for n in needs if n not in NEEDS]:
                 raise ValueError(f"doc-test needs={','.join(bad)}: give {', '.join(NEEDS)}")
@@ -86,7 +126,7 @@ def parse_decision(text: str) -> tuple[str, str, tuple[str, ...], str | None, di
             fails_with = value
         else:
             env = dict(pair.split("=", 1) for pair in value.split())
-    return kind, "", needs, fails_with, env
+    return kind, "", needs, fails_with, env, name
 
 
 def _decision(lines: list[str], i: int) -> str | None:
@@ -103,8 +143,8 @@ def _block(page: Path, lines: list[str], start: int, code: list[str]) -> Block:
     text = "\n".join(code).strip("\n") + "\n"
     if body is None:
         return Block(page, start + 1, text, None)
-    kind, reason, needs, fails_with, env = parse_decision(body)
-    return Block(page, start + 1, text, kind, reason, needs, fails_with, env)
+    kind, reason, needs, fails_with, env, name = parse_decision(body)
+    return Block(page, start + 1, text, kind, reason, needs, fails_with, env, name)
 
 
 def _dedent(lines: list[str]) -> list[str]:
@@ -145,12 +185,23 @@ def scan(page: Path) -> tuple[list[Block], list[str]]:
     return blocks, problems
 
 
+def duplicates(blocks: list[Block]) -> list[str]:
+    """A problem per test id that two blocks that run share (``id: PAGE:LINE, PAGE:LINE``; a ``skip``
+    block is no test, so it has no id to share)."""
+    seen: dict[str, list[str]] = {}
+    for b in blocks:
+        if b.kind not in (None, "skip"):
+            seen.setdefault(b.name, []).append(b.where)
+    return [f"{name}: the test id of {', '.join(at)} (give one a name=NAME in its doc-test line)"
+            for name, at in seen.items() if len(at) > 1]
+
+
 def site_blocks() -> tuple[list[Block], list[str]]:
-    """Every page's shell examples, and every problem found."""
+    """Every page's shell examples, and every problem found (untagged fences, shared test ids)."""
     blocks: list[Block] = []
     problems: list[str] = []
     for page in PAGES:
         b, p = scan(page)
         blocks += b
         problems += p
-    return blocks, problems
+    return blocks, problems + duplicates(blocks)

@@ -12,12 +12,9 @@ are deterministic functions of the seeds). Fast tier (about 20 s).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,9 @@ pytest.importorskip("transformers")
 
 from hsd_core import cli, extensions  # noqa: E402
 from hsd_torch.commands import audit as cli_audit  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
 
 COMMON = {"--target", "--drafter", "--target-tokenizer", "--drafter-tokenizer", "--alpha", "--max-detectable-tv",
           "--seed", "--report"}
@@ -121,17 +121,7 @@ def _errors(err: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hsd_torch.models import tiny
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("pair")
-    target, tt, _, dt = tiny.tiny_pair()
-    target.save_pretrained(root / "t")
-    tt.save_pretrained(root / "t")
-    d = tiny.tiny_gpt2(dt, seed=1)
-    d.save_pretrained(root / "d")
-    dt.save_pretrained(root / "d")
-    return root
+    return suite_helpers.save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def test_model_audit_in_both_spellings(pair: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,31 +132,18 @@ def test_model_audit_in_both_spellings(pair: Path, capsys: pytest.CaptureFixture
     assert rc == 0 and "hsd_torch tli: lossless-consistent (n=300" in out
 
 
-class _Server(BaseHTTPRequestHandler):
+class _Server(suite_helpers.JsonHandler):
     """An OpenAI-compatible completions endpoint whose ids are a function of the request's seed."""
 
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, req: dict[str, Any]) -> tuple[int, Any]:
         ids = [(req["seed"] * 17 + 5 * k) % 150 for k in range(req["max_tokens"])]
-        body = json.dumps({"choices": [{"token_ids": ids}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        return 200, {"choices": [{"token_ids": ids}]}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with suite_helpers.loopback_server(_Server) as url:
+        yield url
 
 
 def test_engine_audits_in_both_spellings(pair: Path, server: str, tmp_path: Path,

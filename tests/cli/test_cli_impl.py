@@ -16,7 +16,6 @@ invisible there: an audit of that state proves nothing about transformers.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -30,21 +29,15 @@ pytest.importorskip("transformers")
 
 from hsd_core.cli import main  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
+
 PROMPT = "def foo(x):\n"
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hsd_torch.models import tiny
-
-    root = tmp_path_factory.mktemp("ckpt")
-    target, tt, _, dt = tiny.tiny_pair()
-    target.save_pretrained(root / "t")
-    tt.save_pretrained(root / "t")
-    d = tiny.tiny_gpt2(dt, seed=1)
-    d.save_pretrained(root / "d")
-    dt.save_pretrained(root / "d")
-    return root
+    return suite_helpers.save_tiny_pair(tmp_path_factory.mktemp("ckpt"))
 
 
 def args(ckpt: Path, impl: str, *extra: str) -> list[str]:
@@ -114,12 +107,7 @@ def uag_spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def _uag_patch() -> ModuleType:
     """``bench/transformers_uag_patch.py`` as a module (bench/ is not a package)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "transformers_uag_patch.py"
-    spec = importlib.util.spec_from_file_location("transformers_uag_patch", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return suite_helpers.bench_script("transformers_uag_patch.py")
 
 
 def test_uag_state_lets_every_draft_be_accepted(ckpt: Path) -> None:

@@ -11,6 +11,11 @@ An example runs under ``bash -e -o pipefail`` in a fresh folder that holds the r
 writes the copy), with ``hsd`` on the PATH as this tree's command (``python -m hsd_core.cli``) and
 ``.venv/bin/python`` as this interpreter. It passes when it exits 0 (a ``fails-with`` reproducer:
 when it exits non-zero and prints its text).
+
+A test's id is the example's page and a short name made from its command (``Block.name``:
+``docs/conformance.md:hsd-conformance-run-6c6d83``, or the decision's ``name=``), so editing a page
+above a block leaves it; a failure names the block's line (``Block.where``). One example:
+``python -m pytest -m slow tests/cli/test_docs_shell.py -k 'conformance.md:hsd-conformance-run'``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ REQUIRE = {"real-models": "HSD_REQUIRE_REAL_MODELS", "real-qwen": "HSD_REQUIRE_R
 
 
 def test_every_shell_example_has_a_decision() -> None:
-    missing = [b.name for b in BLOCKS if b.kind is None]
+    missing = [b.where for b in BLOCKS if b.kind is None]
     assert not PROBLEMS, "\n".join(PROBLEMS)
     assert not missing, ("shell examples without a <!-- doc-test: fast|slow|engines|skip REASON --> line before "
                          "them (tests/cli/doc_blocks.py):\n" + "\n".join(missing))
@@ -56,10 +61,42 @@ def test_the_scan_finds_examples_and_refuses_what_it_cannot_decide(tmp_path: Pat
     assert [b.line for b in blocks] == [7, 10] and len(problems) == 1 and "p.md:3" in problems[0]
     assert blocks[0].kind is None and blocks[0].code == "hsd audit\n"
     assert (blocks[1].kind, blocks[1].needs, blocks[1].env) == ("slow", ("cuda", "vllm"), {"A": "1"})
-    for bad in ("later", "skip", "fast needs=gpu", "slow retries=3"):
+    for bad in ("later", "skip", "fast needs=gpu", "slow retries=3", "fast name=-x", "slow name=a/b"):
         with pytest.raises(ValueError):
             doc_blocks.parse_decision(bad)
     assert {b.kind for b in BLOCKS} == {"fast", "slow", "engines", "skip"}
+
+
+def test_test_ids_are_stable_unique_and_lead_to_the_block(tmp_path: Path) -> None:
+    """An example's id is its page and its command's words and digest: lines added above it leave it
+    as it was, another command changes it, ``name=`` replaces it; two examples that run with one id
+    are a problem (skipped ones are no tests); ``where`` still gives the line."""
+    code = "<!-- doc-test: fast -->\n```bash\nHF_HUB_OFFLINE=1 nice -n 10 python bench/x.py --n 3   # why\n```\n"
+    page = tmp_path / "p.md"
+
+    def scan(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+        """``[(name, where)]`` of ``text``'s blocks, and their shared ids."""
+        page.write_text(text)
+        old = doc_blocks.ROOT
+        doc_blocks.ROOT = tmp_path  # type: ignore[misc]
+        try:
+            blocks, _ = doc_blocks.scan(page)
+            return [(b.name, b.where) for b in blocks], doc_blocks.duplicates(blocks)
+        finally:
+            doc_blocks.ROOT = old  # type: ignore[misc]
+
+    ((first, at),), _ = scan(code)
+    ((moved, moved_at),), _ = scan("# Title\n\nA new paragraph.\n\n" + code)
+    ((other, _),), _ = scan(code.replace("--n 3", "--n 4"))
+    named, dups = scan(code + "\n" + code.replace("fast", "fast name=second") + "\n" + code.replace("fast", "skip why"))
+    _, twice = scan(code + "\n" + code)
+    assert first == moved and first.startswith("p.md:x.py-") and at == "p.md:2" and moved_at == "p.md:6"
+    assert other != first and other.startswith("p.md:x.py-")
+    assert named[1][0] == "p.md:second" and not dups  # the skip block shares the first's id: it is no test
+    (problem,) = twice
+    assert first in problem and "p.md:2" in problem and "p.md:7" in problem
+    names = [b.name for b in BLOCKS if b.kind != "skip"]
+    assert len(names) == len(set(names))
 
 
 def _missing(need: str) -> str | None:
@@ -126,10 +163,10 @@ def run_block(block: Block, tmp: Path) -> None:
                          text=True, timeout=None if block.kind != "fast" else 600)
     out = res.stdout + res.stderr
     if block.fails_with is not None:
-        assert res.returncode != 0 and block.fails_with in out, f"{block.name}: expected a failure with " \
+        assert res.returncode != 0 and block.fails_with in out, f"{block.where}: expected a failure with " \
                                                                   f"{block.fails_with!r}\n{out[-4000:]}"
     else:
-        assert res.returncode == 0, f"{block.name} exited {res.returncode}:\n{block.code}\n{out[-4000:]}"
+        assert res.returncode == 0, f"{block.where} exited {res.returncode}:\n{block.code}\n{out[-4000:]}"
 
 
 def _params(kind: str) -> list[object]:

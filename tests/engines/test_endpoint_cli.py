@@ -7,10 +7,8 @@ target's vocabulary is an engine error naming the draw. Fast tier (about 10 s)."
 
 from __future__ import annotations
 
-import json
-import threading
+import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +22,17 @@ from hsd_core.samples import read_samples  # noqa: E402
 from hsd_core.seqaudit import sequence_seeds  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
 
-class _Handler(BaseHTTPRequestHandler):
+
+class _Handler(suite_helpers.JsonHandler):
     mode = "ok"
     fail_from = 10**9
     seeds: list[int] = []
     last: dict[str, Any] = {}
 
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, req: dict[str, Any]) -> tuple[int, Any]:
         cls = type(self)
         cls.seeds.append(req["seed"])
         cls.last = req
@@ -49,22 +46,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif cls.mode == "llama_oai":  # llama.cpp's /v1/completions: ids only in logprobs.content[i].id
             obj = {"choices": [{"text": "", "finish_reason": "length",
                                 "logprobs": {"content": [{"id": t, "token": "", "logprob": -1.0} for t in ids]}}]}
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        return code, obj
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with suite_helpers.loopback_server(_Handler) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,14 @@ from hsd_torch.conformance.engines import Case, EngineRefused
 from hsd_torch.engines._procs import group_alive
 
 FAKE = r'''#!{python}
-import json, os, sys
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 args = sys.argv[1:]
 if "--version" in args:
     print("version: 4242 (fake)"); sys.exit(0)
 if os.environ.get("FAKE_DIE"):
     print("error: failed to load model", flush=True); sys.exit(1)
+time.sleep(float(os.environ.get("FAKE_LOAD_S", "0")))  # a model that takes a while to load
 port = int(args[args.index("--port") + 1])
 log = os.environ["FAKE_LOG"]
 with open(log, "a") as f:
@@ -169,6 +170,47 @@ def test_a_server_that_dies_says_why(fake: tuple[str, Path], monkeypatch: pytest
     with pytest.raises(ls.LlamaServerError, match="exited with status 1 .*failed to load model"):
         srv.start()
     assert not srv.running() and not group_alive(srv.pid)
+
+
+def test_a_start_is_announced_with_its_log_and_a_line_while_it_loads(fake: tuple[str, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up lines: one naming the log before the server runs, one per ``notice_s`` seconds while
+    it loads (a fake that takes 2 s: at least two at 0.4 s), one when it is ready."""
+    monkeypatch.setenv("FAKE_LOAD_S", "2")
+    lines: list[str] = []
+    log = str(tmp_path / "server.log")
+    with ls.LlamaServer(str(tmp_path / "t.gguf"), log=log, announce=lines.append, notice_s=0.4) as srv:
+        assert srv.startup_s >= 2
+    assert lines[0] == f"starting llama-server (t.gguf, port {srv.port}; its log: {log})"
+    loading = lines[1:-1]
+    assert len(loading) >= 2 and all(ln.startswith("llama-server still loading after ") and log in ln
+                                     for ln in loading), lines
+    assert lines[-1] == f"llama-server ready in {srv.startup_s:.1f} s"
+    quiet: list[str] = []
+    monkeypatch.setenv("FAKE_LOAD_S", "0")
+    with ls.LlamaServer(str(tmp_path / "t.gguf"), announce=quiet.append, notice_s=30):
+        pass
+    assert len(quiet) == 2  # a quick start: its start and its ready line only
+
+
+def test_the_engine_announces_each_start_on_stderr(fake: tuple[str, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``hsd conformance run --engine llama.cpp``: each server start (one per mode) has its lines on
+    stderr, naming the mode and the log, before the draws."""
+    eng = ls.LlamaServerEngine()
+    try:
+        eng.sample(_case(tmp_path), [1, 2])
+        eng.sample(_case(tmp_path), [3])  # the same server: no new start
+        eng.sample(_case(tmp_path, "ngram-simple"), [1])
+        assert eng._server is not None
+        log = eng._server.log
+    finally:
+        eng.close()
+    err = capsys.readouterr().err.splitlines()
+    starts = [ln for ln in err if "starting llama-server" in ln]
+    assert len(starts) == 2 and starts[0].startswith("hsd conformance: llama.cpp none: starting llama-server (")
+    assert starts[1].startswith("hsd conformance: llama.cpp ngram-simple: ") and starts[1].endswith(f"its log: {log})")
+    assert sum("llama-server ready in" in ln for ln in err) == 2
 
 
 def test_the_matrix_drives_llama_cpp_in_every_mode() -> None:

@@ -7,7 +7,6 @@ sequence in every mode. Skipped without the binary (``bench/engines/setup_llamac
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -19,17 +18,14 @@ import pytest
 from hsd_torch.conformance import llama_server as ls
 from hsd_torch.conformance.engines import Case
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("llamacpp_conformance", ROOT / "bench/engines/llamacpp_conformance.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return suite_helpers.bench_script("engines/llamacpp_conformance.py")
 
 
 @pytest.fixture(scope="module")

@@ -98,3 +98,18 @@ def test_stop_group_ends_a_guarded_engine_and_its_children() -> None:
         time.sleep(0.05)
     _procs.stop_group(p, grace=5.0)
     assert not _procs.group_alive(p.pid) and p.returncode is not None
+
+
+def test_log_tail_is_the_last_non_blank_lines_on_one_line(tmp_path: Path) -> None:
+    """The one tail of every engine's log in error messages (servers: 15 lines, vLLM's worker: 3):
+    blank lines are not counted, each line is stripped, an unreadable log says so."""
+    from hsd_torch.engines import vllm_jobs
+
+    log = tmp_path / "engine.log"
+    log.write_text("start\n\nTraceback (most recent call last):\n  File \"w.py\", line 3\n\n"
+                   "RuntimeError: boom   \n\n\n", encoding="utf-8")
+    assert _procs.log_tail(str(log), vllm_jobs.WORKER_TAIL) == \
+        'Traceback (most recent call last): | File "w.py", line 3 | RuntimeError: boom'
+    assert _procs.log_tail(str(log)) == 'start | Traceback (most recent call last): | File "w.py", line 3 | ' \
+        "RuntimeError: boom"
+    assert _procs.log_tail(str(tmp_path / "missing.log")) == "(no log)"
