@@ -36,7 +36,8 @@ from ..engine.runner import Runner
 from ..engine.tree_cache import TreeCache
 from ..methods.tli import TLI
 
-__all__ = ["TREE_VARIANTS", "VARIANTS", "NotASeam", "Variant", "generate_with", "patch_seam", "seam_name"]
+__all__ = ["TREE_VARIANTS", "VARIANTS", "NotASeam", "Variant", "active_patches", "generate_with", "patch_seam",
+           "seam_name"]
 
 
 class NotASeam(LookupError):
@@ -64,10 +65,22 @@ def patch_seam(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[No
                        f"{declared or 'none'} in its ZOO_SEAMS): declare it there, where it is defined")
     orig = getattr(owner, name)
     setattr(owner, name, make(orig))
+    where = f"{module.__name__}.{seam}"
+    _ACTIVE.append(where)
     try:
         yield
     finally:
         setattr(owner, name, orig)
+        _ACTIVE.remove(where)
+
+
+_ACTIVE: list[str] = []
+
+
+def active_patches() -> tuple[str, ...]:
+    """The seams (``module.seam``) that :func:`patch_seam` has replaced in this process right now,
+    in the order they were patched: what another process (a conformance worker) would not see."""
+    return tuple(_ACTIVE)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ the acceptance test reads.
 core of the machine; the chunks, their seeds and so every draw are the same as with one process (a
 chunk's draws depend on its seeds alone), and they come back in chunk order. What the parent
 process patches (the bug zoo's ``Variant.patch()``, :mod:`hsd_torch.auditing.variants`) does not reach the
-workers: audit a patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
+workers, so a draw with workers while a zoo patch is active is refused (``RuntimeError``): audit a
+patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
 each worker (``cls(kit)``), so a subclass must be importable by its module name.
 
 **Cost** (bench/conformance_power.py, docs/conformance.md "Power and cost"): the kit's models are
@@ -127,6 +128,11 @@ class HsdTorchEngine(KitEngine):
                                       sampling=s, speculative=self.speculative(case), target=f"conformance-kit/{case.target}")
         many: Callable[[list[list[int]]], Iterable[list[Draw]]] | None = None
         if self.workers > 1:  # the chunks' draws from the pool, in chunk order
+            from ..auditing.variants import active_patches
+
+            if active_patches():  # the workers would draw from the unpatched engine: refuse, never audit it silently
+                raise RuntimeError(f"bug-zoo patches are active in this process ({', '.join(active_patches())}); "
+                                   f"worker processes do not see them: draw with workers=1")
             many = partial(self._start().map, partial(_draw_in_worker, type(self), self.kit, case))
         return self.collect(out, seeds, shared, partial(self.draw_chunk, case), self.batch, "<hsd_torch>", many)
 

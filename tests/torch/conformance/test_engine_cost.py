@@ -160,3 +160,20 @@ def test_the_cli_runs_with_workers(kit: Path, tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr[-2000:]
         got[w] = [d.ids for d in read_samples(tmp_path / f"w{w}" / "samples" / "hsd_torch" / "sd" / "eos_early-p0.jsonl").draws]
     assert got[1] == got[2] and len(got[1]) == 40
+
+
+def test_workers_refuse_to_draw_while_a_zoo_patch_is_active(kit: Path) -> None:
+    """A zoo variant patched into this process would not reach spawned workers, which would then draw
+    from the correct engine and pass it: refused before any pool starts (and allowed again after)."""
+    from hsd_torch.auditing.variants import VARIANTS, active_patches
+
+    two = _small(kit, workers=2)
+    case = _case(kit, "plain", "sd")
+    try:
+        with VARIANTS["positions_not_reset"].patch():
+            assert active_patches()
+            with pytest.raises(RuntimeError, match="workers=1"):
+                two.sample(case, [0, 1])
+        assert not active_patches() and two._pool is None
+    finally:
+        two.close()
