@@ -4,7 +4,6 @@ suite had them; imports are inside the fixtures, so collecting this folder needs
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,14 +41,9 @@ def llama_uni(toks: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
 def bench_module() -> Callable[[str], ModuleType]:
     """Loads ``bench/<name>.py`` as a module (with ``bench/`` importable while it loads, for the
     scripts that import each other)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import suite_helpers
+
     def load(name: str) -> ModuleType:
-        sys.path.insert(0, str(ROOT / "bench"))
-        try:
-            spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-            assert spec is not None and spec.loader is not None
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return mod
-        finally:
-            sys.path.remove(str(ROOT / "bench"))
+        return suite_helpers.bench_script(f"{name}.py")
     return load

@@ -12,9 +12,9 @@ were asserted (quoted at each test).
 from __future__ import annotations
 
 import json
-import threading
+import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ from hsd_torch import generate  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 from hsd_torch.auditing.samples import audit_samples  # noqa: E402
 from hsd_torch.auditing.variants import generate_with  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import suite_helpers  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -265,13 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server(pair: Any) -> Iterator[str]:
     _Handler.pair = pair
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with suite_helpers.loopback_server(_Handler) as url:
+        yield url
 
 
 @pytest.mark.slow

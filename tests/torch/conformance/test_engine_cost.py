@@ -18,18 +18,10 @@ import pytest
 from hsd_core.samples import Draw, SamplesFormatError, read_samples, write_samples
 from hsd_torch.conformance.engines import Case, KitEngine
 from hsd_torch.conformance.hsd_engine import HsdTorchEngine
-from hsd_torch.conformance.kit import build_kit
 from hsd_torch.conformance.matrix import CASES, MODE_SPECS, audit_case
 
 N = 600
 ALPHA = 1e-3
-
-
-@pytest.fixture(scope="module")
-def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("kit")
-    build_kit(out, gguf=False)
-    return out
 
 
 def _case(kit: Path, name: str, mode: str) -> Case:

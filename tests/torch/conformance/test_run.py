@@ -23,7 +23,6 @@ from hsd_core.samples import Draw, Sampling, SamplesFile, read_samples, write_sa
 from hsd_torch.auditing.variants import VARIANTS
 from hsd_torch.conformance.engines import Case, EngineRefused
 from hsd_torch.conformance.hsd_engine import HsdTorchEngine
-from hsd_torch.conformance.kit import build_kit
 from hsd_torch.conformance.matrix import (
     CASES, MODE_SPECS, Row, audit_case, audit_samples_files, exit_status, run_matrix, write_report,
 )
@@ -31,13 +30,6 @@ from hsd_torch.conformance.matrix import (
 ROOT = Path(__file__).resolve().parents[3]
 N = 600
 ALPHA = 1e-3
-
-
-@pytest.fixture(scope="module")
-def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("kit")
-    build_kit(out, gguf=False)
-    return out
 
 
 @pytest.fixture(scope="module")
