@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         save(record, args.json)
         return 0
     cand = shapes(args.max_depth, args.max_width, args.max_nodes)
-    need = sorted({1 + sum(shape_nodes(w)[1:]) for w in cand} | {1})
-    sizes = sorted({1, 2, 4, 8, 16, 32, 48, 65} | {need[-1]})
-    d_sizes = sorted({1, 2, 4, 8, 16, 32, 64})
+    widest = max(1 + sum(shape_nodes(w)[1:]) for w in cand)  # the target's widest pass
+    sizes = sorted({1, 2, 4, 8, 16, 32, 48, 65} | {widest})
+    d_sizes = sorted({1, 2, 4, 8, 16, 32, 64} | {max(max(shape_nodes(w)[:-1]) for w in cand)})
     print(f"timing the target's pass over {sizes} positions and the drafter's over {d_sizes} "
           f"({args.repeats} repeats)", flush=True)
     t_cost = time_loaded(target, dtype, sizes, args.context, args.repeats)
