@@ -138,9 +138,10 @@ class KitEngine:
         ``speculative`` and ``target``. ``map_chunks`` (None: ``draw`` on each chunk in turn, here):
         the chunks' draws, in chunk order, however it makes them (e.g. worker processes).
 
-        The draws come back from memory (``line`` 0), not re-read from ``out``: every line written was
-        validated as it was written (:class:`~hsd_core.samples.SamplesAppender`) from these same
-        ``shared`` settings; a resumed file is read back whole, so that settings it holds from another
+        The draws come back from memory (``line`` 0), not re-read from ``out``: every draw was
+        validated as it arrived, from these same ``shared`` settings (as a line of ``out`` by
+        :class:`~hsd_core.samples.SamplesAppender`, or formatted and parsed alone without ``out``), so
+        a malformed draw is refused on either path; a resumed file is read back whole, so that settings it holds from another
         run are refused (mixed settings) as :func:`~hsd_core.samples.read_samples` refuses them."""
         if len(set(seeds)) != len(seeds):
             raise ValueError("seeds repeat: a repeated seed is not an independent draw")
@@ -156,6 +157,8 @@ class KitEngine:
                 for d in got:
                     if app is not None:
                         app.append(d)
+                    else:  # validated as the appender validates a line: each draw alone
+                        parse_samples([format_draw(d, **shared)], label)
                     made.append(d)
                 self._report(len(made) - k)
         finally:

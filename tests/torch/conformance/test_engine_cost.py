@@ -75,6 +75,20 @@ def test_repeated_seeds_are_refused(tmp_path: Path) -> None:
         eng.collect(None, [1, 2, 1], shared, lambda c: [Draw((2,), seed=s, prompt_ids=(1,)) for s in c], 2)
 
 
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_malformed_draw_is_refused_with_or_without_a_file(tmp_path: Path, to_file: bool) -> None:
+    """Every draw is validated as it arrives, not the first alone: the second of three draws has a
+    negative id and the collection is refused on both paths (a file, or draws kept in memory)."""
+    eng = KitEngine(tmp_path)
+    shared = dict(engine={"name": "x", "version": "1"}, sampling=CASES[0].sampling, speculative=None, target=None)
+
+    def draw(c: list[int]) -> list[Draw]:
+        return [Draw((2,) if s != 1 else (-3,), seed=s, prompt_ids=(1,)) for s in c]
+
+    with pytest.raises(SamplesFormatError, match="ids"):
+        eng.collect(tmp_path / "m.jsonl" if to_file else None, [0, 1, 2], shared, draw, 3)
+
+
 def test_chunks_from_a_mapper_arrive_in_order_and_are_reported(tmp_path: Path) -> None:
     eng = KitEngine(tmp_path)
     seen: list[int] = []
