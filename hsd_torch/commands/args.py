@@ -172,6 +172,15 @@ def tree_shape(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{e}; {fix}") from None
 
 
+def tree_text(shape: Any) -> str:
+    """A tree shape as ``--tree`` spells it (:func:`tree_shape`'s inverse): ``2,1,1`` or ``dynamic:16:2:4``."""
+    from hsd_core.methods.tree import Dynamic
+
+    if isinstance(shape, Dynamic):
+        return f"dynamic:{shape.budget}:{shape.width}:{shape.depth}"
+    return ",".join(str(w) for w in shape.widths)
+
+
 def one_line(e: BaseException, limit: int = 400) -> str:
     """``str(e)`` on one line (its lines joined, runs of blanks collapsed), cut at ``limit``
     characters; the type's name if the message is empty."""

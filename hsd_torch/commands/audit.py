@@ -90,7 +90,8 @@ def _uses_drafter(args: argparse.Namespace) -> bool:
 
 
 _HSD_TORCH_ONLY = (("method", "--method"), ("lookahead", "--lookahead"), ("min_path_prob", "--min-path-prob"),
-                   ("proposal_map", "--proposal-map"))
+                   ("proposal_map", "--proposal-map"), ("tree", "--tree"), ("tree_draws", "--tree-draws"),
+                   ("min_confidence", "--min-confidence"))
 
 
 def problem_before_loading(args: argparse.Namespace) -> str | None:
@@ -108,6 +109,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
             return (f"{', '.join(given)}: options of --impl hsd_torch; transformers' assisted generation has no such "
                     "setting (it picks its own number of drafts), so they would be ignored")
     else:
+        if args.tree is not None and args.lookahead is not None:
+            return "--lookahead and --tree: a tree's depth is its lookahead; give one of them"
         args.method = args.method or "tli"
         args.lookahead = args.lookahead if args.lookahead is not None else ca.default_lookahead(args.method)
     if _uses_drafter(args) and args.drafter is None:
@@ -127,7 +130,8 @@ def problem_before_loading(args: argparse.Namespace) -> str | None:
     if problem is not None:
         return problem
     if args.impl == "hsd_torch":
-        problem = ca.method_problem(args.method, args.lookahead, args.greedy, args.min_path_prob, args.proposal_map, 1)
+        problem = ca.method_problem(args.method, args.lookahead, args.greedy, args.min_path_prob, args.proposal_map, 1,
+                                    args.tree, args.tree_draws, args.min_confidence)
         if problem is None and args.method == "sd":  # the tokenizers only: before either model loads
             problem = ca.sd_tokenizer_problem("sd", ca.load_tokenizer(args.target_tokenizer or args.target),
                                               ca.load_tokenizer(args.drafter_tokenizer or args.drafter))
@@ -176,7 +180,8 @@ class _Sampler:
         out = generate(self.target, self.drafter, prompts, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
                        method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget, do_sample=not a.greedy,
                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=seeds[0],
-                       min_path_prob=a.min_path_prob, proposal_map=a.proposal_map, progress=self.bar.update).sequences
+                       min_path_prob=a.min_path_prob, proposal_map=a.proposal_map, tree=a.tree, tree_draws=a.tree_draws,
+                       min_confidence=a.min_confidence, progress=self.bar.update).sequences
         self._timed(len(prompts), t0)
         return [list(r) for r in out]
 
@@ -189,7 +194,8 @@ class _Sampler:
             ids = generate(self.target, self.drafter, prompt, target_tokenizer=self.tt, drafter_tokenizer=self.dt,
                            method=a.method, lookahead=a.lookahead, max_new_tokens=self.budget,
                            do_sample=not a.greedy, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                           seed=seed, min_path_prob=a.min_path_prob, proposal_map=a.proposal_map).sequences[0]
+                           seed=seed, min_path_prob=a.min_path_prob, proposal_map=a.proposal_map, tree=a.tree,
+                           tree_draws=a.tree_draws, min_confidence=a.min_confidence).sequences[0]
         else:
             torch.manual_seed(seed)
             x = self.tt(prompt, return_tensors="pt")
@@ -204,6 +210,17 @@ class _Sampler:
         self.bar.update(1)
         self._timed(1, t0)
         return list(ids)
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The audited sampler as the report names it: the implementation, hsd_torch's method and the
+    options that change how it drafts (a tree's shape, the confidence stop)."""
+    if args.impl != "hsd_torch":
+        return f"{args.impl} UAG"
+    extra = ([f"tree {ca.tree_text(args.tree)}"] if args.tree is not None else []) + \
+        ([f"tree draws {args.tree_draws}"] if args.tree_draws is not None else []) + \
+        ([f"min confidence {args.min_confidence:g}"] if args.min_confidence is not None else [])
+    return f"{args.impl} {args.method}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,8 +275,7 @@ def run(args: argparse.Namespace) -> int:
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, seed=args.seed,
                 mask_textless=False, max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if args.impl == "hsd_torch" else None,
-                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}",
-                progress=lambda line: print("hsd audit: " + line, file=sys.stderr))
+                name=_name(args), progress=lambda line: print("hsd audit: " + line, file=sys.stderr))
         finally:
             bar.close()
     except (ValueError, NotImplementedError) as e:  # not TypeError & co.: argparse typed every value
@@ -296,7 +312,7 @@ def _run_sequences(args: argparse.Namespace, n: int, sampler: _Sampler, target: 
                 max_detectable_tv=args.max_detectable_tv,
                 sample_batch_fn=sampler.batch if batched else None,
                 context_bugs=DEFAULT_CONTEXT_BUGS if args.context_bugs is None else args.context_bugs,
-                name=f"{args.impl} {args.method if args.impl == 'hsd_torch' else 'UAG'}",
+                name=_name(args),
                 progress=lambda line: print("hsd audit: " + line, file=sys.stderr) if line.startswith("estimate")
                 else None, on_chunk=bar.update)
         finally:

@@ -35,7 +35,8 @@ SAMPLING = {"--prompt", "--greedy", "--temperature", "--top-k", "--top-p", "--sa
             "--context-bugs"}
 KIND_OPTIONS = {
     "model": COMMON | SAMPLING | {"--impl", "--positions", "--sequences", "--method", "--min-path-prob",
-                                  "--proposal-map", "--lookahead", "--max-minutes", "--threads"},
+                                  "--proposal-map", "--lookahead", "--max-minutes", "--threads", "--tree",
+                                  "--tree-draws", "--min-confidence"},
     "samples": COMMON | {"--samples-file", "--baseline-file", "--dtype", "--reference", "--context-bugs"},
     "endpoint": COMMON | SAMPLING | {"--endpoint", "--baseline-endpoint", "--allow-remote", "--model", "--max-requests",
                                      "--request-timeout", "--time-budget", "--concurrency", "--server-kind",
