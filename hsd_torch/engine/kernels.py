@@ -101,12 +101,16 @@ class LazyLaw:
     every decision, are the bits that processing the whole ``[B, P]`` at once gives.
 
     ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
-    :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``."""
+    :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``. ``sparse``: a hint
+    that the laws put their mass on few columns (top-k or top-p processing), so that a residual is
+    cheaper taken on a row's support than over all ``N`` columns (:func:`_final_tokens`); it changes
+    no decision, only where the arithmetic runs."""
 
-    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None) -> None:
+    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None, *,
+                 sparse: bool = False) -> None:
         if source.dim() != 3:
             raise ValueError(f"a law source must be [B, P, N], got {tuple(source.shape)}")
-        self.source, self.process = source, process
+        self.source, self.process, self.sparse = source, process, sparse
         self.batch, self.positions = source.shape[0], source.shape[1]
         self.device = source.device
         self.dtype = source.dtype if process is None else (
@@ -347,6 +351,36 @@ def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int
     return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
 
 
+def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float
+                         ) -> tuple[list[int], list[float]] | None:
+    """The correction drawn with ``u`` from ``norm(max(p - q / scale, 0))`` for one row (``law [N]`` in
+    ``cdt``, ``q_row [N]``), computed on the support of ``p`` only: ``([id], [total])`` as
+    :func:`_draw_host` gives it on the whole row, bit for bit, or None where that support is not
+    small (a quarter of the columns or more) or the residual has no mass (the caller's dense path
+    then decides, as before).
+
+    The same bits because the residual is +0 off the support (``max(0 - q, 0)`` with ``q >= 0``) and
+    the CPU's cumulative sum (the mass, then the draw's) adds left to right in a wider accumulator
+    rounded at each step, to which a +0 adds nothing: the support's partial sums, in column order,
+    are the whole row's at those columns, and the first partial sum above ``u * total`` is at the
+    same column. Off the CPU (another order of addition) it declines."""
+    if law.device.type != "cpu":
+        return None
+    cols = law.nonzero().squeeze(-1)
+    if 4 * cols.numel() >= law.shape[-1] or cols.numel() == 0:
+        return None
+    qs = q_row.index_select(0, cols)
+    qs = qs if qs.dtype == cdt else qs.to(cdt)
+    if scale is not None:
+        qs = qs / scale
+    diff = torch.sub(law.index_select(0, cols), qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
+    mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
+    if not 0 < float(mass) < _INF:
+        return None
+    (i,), tot = _draw_host(diff.div_(mass), [u])
+    return [int(cols[i])], tot
+
+
 def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],
                   u_final: list[float] | None, cdt: torch.dtype, q_scale: list[list[float]] | None = None
                   ) -> tuple[list[int], list[float]]:
@@ -368,6 +402,11 @@ def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list
         law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
         if n < n_drafts[0]:
             assert q is not None
+            if p.sparse:
+                got = _residual_on_support(law[0], q[0, n], None if q_scale is None else q_scale[0][n], cdt,
+                                           u_final[0])
+                if got is not None:
+                    return got
             q_sel = q[:, n]
             q_sel = q_sel if q_sel.dtype == cdt else q_sel.to(cdt)
             if q_scale is not None:

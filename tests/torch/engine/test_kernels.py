@@ -563,3 +563,57 @@ def test_first_token_law_is_p_and_the_wrong_q_is_rejected() -> None:
     assert_law_matches(law, sampled_first_tokens(Q_CAP, n, seed=0), alpha=ALPHA, eps=tv_wrong / 2)
     with pytest.raises(AssertionError, match="rejected"):
         assert_law_matches(law, sampled_first_tokens(Q_RAW, n, seed=1), alpha=ALPHA, eps=tv_wrong / 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_residual_on_the_support_is_the_dense_residual_bit_for_bit(dtype: torch.dtype, scaled: bool) -> None:
+    """With top-k / top-p laws (``LazyLaw(..., sparse=True)``) a rejection's correction is drawn from
+    the residual taken on the support of p alone: the same ids and totals as over all columns, for
+    laws of a few kept ids among 4,096 columns, a q of full support, unnormalized q (``q_scale``),
+    zero residuals (the fallback to p), supports too wide to take (a quarter of the columns) and
+    uniforms next to 1 (the rounding past the last partial sum); and the sparse path is taken
+    (counted) where it applies."""
+    from hsd_torch.engine import kernels as km
+
+    g = np.random.default_rng(11)
+    v, k = 4096, 3
+    taken = [0]
+    real = km._residual_on_support
+
+    def counted(*a: object, **kw: object) -> object:
+        got = real(*a, **kw)  # type: ignore[arg-type]
+        taken[0] += got is not None
+        return got
+
+    for trial in range(60):
+        wide = trial % 10 == 9
+        p = np.zeros((1, k + 1, v))
+        for j in range(k + 1):
+            m = v // 3 if wide else int(g.integers(1, 9))
+            cols = g.choice(v, size=m, replace=False)
+            p[0, j, cols] = g.random(m) ** 3 + 1e-3
+            p[0, j] /= p[0, j].sum()
+        q = g.random((1, k, v)) ** 6  # full support, and half its mass near p's (a residual that depends on q)
+        q /= q.sum(-1, keepdims=True)
+        near = p[:, :k] * g.uniform(0.2, 1.8, size=(1, k, v))
+        q = 0.5 * q + 0.5 * near / near.sum(-1, keepdims=True)
+        if trial % 7 == 3:  # q covers p at the first draft's position: a zero residual there
+            q[0, 0] = np.maximum(q[0, 0], p[0, 0])
+            q[0, 0] /= q[0, 0].sum()
+            q[0, 0] = np.maximum(q[0, 0], p[0, 0] * (1 + 2**-20))
+        drafts = [[int(g.choice(np.flatnonzero(q[0, j]))) for j in range(k)]]
+        ua = [[float(np.nextafter(1.0, 0.0)) if trial % 2 else float(g.random()) for _ in range(k)]]
+        uf = [float(np.nextafter(1.0, 0.0)) if trial % 5 == 0 else float(g.random())]
+        scale = (2.0 ** g.integers(-3, 4, size=(1, k))).tolist() if scaled else None
+        qt = t(q).to(dtype) * (t(np.array(scale)).to(dtype).unsqueeze(-1) if scaled else 1)
+        pt = t(p).to(dtype)
+        dense = _rejection_host(km.LazyLaw(pt), qt, drafts, [k], ua, uf, eos_id=None, budget=None, q_scale=scale)
+        km._residual_on_support = counted  # type: ignore[assignment]
+        try:
+            sparse = _rejection_host(km.LazyLaw(pt, sparse=True), qt, drafts, [k], ua, uf, eos_id=None, budget=None,
+                                     q_scale=scale)
+        finally:
+            km._residual_on_support = real  # type: ignore[assignment]
+        assert sparse == dense, trial
+    assert taken[0] >= 20  # the support path decided most rejections (not the wide or zero-residual ones)
