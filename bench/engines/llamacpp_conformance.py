@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -229,101 +230,108 @@ ACCEPTANCE_BUDGET = 4
 """The largest budget (``max_new_tokens``) :func:`greedy_draft_acceptance` enumerates."""
 
 
+@lru_cache(maxsize=None)
+def drafter_argmax(last: int) -> tuple[int, ...]:
+    """The ids of the kit drafter's largest logit after ``last`` (several where they tie; the drafter's
+    law depends on its last id only: it has no clock and no attention)."""
+    q = kc.kit_model("drafter").logits([B, int(last)])
+    return tuple(int(t) for t in np.flatnonzero(q == q.max()))
+
+
+def greedy_draft_expectation(prompt: list[int], s: Sampling, model: kc.KitModel = M, choice: dict[int, int] | None = None,
+                             n_max: int = 3, reached: set[int] | None = None) -> tuple[float, float]:
+    """``(E drafted, E accepted)`` per draw of ``draft-simple`` with greedy drafts as llama-server runs it
+    (``tools/server/server-context.cpp``, ``get_n_draft_max``; ``common/sampling.cpp``,
+    ``common_sampler_sample_and_accept_n``), enumerated exactly over every draw of ``model`` under
+    ``s``: the server samples the first id from the prompt; then, while ``r`` ids are left to generate,
+    it drafts ``k = min(n_max, r - 1)`` ids, the drafter's argmax chain after the last id (none where
+    ``k`` is 0: a plain sample), and samples the target at each draft position in turn, keeping the
+    draft while the sample equals it and adding the target's sample after the last kept one (after
+    every draft, the bonus id); a sampled end id ends the draw, and a matched end id before the draft's
+    last position counts as not accepted. ``choice``: at a context ``last`` whose drafter argmax ties
+    (:func:`drafter_argmax`), the draft is the ``choice.get(last, 0)``-th tied id; ``reached`` (if
+    given) collects every ``last`` a draft was made after."""
+    pick = choice or {}
+    budget = s.max_new_tokens
+
+    def draft(last: int) -> int:
+        c = drafter_argmax(last)
+        if reached is not None:
+            reached.add(last)
+        return c[pick.get(last, 0) % len(c)]
+
+    def law(out: list[int]) -> list[tuple[int, float]]:
+        p = kc.next_law(model, prompt, out, s)
+        return [(int(t), float(p[t])) for t in np.flatnonzero(p > 0)]
+
+    def rounds(out: list[int]) -> tuple[float, float]:  # the slot holds out[-1], not ended
+        r = budget - len(out)
+        if r <= 0:
+            return 0.0, 0.0
+        k = min(n_max, r - 1)
+        if k <= 0:  # no room for a draft: a plain sample
+            dn = da = 0.0
+            for t, p in law(out):
+                if t != kc.EOS:
+                    sub = rounds(out + [t])
+                    dn += p * sub[0]
+                    da += p * sub[1]
+            return dn, da
+        ds = [draft(out[-1])]
+        for _ in range(k - 1):
+            ds.append(draft(ds[-1]))
+        dn, da = verify(out, ds, 0)
+        return k + dn, da
+
+    def verify(out: list[int], ds: list[int], i: int) -> tuple[float, float]:
+        dn = da = 0.0
+        for t, p in law(out):
+            if i == len(ds) or t != ds[i]:  # the bonus id after every draft, or a rejection: i kept
+                sub = (0.0, float(i)) if t == kc.EOS else _plus(rounds(out + [t]), i)
+            elif t == kc.EOS:  # a matched end id ends the draw; it is counted only at the draft's end
+                sub = (0.0, float(i + 1 if i + 1 == len(ds) else i))
+            else:
+                sub = verify(out + [t], ds, i + 1)
+            dn += p * sub[0]
+            da += p * sub[1]
+        return dn, da
+
+    dn = da = 0.0
+    for t, p in law([]):
+        if t != kc.EOS:
+            sub = rounds([t])
+            dn += p * sub[0]
+            da += p * sub[1]
+    return dn, da
+
+
 def greedy_draft_acceptance(prompt: list[int], s: Sampling, model: kc.KitModel = M,
                             n_max: int = 3) -> tuple[float, float] | None:
     """The exact expected acceptance rate (accepted drafts per drafted id, pooled over draws) of
-    ``draft-simple`` with greedy drafts, as llama-server runs it (``tools/server/server-context.cpp``,
-    ``get_n_draft_max``; ``common/sampling.cpp``, ``common_sampler_sample_and_accept_n``): it samples
-    the first id from the prompt; then, while the budget leaves ``r`` ids to generate, it drafts
-    ``k = min(n_max, r - 1)`` ids, the drafter's argmax chain after the last id (none where ``k`` is 0:
-    a plain sample), and samples the target at each draft position in turn, keeping the draft while
-    the sample equals it and adding the target's sample after the last kept one (after every draft,
-    the bonus id); a sampled end id ends the draw, and a matched end id before the draft's last
-    position counts as not accepted. With ``max_new_tokens`` 3 this is one draft after the first id,
-    ``sum_t1 P(t1) p(d(t1) | t1) / P(t1 is no end id)``. The kit's drafter depends on its last id only;
-    where its largest logits tie, its sort picks the draft: returned as ``(lowest, highest)`` over every
-    choice among the tied ids of the contexts reached (the ids after EOS are never compared). ``model``
-    the target; None for a greedy case, and for a budget over :data:`ACCEPTANCE_BUDGET` ids (the
+    ``draft-simple`` with greedy drafts (:func:`greedy_draft_expectation`'s ratio). With
+    ``max_new_tokens`` 3 this is one draft after the first id, ``sum_t1 P(t1) p(d(t1) | t1) / P(t1 is
+    no end id)``. Where the drafter's largest logits tie, its sort picks the draft: returned as
+    ``(lowest, highest)`` over every choice among the tied ids of the contexts reached (a draft after
+    EOS is never compared: a matched EOS ends the verification). ``model`` the target; None for a
+    greedy case, where nothing is drafted, and for a budget over :data:`ACCEPTANCE_BUDGET` ids (the
     enumeration over every draw grows as the live ids to that power)."""
     if not s.do_sample or s.max_new_tokens > ACCEPTANCE_BUDGET:
         return None
-    dm = kc.kit_model("drafter")
-    budget = s.max_new_tokens
-    tied: dict[int, list[int]] = {}
-
-    def top(last: int) -> list[int]:
-        if last not in tied:
-            q = dm.logits([B, last])
-            tied[last] = [int(t) for t in np.flatnonzero(q == q.max())]
-        return tied[last]
-
-    def expectation(choice: dict[int, int]) -> tuple[float, float]:
-        """(E drafted, E accepted) under one choice of draft at each tied context."""
-        def draft(last: int) -> int:
-            c = top(last)
-            return c[choice.get(last, 0) % len(c)]
-
-        def law(out: list[int]) -> list[tuple[int, float]]:
-            p = kc.next_law(model, prompt, out, s)
-            return [(int(t), float(p[t])) for t in np.flatnonzero(p > 0)]
-
-        def rounds(out: list[int]) -> tuple[float, float]:  # the slot holds out[-1], not ended
-            r = budget - len(out)
-            if r <= 0:
-                return 0.0, 0.0
-            k = min(n_max, r - 1)
-            if k <= 0:  # no room for a draft: a plain sample
-                dn = da = 0.0
-                for t, p in law(out):
-                    if t != kc.EOS:
-                        sub = rounds(out + [t])
-                        dn += p * sub[0]
-                        da += p * sub[1]
-                return dn, da
-            ds = [draft(out[-1])]
-            for _ in range(k - 1):
-                ds.append(draft(ds[-1]))
-            dn, da = verify(out, ds, 0)
-            return k + dn, da
-
-        def verify(out: list[int], ds: list[int], i: int) -> tuple[float, float]:
-            dn = da = 0.0
-            for t, p in law(out):
-                if i == len(ds):  # every draft kept: the bonus id
-                    sub = (0.0, float(i)) if t == kc.EOS else _plus(rounds(out + [t]), i)
-                elif t != ds[i]:
-                    sub = (0.0, float(i)) if t == kc.EOS else _plus(rounds(out + [t]), i)
-                elif t == kc.EOS:  # a matched end id ends the draw; it is counted only at the draft's end
-                    sub = (0.0, float(i + 1 if i + 1 == len(ds) else i))
-                else:
-                    sub = verify(out + [t], ds, i + 1)
-                dn += p * sub[0]
-                da += p * sub[1]
-            return dn, da
-
-        first = law([])
-        dn = da = 0.0
-        for t, p in first:
-            if t != kc.EOS:
-                sub = rounds([t])
-                dn += p * sub[0]
-                da += p * sub[1]
-        return dn, da
-
-    expectation({})  # fills ``tied`` with the contexts reached
     rates: list[float] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
-    pending = [dict[int, int]()]
-    while pending:  # every choice at every tied context reached (the choices open new contexts)
+    pending: list[dict[int, int]] = [{}]
+    while pending:  # every choice at every tied context reached (a choice may reach new contexts)
         choice = pending.pop()
         key = tuple(sorted(choice.items()))
         if key in seen:
             continue
         seen.add(key)
-        dn, da = expectation(choice)
+        reached: set[int] = set()
+        dn, da = greedy_draft_expectation(prompt, s, model, choice, n_max, reached)
         if dn > 0:
             rates.append(da / dn)
-        for last, c in list(tied.items()):
+        for last in sorted(reached):
+            c = drafter_argmax(last)
             if len(c) > 1 and last not in choice and last != kc.EOS:
                 pending += [{**choice, last: j} for j in range(len(c))]
     if not rates:
