@@ -38,7 +38,8 @@ A case's ``settings`` may hold ``num_speculative_tokens`` (``--spec-draft-n-max`
 ``n_predict``, a per-request ``seed``, ``return_tokens``, ``cache_prompt`` off, and **every sampler stage
 hsd does not describe switched off explicitly** with the chain fixed to the stages hsd models
 (:func:`hsd_core.endpoint.request_settings`, ``server_kind="llama.cpp"``); the samples file records the
-settings with ``order="llama.cpp"`` and what was sent (``engine.request``), and each draw's draft
+settings with ``order="llama.cpp"``, the target as ``conformance-kit/ROLE`` (the kit's engines' name,
+which the samples path audits against) and what was sent (``engine.request``), and each draw's draft
 counters (``draft_n``, ``draft_n_accepted`` from the answer's ``timings``). Parameters llama.cpp does
 not have (allowed token ids, bad words as ids, min_tokens) and another engine's order raise
 :class:`~hsd_torch.conformance.engines.EngineRefused`.
@@ -344,7 +345,7 @@ class LlamaServerEngine:
         spec = None if case.mode == "none" else {"method": case.mode, **dict(case.settings)}
         return sample_endpoint(srv.url, [text], [case.prompt_ids], list(seeds), sampling, api="llama.cpp",
                                engine={"name": "llama.cpp llama-server", "version": self.version},
-                               speculative=spec, target=f"hsd-conformance-{case.target}", out=out,
+                               speculative=spec, target=f"conformance-kit/{case.target}", out=out,
                                resume=out is not None and out.exists(),  # a rerun of the matrix continues it
                                vocab_size=target.vocab_size, timeout=self.timeout,
                                max_requests=max(10_000, len(seeds)), extra_of=_draft_counters, on_draw=self.on_draw)

@@ -115,7 +115,7 @@ def test_the_engine_samples_through_the_native_api(fake: tuple[str, Path], tmp_p
     try:
         f = eng.sample(_case(tmp_path), [3, 4, 5], out=tmp_path / "a.jsonl")
         assert [d.seed for d in f.draws] == [3, 4, 5] and f.engine_label() == eng.name
-        assert f.draws[0].ids == (7, 2) and f.draws[0].finish_reason == "stop"
+        assert f.draws[0].ids == (7, 2) and f.draws[0].finish_reason == "stop" and f.target == "conformance-kit/target"
         assert f.draws[1].finish_reason == "length" and f.draws[1].extra["draft_n_accepted"] == 1
         assert f.sampling.order == "llama.cpp" and f.speculative is None
         assert read_samples(tmp_path / "a.jsonl").engine["request"]["samplers"] == list(LLAMA_CPP_SAMPLERS)
@@ -151,13 +151,14 @@ def test_the_engine_samples_through_the_native_api(fake: tuple[str, Path], tmp_p
 def test_target_pos_runs_on_its_own_gguf(fake: tuple[str, Path], tmp_path: Path) -> None:
     """A target_pos case starts the server on gguf/target_pos.gguf (with the kit's drafter in the draft
     modes); a case on the other target restarts it on gguf/target.gguf, the same target and mode keep
-    it; the samples file names the target."""
+    it; the samples file names the target as the kit's engines do (``conformance-kit/ROLE``: the samples
+    path audits a file against that role's law)."""
     binary, log = fake
     eng = ls.LlamaServerEngine()
     gguf = tmp_path / "kit" / "gguf"
     try:
         f = eng.sample(_case(tmp_path, target="target_pos"), [1, 2])
-        assert [d.seed for d in f.draws] == [1, 2] and f.target == "hsd-conformance-target_pos"
+        assert [d.seed for d in f.draws] == [1, 2] and f.target == "conformance-kit/target_pos"
         first = eng._server
         eng.sample(_case(tmp_path, target="target_pos"), [3])
         assert eng._server is first
