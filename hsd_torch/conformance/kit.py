@@ -16,7 +16,8 @@ weights are the design's, :attr:`hsd_core.conformance.KitModel.weights`):
   as pair ``i``, Hugging Face's turns ``i, i + head_dim/2``, so the rows of q and k are reordered per
   head as llama.cpp's own converter does). The target's and drafter's q and k are zero (the reordering
   leaves their bytes as they were); ``target_pos``'s previous-token head lives in them.
-* ``out/kit.json``: the manifest (shapes, ids, the designed features and the live ids).
+* ``out/kit.json``: the manifest (shapes, ids, the designed features and the live ids, the GGUF files
+  and their rotary layout).
 """
 
 from __future__ import annotations
@@ -193,7 +194,9 @@ def manifest() -> dict[str, Any]:
             "models": {r: {"tokenizer": m.kind, "vocab_size": m.vocab_size,
                            "live": {str(i): m.texts[i].decode() or m.tokens[i] for i in m.live_ids}}
                        for r, m in models.items()},
-            "gguf": [f"gguf/{r}.gguf" for r in GGUF_ROLES]}
+            "gguf": [f"gguf/{r}.gguf" for r in GGUF_ROLES],
+            "gguf_rope_layout": "llama.cpp: q and k rows of each head interleaved, Hugging Face's rotary pair i "
+                                "(rows i, i + head_dim/2) at rows 2i, 2i + 1"}
 
 
 def build_kit(out: str | os.PathLike[str], gguf: bool = True) -> dict[str, Path]:

@@ -42,7 +42,9 @@ def test_two_builds_give_the_same_bytes(kit: Path, tmp_path: Path) -> None:
     assert set(a) >= {"target/model.safetensors", "target/tokenizer.json", "gguf/target.gguf", "gguf/drafter.gguf",
                       "gguf/target_pos.gguf", "kit.json"}
     assert a == b
-    assert json.loads(a["kit.json"])["gguf"] == [f"gguf/{r}.gguf" for r in ("target", "drafter", "target_pos")]
+    man = json.loads(a["kit.json"])
+    assert man["gguf"] == [f"gguf/{r}.gguf" for r in ("target", "drafter", "target_pos")]
+    assert man["gguf_rope_layout"].startswith("llama.cpp")
 
 
 def _tv(logits: np.ndarray, ref: np.ndarray) -> float:
