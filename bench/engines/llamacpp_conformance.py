@@ -7,7 +7,10 @@ Needs the binary (``bench/engines/setup_llamacpp.sh``). Writes the kit into a te
 1. **Raw law**: for each kit prompt, llama-server's post-sampling probabilities of every id
    (``n_probs`` = the vocabulary, ``post_sampling_probs``, temperature 1, every other stage neutral) at
    each generated position, against :func:`hsd_core.conformance.next_law` after the same prefix: the
-   largest absolute difference (float32 engine against a float64 reference).
+   largest absolute difference (float32 engine against a float64 reference). The same on the positional
+   ``target_pos`` (``gguf/target_pos.gguf``, its law :func:`hsd_core.conformance.forward64`) after
+   ``pos_plain``'s prompt, and on an export of it with q and k left in Hugging Face's rotary layout,
+   which must differ (:func:`raw_law_target_pos`).
 2. **Batch invariance**: the same context's raw log-probabilities (``n_probs``) scored one position at a
    time (a greedy draw, one decode per id) and as one batch (the context sent as a prompt), largest
    difference: speculative verification scores its drafts as one batch. (The speculative path itself
@@ -17,7 +20,9 @@ Needs the binary (``bench/engines/setup_llamacpp.sh``). Writes the kit into a te
    the first token, the length (where EOS comes) and each position alone, chi-square with low-count cells
    pooled (:func:`hsd_core.stats.gof_test`), Holm over the case's tests at family-wise alpha ``--alpha``;
    each test's detectable TV (power 0.99) is recorded. Greedy cases: every draw must be the one sequence.
-   Draft modes also record the measured acceptance (the server's ``draft_n_accepted / draft_n``).
+   Draft modes also record the measured acceptance (the server's ``draft_n_accepted / draft_n``), and
+   ``draft-simple`` its exact expectation where :func:`greedy_draft_acceptance` computes one. The case
+   ``pos_plain`` runs on ``target_pos`` (:data:`TARGET_OF`), the others on ``target``.
 
 The JSON (``--json``, through ``bench/bench_record.py``) holds every number the docs quote.
 """
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,9 +91,19 @@ CASES: dict[str, tuple[list[int], Sampling]] = {
     "repetitive prompt, 8 tokens": (REPEAT, _s(max_new_tokens=8)),
     "greedy, repetitive prompt, 8 tokens": (REPEAT, _s(do_sample=False, max_new_tokens=8)),
     "greedy near tie": ([B, ID[" on"]], _s(do_sample=False, max_new_tokens=4)),
+    "pos_plain": ([B, ID[" the"], ID[" cat"]], _s(max_new_tokens=4)),
 }
 """The processing cases: name -> (prompt ids, sampling); rows of the kit each one reaches are in
-docs/conformance.md."""
+docs/conformance.md. Their target is the kit's ``target`` but where :data:`TARGET_OF` names another."""
+
+TARGET_OF: dict[str, str] = {"pos_plain": "target_pos"}
+"""Cases run on another kit target than ``target``: ``pos_plain`` (the matrix's case of that name) on the
+positional ``target_pos``, whose law depends on position ids and on the id two back."""
+
+
+def target_of(name: str) -> kc.KitModel:
+    """The kit model case ``name`` runs on (:data:`TARGET_OF`)."""
+    return kc.kit_model(TARGET_OF.get(name, "target"))
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:
@@ -96,25 +112,52 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def raw_law(url: str, prompts: list[list[int]], seeds: int = 20) -> dict[str, Any]:
-    """Part 1 (module docstring): the largest |engine - reference| over prompts, seeds and positions."""
-    s = _s()
-    worst, n = 0.0, 0
+def raw_law(url: str, prompts: list[list[int]], seeds: int = 20, model: kc.KitModel = M,
+            max_new_tokens: int = 3) -> dict[str, Any]:
+    """Part 1 (module docstring): the largest |engine - reference| over prompts, seeds and positions, and
+    the largest total variation between the two laws at one position; ``model`` the kit model the
+    server runs (its law: :func:`hsd_core.conformance.next_law`), draws of ``max_new_tokens`` ids."""
+    s = _s(max_new_tokens=max_new_tokens)
+    worst, tv, n = 0.0, 0.0, 0
     for p in prompts:
         for seed in range(seeds):
             body = {"prompt": p, "n_predict": s.max_new_tokens, "seed": seed, "return_tokens": True,
-                    "cache_prompt": False, "n_probs": M.vocab_size, "post_sampling_probs": True,
+                    "cache_prompt": False, "n_probs": model.vocab_size, "post_sampling_probs": True,
                     **request_settings("llama.cpp", s, len(p) + s.max_new_tokens)}
             ans = _post(url, body)
             toks = ans["tokens"]
             for j, cp in enumerate(ans["completion_probabilities"]):
-                got = np.zeros(M.vocab_size)
+                got = np.zeros(model.vocab_size)
                 for e in cp["top_probs"]:
                     got[e["id"]] = e["prob"]
-                ref = kc.next_law(M, p, toks[:j], s)
+                ref = kc.next_law(model, p, toks[:j], s)
                 worst = max(worst, float(np.abs(got - ref).max()))
+                tv = max(tv, 0.5 * float(np.abs(got - ref).sum()))
                 n += 1
-    return {"positions": n, "max_abs_diff": worst}
+    return {"positions": n, "max_abs_diff": worst, "max_tv": tv}
+
+
+def raw_law_target_pos(kit: Path, binary: str, seeds: int = 20) -> dict[str, Any]:
+    """Part 1 on the positional target: the raw law of ``kit/gguf/target_pos.gguf`` (q and k in llama.cpp's
+    rotary layout) after the prompts of the cases on ``target_pos`` and each prefix their draws reach
+    (:func:`raw_law`), batch invariance there, and the same raw law of an export that leaves q and k in
+    Hugging Face's layout (written beside it as ``target_pos_hf_layout.gguf``): the check's teeth, a
+    wrong reordering moves the law by a large total variation (the previous-token head misses)."""
+    from hsd_torch.conformance.kit import write_gguf
+    from hsd_torch.conformance.llama_server import LlamaServer
+
+    tp = kc.kit_model("target_pos")
+    cases = [CASES[name] for name, role in TARGET_OF.items() if role == "target_pos"]
+    prompts = [p for p, _ in cases]
+    budget = max(s.max_new_tokens for _, s in cases)
+    out: dict[str, Any] = {}
+    with LlamaServer(str(kit / "gguf" / "target_pos.gguf"), binary=binary) as srv:
+        out["llama.cpp layout"] = raw_law(srv.url, prompts, seeds, tp, budget)
+        out["batch_invariance"] = batch_invariance(srv.url, prompts[0], 6)
+    wrong = write_gguf(tp, kit / "gguf" / "target_pos_hf_layout.gguf", rope_layout="hf")
+    with LlamaServer(str(wrong), binary=binary) as srv:
+        out["hf layout (wrong)"] = raw_law(srv.url, prompts, seeds, tp, budget)
+    return out
 
 
 def _top(url: str, prompt: list[int], n: int) -> tuple[list[int], list[dict[int, float]]]:
@@ -140,9 +183,10 @@ def batch_invariance(url: str, prompt: list[int], n: int) -> dict[str, Any]:
 
 
 def exact_tests(draws: list[tuple[tuple[int, ...], str | None]], prompt: list[int], s: Sampling,
-                alpha: float) -> dict[str, Any]:
-    """Part 3 for one case: each test's statistic, p-value, detectable TV and the Holm verdict."""
-    law = kc.sequence_law(M, prompt, s)
+                alpha: float, model: kc.KitModel = M) -> dict[str, Any]:
+    """Part 3 for one case: each test's statistic, p-value, detectable TV and the Holm verdict, against
+    ``model``'s exact law."""
+    law = kc.sequence_law(model, prompt, s)
     n = len(draws)
     if not s.do_sample:
         (only,) = law
@@ -182,28 +226,121 @@ def exact_tests(draws: list[tuple[tuple[int, ...], str | None]], prompt: list[in
     return {"n": n, "alpha": alpha, "tests": rows, "verdict": "lossy" if any(rejected) else "lossless"}
 
 
-def greedy_draft_acceptance(prompt: list[int], s: Sampling) -> tuple[float, float] | None:
-    """The exact expected acceptance of ``draft-simple`` with greedy drafts on a 3-id case: the server
-    samples the first id from the prompt, drafts one id (the budget leaves room for one), the drafter's
-    argmax after ``prompt + [t1]``, and keeps it iff the target's sample there equals it; so the rate
-    per draft is ``sum_t1 P(t1) p(d(t1) | prompt, t1) / P(t1 is no end id)``. Where the drafter's
-    largest logits tie, its sort picks the draft: returned as ``(lowest, highest)`` over the tied
-    choices; None for another budget."""
-    if s.max_new_tokens != 3 or not s.do_sample:
+ACCEPTANCE_BUDGET = 4
+"""The largest budget (``max_new_tokens``) :func:`greedy_draft_acceptance` enumerates."""
+
+
+@lru_cache(maxsize=None)
+def drafter_argmax(last: int) -> tuple[int, ...]:
+    """The ids of the kit drafter's largest logit after ``last`` (several where they tie; the drafter's
+    law depends on its last id only: it has no clock and no attention)."""
+    q = kc.kit_model("drafter").logits([B, int(last)])
+    return tuple(int(t) for t in np.flatnonzero(q == q.max()))
+
+
+def greedy_draft_expectation(prompt: list[int], s: Sampling, model: kc.KitModel = M, choice: dict[int, int] | None = None,
+                             n_max: int = 3, reached: set[int] | None = None) -> tuple[float, float]:
+    """``(E drafted, E accepted)`` per draw of ``draft-simple`` with greedy drafts as llama-server runs it
+    (``tools/server/server-context.cpp``, ``get_n_draft_max``; ``common/sampling.cpp``,
+    ``common_sampler_sample_and_accept_n``), enumerated exactly over every draw of ``model`` under
+    ``s``: the server samples the first id from the prompt; then, while ``r`` ids are left to generate,
+    it drafts ``k = min(n_max, r - 1)`` ids, the drafter's argmax chain after the last id (none where
+    ``k`` is 0: a plain sample), and samples the target at each draft position in turn, keeping the
+    draft while the sample equals it and adding the target's sample after the last kept one (after
+    every draft, the bonus id); a sampled end id ends the draw, and a matched end id before the draft's
+    last position counts as not accepted. ``choice``: at a context ``last`` whose drafter argmax ties
+    (:func:`drafter_argmax`), the draft is the ``choice.get(last, 0)``-th tied id; ``reached`` (if
+    given) collects every ``last`` a draft was made after."""
+    pick = choice or {}
+    budget = s.max_new_tokens
+
+    def draft(last: int) -> int:
+        c = drafter_argmax(last)
+        if reached is not None:
+            reached.add(last)
+        return c[pick.get(last, 0) % len(c)]
+
+    def law(out: list[int]) -> list[tuple[int, float]]:
+        p = kc.next_law(model, prompt, out, s)
+        return [(int(t), float(p[t])) for t in np.flatnonzero(p > 0)]
+
+    def rounds(out: list[int]) -> tuple[float, float]:  # the slot holds out[-1], not ended
+        r = budget - len(out)
+        if r <= 0:
+            return 0.0, 0.0
+        k = min(n_max, r - 1)
+        if k <= 0:  # no room for a draft: a plain sample
+            dn = da = 0.0
+            for t, p in law(out):
+                if t != kc.EOS:
+                    sub = rounds(out + [t])
+                    dn += p * sub[0]
+                    da += p * sub[1]
+            return dn, da
+        ds = [draft(out[-1])]
+        for _ in range(k - 1):
+            ds.append(draft(ds[-1]))
+        dn, da = verify(out, ds, 0)
+        return k + dn, da
+
+    def verify(out: list[int], ds: list[int], i: int) -> tuple[float, float]:
+        dn = da = 0.0
+        for t, p in law(out):
+            if i == len(ds) or t != ds[i]:  # the bonus id after every draft, or a rejection: i kept
+                sub = (0.0, float(i)) if t == kc.EOS else _plus(rounds(out + [t]), i)
+            elif t == kc.EOS:  # a matched end id ends the draw; it is counted only at the draft's end
+                sub = (0.0, float(i + 1 if i + 1 == len(ds) else i))
+            else:
+                sub = verify(out + [t], ds, i + 1)
+            dn += p * sub[0]
+            da += p * sub[1]
+        return dn, da
+
+    dn = da = 0.0
+    for t, p in law([]):
+        if t != kc.EOS:
+            sub = rounds([t])
+            dn += p * sub[0]
+            da += p * sub[1]
+    return dn, da
+
+
+def greedy_draft_acceptance(prompt: list[int], s: Sampling, model: kc.KitModel = M,
+                            n_max: int = 3) -> tuple[float, float] | None:
+    """The exact expected acceptance rate (accepted drafts per drafted id, pooled over draws) of
+    ``draft-simple`` with greedy drafts (:func:`greedy_draft_expectation`'s ratio). With
+    ``max_new_tokens`` 3 this is one draft after the first id, ``sum_t1 P(t1) p(d(t1) | t1) / P(t1 is
+    no end id)``. Where the drafter's largest logits tie, its sort picks the draft: returned as
+    ``(lowest, highest)`` over every choice among the tied ids of the contexts reached (a draft after
+    EOS is never compared: a matched EOS ends the verification). ``model`` the target; None for a
+    greedy case, where nothing is drafted, and for a budget over :data:`ACCEPTANCE_BUDGET` ids (the
+    enumeration over every draw grows as the live ids to that power)."""
+    if not s.do_sample or s.max_new_tokens > ACCEPTANCE_BUDGET:
         return None
-    dm = kc.kit_model("drafter")
-    first = kc.next_law(M, prompt, (), s)
-    lo = hi = mass = 0.0
-    for t1 in np.flatnonzero(first > 0):
-        if int(t1) == kc.EOS:
+    rates: list[float] = []
+    seen: set[tuple[tuple[int, int], ...]] = set()
+    pending: list[dict[int, int]] = [{}]
+    while pending:  # every choice at every tied context reached (a choice may reach new contexts)
+        choice = pending.pop()
+        key = tuple(sorted(choice.items()))
+        if key in seen:
             continue
-        q = dm.logits(list(prompt) + [int(t1)])
-        tied = np.flatnonzero(q == q.max())
-        p2 = kc.next_law(M, prompt, (int(t1),), s)
-        lo += float(first[t1]) * float(min(p2[tied]))
-        hi += float(first[t1]) * float(max(p2[tied]))
-        mass += float(first[t1])
-    return lo / mass, hi / mass
+        seen.add(key)
+        reached: set[int] = set()
+        dn, da = greedy_draft_expectation(prompt, s, model, choice, n_max, reached)
+        if dn > 0:
+            rates.append(da / dn)
+        for last in sorted(reached):
+            c = drafter_argmax(last)
+            if len(c) > 1 and last not in choice and last != kc.EOS:
+                pending += [{**choice, last: j} for j in range(len(c))]
+    if not rates:
+        return None
+    return min(rates), max(rates)
+
+
+def _plus(sub: tuple[float, float], accepted: int) -> tuple[float, float]:
+    return sub[0], sub[1] + accepted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,18 +370,21 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {"engine": eng.name, "build": eng.info, "n": args.n, "alpha": args.alpha, "modes": {}}
     print(eng.name, flush=True)
     with LlamaServer(str(kit / "gguf" / "target.gguf"), binary=eng.binary) as srv:
-        prompts = [p for p, _ in CASES.values()]
+        prompts = [p for name, (p, _) in CASES.items() if name not in TARGET_OF]
         record["raw_law"] = raw_law(srv.url, prompts)
         print("raw law:", record["raw_law"], flush=True)
         record["batch_invariance"] = {name: batch_invariance(srv.url, CASES[name][0], 6)
                                       for name in ("greedy", "greedy near tie")}
         print("batch invariance:", record["batch_invariance"], flush=True)
+    record["raw_law_target_pos"] = raw_law_target_pos(kit, eng.binary)
+    print("raw law of target_pos:", record["raw_law_target_pos"], flush=True)
     for mode in modes:
         res: dict[str, Any] = {}
         for name in args.cases.split(";"):
             prompt, s = CASES[name]
             case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
-                        drafter="drafter" if mode.startswith("draft") else None, settings=NGRAM_SETTINGS.get(mode, {}))
+                        drafter="drafter" if mode.startswith("draft") else None, settings=NGRAM_SETTINGS.get(mode, {}),
+                        target=TARGET_OF.get(name, "target"))
             n = args.n if s.do_sample else args.greedy_n
             t0 = time.perf_counter()
             try:
@@ -257,13 +397,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{mode} / {name}: crash {e}", flush=True)
                 continue
             dt = time.perf_counter() - t0
-            out = exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, args.alpha)
+            out = exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, args.alpha, target_of(name))
             out["seconds"] = round(dt, 2)
             dn = sum(int(d.extra.get("draft_n", 0)) for d in f.draws)
             da = sum(int(d.extra.get("draft_n_accepted", 0)) for d in f.draws)
             if dn:
                 out["drafted"], out["accepted"], out["acceptance"] = dn, da, da / dn
-                exp = greedy_draft_acceptance(prompt, s) if mode == "draft-simple" else None
+                exp = greedy_draft_acceptance(prompt, s, target_of(name)) if mode == "draft-simple" else None
                 if exp is not None:  # a 99.9% normal interval around the measured rate
                     half = 3.29 * (out["acceptance"] * (1 - out["acceptance"]) / dn) ** 0.5
                     out["expected_acceptance"] = list(exp)

@@ -9,11 +9,15 @@ weights are the design's, :attr:`hsd_core.conformance.KitModel.weights`):
   head. The target, ``drafter`` and ``target_pos`` (the positional target: a previous-token head under
   RoPE) share a byte-level BPE tokenizer (``Ġ``, ``Ċ``); ``drafter_sp`` has a SentencePiece-style BPE
   with byte fallback (``▁``, ``<0x0A>``). Both tokenizers prepend BOS.
-* ``out/gguf/target.gguf``, ``out/gguf/drafter.gguf``: the same-vocabulary pair for llama.cpp
-  (``general.architecture`` llama, F32 tensors, tokenizer ``gpt2`` with its tokens, types, scores and
-  merges, BOS added); none of ``target_pos`` (llama.cpp permutes q and k of llama GGUF files, which its
-  head reads; not verified).
-* ``out/kit.json``: the manifest (shapes, ids, the designed features and the live ids).
+* ``out/gguf/target.gguf``, ``out/gguf/drafter.gguf``, ``out/gguf/target_pos.gguf`` (:data:`GGUF_ROLES`):
+  the byte-level BPE models for llama.cpp (``general.architecture`` llama, F32 tensors, tokenizer
+  ``gpt2`` with its tokens, types, scores and merges, BOS added), q and k in llama.cpp's rotary layout
+  (:func:`to_llama_rope`: llama.cpp's llama graph turns adjacent coordinates ``2i, 2i + 1`` of a head
+  as pair ``i``, Hugging Face's turns ``i, i + head_dim/2``, so the rows of q and k are reordered per
+  head as llama.cpp's own converter does). The target's and drafter's q and k are zero (the reordering
+  leaves their bytes as they were); ``target_pos``'s previous-token head lives in them.
+* ``out/kit.json``: the manifest (shapes, ids, the designed features and the live ids, the GGUF files
+  and their rotary layout).
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import numpy as np
 
 from hsd_core import conformance as kc
 
-__all__ = ["build_kit", "gguf_tensors", "hf_config", "manifest", "write_gguf", "write_hf"]
+__all__ = ["GGUF_ROLES", "build_kit", "from_llama_rope", "gguf_tensors", "hf_config", "manifest", "to_llama_rope",
+           "write_gguf", "write_hf"]
 
-GGUF_ROLES = ("target", "drafter")
+GGUF_ROLES = ("target", "drafter", "target_pos")
+"""The kit roles exported as GGUF (``gguf/ROLE.gguf``): every byte-level BPE model, the ones llama.cpp's
+server runs with the target's vocabulary (``drafter_sp`` has another tokenizer and is not exported)."""
 
 
 def hf_config(m: kc.KitModel) -> dict[str, Any]:
@@ -80,9 +87,38 @@ def write_hf(m: kc.KitModel, folder: Path) -> Path:
     return folder
 
 
-def gguf_tensors(m: kc.KitModel) -> dict[str, np.ndarray]:
-    """``m``'s tensors under llama.cpp's names (the same float32 arrays, HF's ``[out, in]`` layout; q
-    and k are zero, so llama.cpp's rotary permutation of them changes nothing)."""
+def to_llama_rope(w: np.ndarray, heads: int) -> np.ndarray:
+    """The rows of a q or k projection ``w`` (``[heads * head_dim, in]``, Hugging Face's layout) in
+    llama.cpp's rotary layout: within each head's ``head_dim`` rows, Hugging Face's rotary pair ``i``
+    (rows ``i`` and ``i + head_dim/2``, rotate-half) becomes rows ``2i`` and ``2i + 1`` (llama.cpp's
+    llama graph turns adjacent coordinates: ``LLAMA_ROPE_TYPE_NORM``). A copy, same dtype; ``ValueError``
+    unless the rows split into ``heads`` heads of an even size. :func:`from_llama_rope` undoes it."""
+    rows = w.shape[0]
+    if heads <= 0 or rows % heads or (rows // heads) % 2:
+        raise ValueError(f"{rows} rows do not split into {heads} heads of an even size")
+    half = rows // heads // 2
+    # [heads, 2 (first or second half), half, ...] -> [heads, half, 2, ...]: row 2i + j of a head is row j*half + i
+    out: np.ndarray = np.ascontiguousarray(w.reshape(heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+    return out
+
+
+def from_llama_rope(w: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of :func:`to_llama_rope`: llama.cpp's interleaved rows back to Hugging Face's halves."""
+    rows = w.shape[0]
+    if heads <= 0 or rows % heads or (rows // heads) % 2:
+        raise ValueError(f"{rows} rows do not split into {heads} heads of an even size")
+    half = rows // heads // 2
+    out: np.ndarray = np.ascontiguousarray(w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+    return out
+
+
+def gguf_tensors(m: kc.KitModel, rope_layout: str = "llama.cpp") -> dict[str, np.ndarray]:
+    """``m``'s tensors under llama.cpp's names: the same float32 arrays in HF's ``[out, in]`` layout,
+    except q (:data:`~hsd_core.conformance.HEADS` heads) and k (``KV_HEADS`` heads), whose rows are in
+    llama.cpp's rotary layout (:func:`to_llama_rope`). ``rope_layout="hf"`` leaves them as Hugging
+    Face orders them: a wrong export, kept only so that a check can show that the reordering matters."""
+    if rope_layout not in ("llama.cpp", "hf"):
+        raise ValueError(f"rope_layout must be 'llama.cpp' or 'hf', got {rope_layout!r}")
     w = m.weights
     p = "model.layers.0."
     names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -92,17 +128,22 @@ def gguf_tensors(m: kc.KitModel) -> dict[str, np.ndarray]:
              "blk.0.attn_v.weight": p + "self_attn.v_proj.weight",
              "blk.0.attn_output.weight": p + "self_attn.o_proj.weight", "blk.0.ffn_gate.weight": p + "mlp.gate_proj.weight",
              "blk.0.ffn_up.weight": p + "mlp.up_proj.weight", "blk.0.ffn_down.weight": p + "mlp.down_proj.weight"}
-    return {g: np.ascontiguousarray(w[h]) for g, h in names.items()}
+    out = {g: np.ascontiguousarray(w[h]) for g, h in names.items()}
+    if rope_layout == "llama.cpp":
+        out["blk.0.attn_q.weight"] = to_llama_rope(out["blk.0.attn_q.weight"], kc.HEADS)
+        out["blk.0.attn_k.weight"] = to_llama_rope(out["blk.0.attn_k.weight"], kc.KV_HEADS)
+    return out
 
 
-def write_gguf(m: kc.KitModel, path: Path) -> Path:
+def write_gguf(m: kc.KitModel, path: Path, rope_layout: str = "llama.cpp") -> Path:
     """Write ``m`` (a byte-level BPE kit model) as a GGUF file llama.cpp loads: architecture llama, F32
-    tensors, tokenizer ``gpt2`` (tokens, token types: control for the specials, scores 0, merges), BOS,
-    EOS, PAD and UNK ids, BOS added."""
+    tensors (:func:`gguf_tensors`: q and k in ``rope_layout``, llama.cpp's unless a check asks for the
+    wrong one), tokenizer ``gpt2`` (tokens, token types: control for the specials, scores 0, merges),
+    BOS, EOS, PAD and UNK ids, BOS added. The same bytes on every call."""
     import gguf
 
     if m.kind != "byte_bpe":
-        raise ValueError("the kit exports only its byte-level BPE pair to GGUF")
+        raise ValueError("the kit exports only its byte-level BPE models to GGUF")
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"hsd-conformance-{m.role}")
@@ -132,7 +173,7 @@ def write_gguf(m: kc.KitModel, path: Path) -> Path:
     w.add_unk_token_id(kc.UNK)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    for name, t in gguf_tensors(m).items():
+    for name, t in gguf_tensors(m, rope_layout).items():
         w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -153,7 +194,9 @@ def manifest() -> dict[str, Any]:
             "models": {r: {"tokenizer": m.kind, "vocab_size": m.vocab_size,
                            "live": {str(i): m.texts[i].decode() or m.tokens[i] for i in m.live_ids}}
                        for r, m in models.items()},
-            "gguf": [f"gguf/{r}.gguf" for r in GGUF_ROLES]}
+            "gguf": [f"gguf/{r}.gguf" for r in GGUF_ROLES],
+            "gguf_rope_layout": "llama.cpp: q and k rows of each head interleaved, Hugging Face's rotary pair i "
+                                "(rows i, i + head_dim/2) at rows 2i, 2i + 1"}
 
 
 def build_kit(out: str | os.PathLike[str], gguf: bool = True) -> dict[str, Path]:

@@ -7,7 +7,8 @@ source in ``src/``, ``build.json``); ``HSD_LLAMA_SERVER`` names another binary. 
 raises :class:`LlamaServerUnavailable` naming the setup script.
 
 :class:`LlamaServer` (a context manager, modelled on :class:`hsd_torch.engines.vllm_server.VllmServer`)
-starts ``llama-server -m target.gguf`` on ``127.0.0.1`` and a free port, one slot (``-np 1``), one
+starts ``llama-server -m TARGET.gguf`` (the case's target, :data:`TARGETS`: ``target`` or the positional
+``target_pos``) on ``127.0.0.1`` and a free port, one slot (``-np 1``), one
 thread, a context of :data:`CONTEXT` ids, no web UI, no prompt cache in RAM, under the process-group
 guard of :mod:`hsd_torch.engines._procs` (the server never outlives hsd, however hsd ends), waits until
 ``/health`` answers 200 and stops the whole group on exit. Given ``announce`` (a function of one line),
@@ -18,7 +19,7 @@ prints them on stderr (``hsd conformance run --engine llama.cpp``: one start per
 
 **Speculative modes** (``common/speculative.cpp``, ``common_speculative_type_from_name``, and
 ``common/arg.cpp``; the mode is a server flag, per-request speculative settings being disabled in
-``tools/server/server-schema.cpp``, so the engine restarts the server when the mode changes):
+``tools/server/server-schema.cpp``, so the engine restarts the server when the mode or the target changes):
 
 * ``none`` (the null control);
 * ``draft-simple``: a same-vocabulary draft model (``-md drafter.gguf --spec-type draft-simple``), its
@@ -37,7 +38,8 @@ A case's ``settings`` may hold ``num_speculative_tokens`` (``--spec-draft-n-max`
 ``n_predict``, a per-request ``seed``, ``return_tokens``, ``cache_prompt`` off, and **every sampler stage
 hsd does not describe switched off explicitly** with the chain fixed to the stages hsd models
 (:func:`hsd_core.endpoint.request_settings`, ``server_kind="llama.cpp"``); the samples file records the
-settings with ``order="llama.cpp"`` and what was sent (``engine.request``), and each draw's draft
+settings with ``order="llama.cpp"``, the target as ``conformance-kit/ROLE`` (the kit's engines' name,
+which the samples path audits against) and what was sent (``engine.request``), and each draw's draft
 counters (``draft_n``, ``draft_n_accepted`` from the answer's ``timings``). Parameters llama.cpp does
 not have (allowed token ids, bad words as ids, min_tokens) and another engine's order raise
 :class:`~hsd_torch.conformance.engines.EngineRefused`.
@@ -64,9 +66,9 @@ from ..engines._procs import guarded, log_tail, stop_group
 from ..engines.vllm_server import free_port
 from .engines import Case, EngineRefused
 
-__all__ = ["BINARY_ENV", "CONTEXT", "DRAFT_MODES", "MODES", "REQUIRE_ENV", "LlamaServer", "LlamaServerEngine",
-           "LlamaServerError", "LlamaServerUnavailable", "build_info", "default_dir", "find_binary", "mode_args",
-           "server_args"]
+__all__ = ["BINARY_ENV", "CONTEXT", "DRAFT_MODES", "MODES", "REQUIRE_ENV", "TARGETS", "LlamaServer",
+           "LlamaServerEngine", "LlamaServerError", "LlamaServerUnavailable", "build_info", "default_dir", "find_binary",
+           "mode_args", "server_args"]
 
 BINARY_ENV = "HSD_LLAMA_SERVER"
 """The environment variable naming a ``llama-server`` binary (default: the setup script's folder)."""
@@ -76,6 +78,9 @@ SETUP = "bench/engines/setup_llamacpp.sh"
 HOST = "127.0.0.1"
 CONTEXT = 512
 """The server's context (``-c``): the kit's ``context_length``."""
+TARGETS = ("target", "target_pos")
+"""The kit's targets the engine runs (their GGUF exports, ``gguf/ROLE.gguf``: :mod:`hsd_torch.conformance.kit`);
+both share the byte-level BPE vocabulary of the kit's ``drafter``, the draft modes' draft model."""
 DRAFT_MODES = ("draft-simple", "draft-simple-probabilistic")
 """The modes that need a same-vocabulary draft model."""
 MODES = ("none",) + DRAFT_MODES + ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -274,7 +279,7 @@ def llama_sampling(s: Sampling) -> Sampling:
 
 class LlamaServerEngine:
     """llama.cpp's server as a conformance :class:`~hsd_torch.conformance.engines.Engine` (module
-    docstring): one server at a time, restarted when a case asks for another mode, drafter or
+    docstring): one server at a time, restarted when a case asks for another target, mode, drafter or
     settings. ``binary``: None finds it; ``threads``: the server's threads; ``timeout``: seconds per
     request. Each server start is announced (:class:`LlamaServer`'s lines, after the mode) through
     :meth:`announce`: on stderr, ``hsd conformance: llama.cpp MODE: ...``."""
@@ -302,8 +307,9 @@ class LlamaServerEngine:
         print(f"hsd conformance: llama.cpp {line}", file=sys.stderr, flush=True)
 
     def _ensure(self, case: Case) -> LlamaServer:
-        if case.target != "target":
-            raise EngineRefused(f"the kit exports GGUF files of its target and drafter only, not of {case.target!r}")
+        if case.target not in TARGETS:
+            raise EngineRefused(f"llama.cpp's server runs the kit's GGUF targets ({', '.join(TARGETS)}), not "
+                                f"{case.target!r}")
         if case.mode in DRAFT_MODES and case.drafter != "drafter":
             raise EngineRefused(f"llama.cpp's {case.mode} needs a draft model with the target's vocabulary (the kit's "
                                 f"'drafter'), not {case.drafter!r}")
@@ -313,7 +319,7 @@ class LlamaServerEngine:
         gguf = Path(case.kit) / "gguf"
         drafter = str(gguf / "drafter.gguf") if case.mode in DRAFT_MODES else None
         extra = mode_args(case.mode, drafter, case.settings)
-        key = (str(gguf / "target.gguf"), tuple(extra))
+        key = (str(gguf / f"{case.target}.gguf"), tuple(extra))  # another target or mode: another server
         if self._server is not None and self._key == key and self._server.running():
             return self._server
         self.close()
@@ -334,13 +340,14 @@ class LlamaServerEngine:
         except ValueError as e:
             raise EngineRefused(str(e)) from None
         srv = self._ensure(case)
-        text = kc.kit_model("target").text(case.prompt_ids).decode("utf-8", "replace")
+        target = kc.kit_model(case.target)
+        text = target.text(case.prompt_ids).decode("utf-8", "replace")
         spec = None if case.mode == "none" else {"method": case.mode, **dict(case.settings)}
         return sample_endpoint(srv.url, [text], [case.prompt_ids], list(seeds), sampling, api="llama.cpp",
                                engine={"name": "llama.cpp llama-server", "version": self.version},
-                               speculative=spec, target="hsd-conformance-target", out=out,
+                               speculative=spec, target=f"conformance-kit/{case.target}", out=out,
                                resume=out is not None and out.exists(),  # a rerun of the matrix continues it
-                               vocab_size=kc.kit_model("target").vocab_size, timeout=self.timeout,
+                               vocab_size=target.vocab_size, timeout=self.timeout,
                                max_requests=max(10_000, len(seeds)), extra_of=_draft_counters, on_draw=self.on_draw)
 
     def close(self) -> None:

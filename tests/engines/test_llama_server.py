@@ -72,9 +72,10 @@ def _log(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
 
 
-def _case(tmp_path: Path, mode: str = "none", drafter: str | None = None, **kw: object) -> Case:
+def _case(tmp_path: Path, mode: str = "none", drafter: str | None = None, target: str = "target",
+          **kw: object) -> Case:
     s = Sampling(True, 0.7, None, kc.TOP_P, 3, **kw)  # type: ignore[arg-type]
-    return Case(kit=tmp_path / "kit", prompt_ids=(kc.BOS, 5), sampling=s, mode=mode, drafter=drafter)
+    return Case(kit=tmp_path / "kit", prompt_ids=(kc.BOS, 5), sampling=s, mode=mode, drafter=drafter, target=target)
 
 
 def test_a_missing_binary_names_the_setup_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -114,7 +115,7 @@ def test_the_engine_samples_through_the_native_api(fake: tuple[str, Path], tmp_p
     try:
         f = eng.sample(_case(tmp_path), [3, 4, 5], out=tmp_path / "a.jsonl")
         assert [d.seed for d in f.draws] == [3, 4, 5] and f.engine_label() == eng.name
-        assert f.draws[0].ids == (7, 2) and f.draws[0].finish_reason == "stop"
+        assert f.draws[0].ids == (7, 2) and f.draws[0].finish_reason == "stop" and f.target == "conformance-kit/target"
         assert f.draws[1].finish_reason == "length" and f.draws[1].extra["draft_n_accepted"] == 1
         assert f.sampling.order == "llama.cpp" and f.speculative is None
         assert read_samples(tmp_path / "a.jsonl").engine["request"]["samplers"] == list(LLAMA_CPP_SAMPLERS)
@@ -147,6 +148,32 @@ def test_the_engine_samples_through_the_native_api(fake: tuple[str, Path], tmp_p
     assert pid and not group_alive(pid)
 
 
+def test_target_pos_runs_on_its_own_gguf(fake: tuple[str, Path], tmp_path: Path) -> None:
+    """A target_pos case starts the server on gguf/target_pos.gguf (with the kit's drafter in the draft
+    modes); a case on the other target restarts it on gguf/target.gguf, the same target and mode keep
+    it; the samples file names the target as the kit's engines do (``conformance-kit/ROLE``: the samples
+    path audits a file against that role's law)."""
+    binary, log = fake
+    eng = ls.LlamaServerEngine()
+    gguf = tmp_path / "kit" / "gguf"
+    try:
+        f = eng.sample(_case(tmp_path, target="target_pos"), [1, 2])
+        assert [d.seed for d in f.draws] == [1, 2] and f.target == "conformance-kit/target_pos"
+        first = eng._server
+        eng.sample(_case(tmp_path, target="target_pos"), [3])
+        assert eng._server is first
+        eng.sample(_case(tmp_path), [1])  # the other target: another server
+        assert eng._server is not first
+        eng.sample(_case(tmp_path, "draft-simple", "drafter", target="target_pos"), [1])
+    finally:
+        eng.close()
+    argv = [e["argv"] for e in _log(log) if "argv" in e]
+    assert isinstance(argv[0], list) and isinstance(argv[2], list)
+    models = [a[a.index("-m") + 1] for a in argv if isinstance(a, list)]
+    assert models == [str(gguf / "target_pos.gguf"), str(gguf / "target.gguf"), str(gguf / "target_pos.gguf")]
+    assert "-md" not in argv[0] and argv[2][argv[2].index("-md") + 1] == str(gguf / "drafter.gguf")
+
+
 def test_refusals_are_engine_refusals(fake: tuple[str, Path], tmp_path: Path) -> None:
     eng = ls.LlamaServerEngine()
     try:
@@ -159,6 +186,8 @@ def test_refusals_are_engine_refusals(fake: tuple[str, Path], tmp_path: Path) ->
             eng.sample(_case(tmp_path, "draft-simple", "drafter_sp"), [1])
         with pytest.raises(EngineRefused, match="no speculative mode 'eagle'"):
             eng.sample(_case(tmp_path, "eagle"), [1])
+        with pytest.raises(EngineRefused, match="GGUF targets \\(target, target_pos\\), not 'drafter_sp'"):
+            eng.sample(_case(tmp_path, target="drafter_sp"), [1])
         assert eng._server is None  # nothing was started for a refused case
     finally:
         eng.close()

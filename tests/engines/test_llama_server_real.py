@@ -2,7 +2,9 @@
 loads, the server's raw next-token law (post-sampling probabilities, every stage neutral) equals the
 kit's float64 law to float32 accuracy at every position of a draw, its sampled draws follow the exact
 law in llama.cpp's order without and with the draft model, and its greedy draws are the law's one
-sequence in every mode. Skipped without the binary (``bench/engines/setup_llamacpp.sh``,
+sequence in every mode; on the positional target_pos (q and k in llama.cpp's rotary layout), the raw
+law equals forward64's to 1e-4 (an export left in Hugging Face's layout does not: TV > 0.3) and
+pos_plain's draws follow its exact law with and without the drafter. Skipped without the binary (``bench/engines/setup_llamacpp.sh``,
 ``HSD_LLAMA_SERVER``); ``HSD_REQUIRE_LLAMACPP=1`` turns the skip into a failure. About a minute."""
 
 from __future__ import annotations
@@ -62,6 +64,33 @@ def test_the_raw_law_is_the_kits(binary: str, kit: Path) -> None:
     with ls.LlamaServer(str(kit / "gguf" / "target.gguf"), binary=binary) as srv:
         got = lc.raw_law(srv.url, [p for p, _ in lc.CASES.values()], seeds=4)
     assert got["positions"] > 0 and got["max_abs_diff"] < 1e-4, got
+
+
+def test_the_raw_law_of_target_pos_is_forward64s(binary: str, kit: Path) -> None:
+    """target_pos.gguf: post-sampling probabilities of every id (temperature 1, every other stage neutral)
+    after pos_plain's prompt and each prefix of 8 draws of 4 ids, within 1e-4 of forward64's law; the
+    same export with q and k left in Hugging Face's rotary layout is off by a TV above 0.3 (the check
+    sees the layout)."""
+    lc = _bench()
+    got = lc.raw_law_target_pos(kit, binary, seeds=8)
+    ok, wrong = got["llama.cpp layout"], got["hf layout (wrong)"]
+    assert ok["positions"] >= 8 and ok["max_abs_diff"] < 1e-4, got
+    assert wrong["positions"] >= 8 and wrong["max_tv"] > 0.3, got
+    assert got["batch_invariance"]["compared"] > 0 and got["batch_invariance"]["max_abs_logprob_diff"] < 1e-4, got
+
+
+@pytest.mark.parametrize("mode", ["none", "draft-simple"])
+def test_pos_plain_follows_target_pos_exact_law(engine: ls.LlamaServerEngine, kit: Path, mode: str) -> None:
+    """1,000 draws of pos_plain (4 ids on target_pos) against its exact law: whole draws, length and
+    each position, Holm at family-wise alpha 1e-3 (each position's chi-square detects a TV of about 0.11
+    at power 0.99)."""
+    lc = _bench()
+    prompt, s = lc.CASES["pos_plain"]
+    case = Case(kit=kit, prompt_ids=tuple(prompt), sampling=s, mode=mode,
+                drafter="drafter" if mode != "none" else None, target="target_pos")
+    f = engine.sample(case, list(range(1, 1001)))
+    out = lc.exact_tests([(d.ids, d.finish_reason) for d in f.draws], prompt, s, 1e-3, lc.target_of("pos_plain"))
+    assert out["verdict"] == "lossless", out
 
 
 @pytest.mark.parametrize("mode", ["none", "draft-simple"])

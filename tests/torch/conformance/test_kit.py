@@ -39,8 +39,12 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_two_builds_give_the_same_bytes(kit: Path, tmp_path: Path) -> None:
     build_kit(tmp_path)
     a, b = _files(kit), _files(tmp_path)
-    assert set(a) >= {"target/model.safetensors", "target/tokenizer.json", "gguf/target.gguf", "kit.json"}
+    assert set(a) >= {"target/model.safetensors", "target/tokenizer.json", "gguf/target.gguf", "gguf/drafter.gguf",
+                      "gguf/target_pos.gguf", "kit.json"}
     assert a == b
+    man = json.loads(a["kit.json"])
+    assert man["gguf"] == [f"gguf/{r}.gguf" for r in ("target", "drafter", "target_pos")]
+    assert man["gguf_rope_layout"].startswith("llama.cpp")
 
 
 def _tv(logits: np.ndarray, ref: np.ndarray) -> float:
@@ -117,6 +121,68 @@ def test_gguf_reads_back(kit: Path) -> None:
     with torch.no_grad():
         lg = model(torch.tensor([ids])).logits[0].double().numpy()
     assert max(_tv(lg[j], km.logits(ids[:j + 1])) for j in range(len(ids))) < 1e-5
+
+
+def test_llama_rope_layout_moves_each_rotary_pair_to_adjacent_rows() -> None:
+    """to_llama_rope puts Hugging Face's pair i of each head (rows i and i + head_dim/2) at rows 2i and
+    2i + 1 of that head (checked row by row against that definition, on distinct values), and
+    from_llama_rope undoes it; a shape that does not split into heads of an even size is refused."""
+    from hsd_torch.conformance.kit import from_llama_rope, to_llama_rope
+
+    heads, hd, d_in = 3, 8, 5
+    w = np.arange(heads * hd * d_in, dtype=np.float32).reshape(heads * hd, d_in)
+    got = to_llama_rope(w, heads)
+    for h in range(heads):
+        for i in range(hd // 2):
+            assert np.array_equal(got[h * hd + 2 * i], w[h * hd + i])
+            assert np.array_equal(got[h * hd + 2 * i + 1], w[h * hd + hd // 2 + i])
+    assert got.dtype == w.dtype and not np.array_equal(got, w)
+    assert np.array_equal(from_llama_rope(got, heads), w)
+    km = kc.kit_model("target_pos")
+    q = km.weights["model.layers.0.self_attn.q_proj.weight"]
+    assert np.array_equal(from_llama_rope(to_llama_rope(q, kc.HEADS), kc.HEADS), q)
+    with pytest.raises(ValueError, match="heads of an even size"):
+        to_llama_rope(w, 5)
+    with pytest.raises(ValueError, match="heads of an even size"):
+        from_llama_rope(np.zeros((6, 2)), 2)
+
+
+def test_target_pos_gguf_holds_q_and_k_in_llama_cpps_layout(kit: Path, tmp_path: Path) -> None:
+    """gguf/target_pos.gguf: every tensor of the export, shapes as the HF checkpoint's, q and k reordered
+    (and only they: the previous-token head lives in them), the rest the HF weights as stored;
+    transformers' GGUF loader (which undoes llama.cpp's reordering) reads it back to forward64's law
+    (TV < 1e-5 at every position), while an export that leaves q and k in Hugging Face's layout reads
+    back to another law (TV > 0.3: the head misses the previous id)."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    from hsd_torch.conformance.kit import from_llama_rope, gguf_tensors, write_gguf
+
+    km = kc.kit_model("target_pos")
+    r = gguf.GGUFReader(str(kit / "gguf" / "target_pos.gguf"))
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    want = gguf_tensors(km)
+    assert set(tensors) == set(want) and len(want) == 12
+    hf = gguf_tensors(km, rope_layout="hf")
+    p = "model.layers.0.self_attn."
+    for name, heads, hf_name in (("blk.0.attn_q.weight", kc.HEADS, p + "q_proj.weight"),
+                                 ("blk.0.attn_k.weight", kc.KV_HEADS, p + "k_proj.weight")):
+        got = tensors[name].reshape(km.weights[hf_name].shape)
+        assert np.count_nonzero(got) > 0 and not np.array_equal(got, km.weights[hf_name])
+        assert np.array_equal(from_llama_rope(got, heads), km.weights[hf_name])
+    for name, t in hf.items():
+        if name not in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"):
+            assert np.array_equal(tensors[name].reshape(t.shape), t), name
+    ids = [kc.BOS] + [km.id_of_text[t] for t in (" the", " cat", " the", " dog", " sat", ".")]
+    ref = np.stack([km.logits(ids[:j + 1]) for j in range(len(ids))])
+    wrong = write_gguf(km, tmp_path / "target_pos_hf_layout.gguf", rope_layout="hf")
+    tvs = []
+    for folder, name in ((kit / "gguf", "target_pos.gguf"), (wrong.parent, wrong.name)):
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with torch.no_grad():
+            lg = model(torch.tensor([ids])).logits[0].double().numpy()
+        tvs.append(max(_tv(lg[j], ref[j]) for j in range(len(ids))))
+    assert tvs[0] < 1e-5 and tvs[1] > 0.3, tvs
 
 
 def test_the_command_through_hsd_core_cli(tmp_path: Path) -> None:
