@@ -47,6 +47,7 @@ not have (allowed token ids, bad words as ids, min_tokens) and another engine's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -177,7 +178,9 @@ def _get(url: str, timeout: float) -> int:
 class LlamaServer:
     """``llama-server`` for the time of a ``with`` block (module docstring). ``binary``: None finds it
     (:func:`find_binary`); ``model``: the target GGUF; ``extra_args``: more options (a mode's:
-    :func:`mode_args`); ``log``: its output (default: a temporary file, kept for error messages);
+    :func:`mode_args`); ``log``: its output (default: a temporary file, removed when the server stops
+    normally and kept, named in the error, when it fails to start or the ``with`` block raises; a
+    ``log`` given is always kept);
     ``announce``: called with the start-up lines (module docstring), one every ``notice_s`` seconds of
     loading. After :meth:`start`: ``url`` (the server's root), ``pid`` (its process group's id),
     ``startup_s``."""
@@ -191,6 +194,7 @@ class LlamaServer:
         self.port = free_port() if port is None else int(port)
         self.args = server_args(model, self.port, threads=threads, context=context, extra=extra_args)
         self.startup_timeout, self.stop_timeout, self.poll_s = float(startup_timeout), float(stop_timeout), float(poll_s)
+        self._own_log = log is None
         self.log = log or tempfile.NamedTemporaryFile(prefix="hsd-llama-server-", suffix=".log", delete=False).name
         self.url = f"http://{HOST}:{self.port}"
         self.pid = 0
@@ -232,7 +236,7 @@ class LlamaServer:
                     notice = now + self.notice_s
                 time.sleep(self.poll_s)
         except BaseException:
-            self.stop()
+            self.stop(keep_log=True)
             raise
         self.startup_s = time.monotonic() - t0
         self._say(f"llama-server ready in {self.startup_s:.1f} s")
@@ -246,17 +250,21 @@ class LlamaServer:
         """Whether the server's main process is running."""
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self) -> None:
-        """Stop the server's process group (SIGTERM, then SIGKILL); safe to call twice."""
+    def stop(self, keep_log: bool = False) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL); safe to call twice. The temporary
+        log (none was given) is removed unless ``keep_log``."""
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_group(proc, self.stop_timeout)
+        if self._own_log and not keep_log:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.log)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.stop(keep_log=exc_type is not None)
 
 
 def _draft_counters(ans: Any) -> dict[str, Any]:
@@ -351,6 +359,8 @@ class LlamaServerEngine:
                                max_requests=max(10_000, len(seeds)), extra_of=_draft_counters, on_draw=self.on_draw)
 
     def close(self) -> None:
+        """Stop the server; its temporary log is removed, unless the server had died on its own (a crash:
+        the log named at its start is kept)."""
         if self._server is not None:
-            self._server.stop()
+            self._server.stop(keep_log=not self._server.running())
         self._server, self._key = None, None

@@ -7,8 +7,11 @@ without the binary (fast tier, a few seconds). The real server on the kit: test_
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,6 +202,42 @@ def test_a_server_that_dies_says_why(fake: tuple[str, Path], monkeypatch: pytest
     with pytest.raises(ls.LlamaServerError, match="exited with status 1 .*failed to load model"):
         srv.start()
     assert not srv.running() and not group_alive(srv.pid)
+
+
+def test_a_temporary_log_is_removed_after_a_normal_stop_and_kept_after_a_failure(
+        fake: tuple[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A server's own temporary log goes when it stops normally; it stays (and the error names it) when the
+    server fails to start, when the ``with`` block raises, or when the engine finds its server dead; a log
+    the caller gave is never removed."""
+    with ls.LlamaServer(str(tmp_path / "t.gguf")) as srv:
+        assert Path(srv.log).exists()
+    assert not Path(srv.log).exists()
+    given = tmp_path / "given.log"
+    with ls.LlamaServer(str(tmp_path / "t.gguf"), log=str(given)):
+        pass
+    assert given.exists()
+    with pytest.raises(KeyError):
+        with ls.LlamaServer(str(tmp_path / "t.gguf")) as srv:
+            raise KeyError("the caller's error")
+    assert Path(srv.log).exists()
+    eng = ls.LlamaServerEngine()
+    try:
+        eng.sample(_case(tmp_path), [1])
+        assert eng._server is not None
+        dead = eng._server
+        os.killpg(dead.pid, signal.SIGKILL)
+        for _ in range(100):
+            if not dead.running():
+                break
+            time.sleep(0.05)
+    finally:
+        eng.close()
+    assert Path(dead.log).exists()  # died on its own: kept
+    monkeypatch.setenv("FAKE_DIE", "1")
+    failed = ls.LlamaServer(str(tmp_path / "t.gguf"), startup_timeout=20)
+    with pytest.raises(ls.LlamaServerError, match=f"log {failed.log}"):
+        failed.start()
+    assert Path(failed.log).exists()
 
 
 def test_a_start_is_announced_with_its_log_and_a_line_while_it_loads(fake: tuple[str, Path], tmp_path: Path,
