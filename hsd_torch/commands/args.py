@@ -172,6 +172,21 @@ def tree_shape(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{e}; {fix}") from None
 
 
+def add_draft_shape_options(p: argparse.ArgumentParser, who: str = "") -> None:
+    """``--tree``, ``--tree-draws`` and ``--min-confidence`` (``hsd generate``, ``hsd audit model``):
+    how ``--method sd, tli, slem`` draft (a token tree, or a single path cut by the drafter's
+    confidence); ``who`` prefixes the help (e.g. ``"hsd_torch "``)."""
+    a = p.add_argument
+    a("--tree", type=tree_shape, default=None, metavar="SHAPE",
+      help=f"{who}--method sd, tli, slem: draft a token tree (docs/trees.md), W,W,... children per node at each "
+           "depth (e.g. 2,2,1,1) or dynamic:BUDGET:WIDTH:DEPTH; its depth replaces --lookahead")
+    a("--tree-draws", choices=("distinct", "iid"), default=None,
+      help="with --tree: a node's children drawn without replacement (distinct, the default) or independently")
+    a("--min-confidence", type=min_confidence, default=None, metavar="C",
+      help=f"{who}--method sd, tli, slem: the dynamic draft length, stop drafting before a later draft whose "
+           "drafter law's largest probability is below C (the first draft is always made; lossless: docs/trees.md)")
+
+
 def tree_text(shape: Any) -> str:
     """A tree shape as ``--tree`` spells it (:func:`tree_shape`'s inverse): ``2,1,1`` or ``dynamic:16:2:4``."""
     from hsd_core.methods.tree import Dynamic

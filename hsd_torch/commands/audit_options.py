@@ -119,14 +119,7 @@ def _model_only(p: argparse.ArgumentParser) -> None:
     a("--lookahead", type=ca.positive_int, default=None,
       help=f"hsd_torch drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate and hsd generate; 1 "
            "for slrs)")
-    a("--tree", type=ca.tree_shape, default=None, metavar="SHAPE",
-      help="hsd_torch --method sd, tli, slem: draft a token tree (docs/trees.md), W,W,... children per node at each "
-           "depth or dynamic:BUDGET:WIDTH:DEPTH; its depth replaces --lookahead")
-    a("--tree-draws", choices=("distinct", "iid"), default=None,
-      help="with --tree: a node's children drawn without replacement (distinct, the default) or independently")
-    a("--min-confidence", type=ca.min_confidence, default=None, metavar="C",
-      help="hsd_torch --method sd, tli, slem: the dynamic draft length, stop drafting before a later draft whose "
-           "drafter law's largest probability is below C")
+    ca.add_draft_shape_options(p, "hsd_torch ")
     a("--max-minutes", type=ca.positive_float, default=20.0, metavar="M",
       help="refuse (after the first draws) a run whose sampling alone is estimated above M minutes, naming the "
            "--samples that fits (default 20)")

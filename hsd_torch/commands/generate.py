@@ -53,14 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lookahead", type=ca.positive_int, default=None, metavar="K",
       help=f"drafts per round (default {ca.DEFAULT_LOOKAHEAD}, as hsd_torch.generate; 1 for slrs)")
     a("--greedy", action="store_true", help="greedy decoding (argmax), no randomness")
-    a("--tree", type=ca.tree_shape, default=None, metavar="SHAPE",
-      help="draft a token tree (--method sd, tli, slem; docs/trees.md): W,W,... children per node at each depth "
-           "(e.g. 2,2,1,1) or dynamic:BUDGET:WIDTH:DEPTH; its depth replaces --lookahead")
-    a("--tree-draws", choices=("distinct", "iid"), default=None,
-      help="with --tree: a node's children drawn without replacement (distinct, the default) or independently")
-    a("--min-confidence", type=ca.min_confidence, default=None, metavar="C",
-      help="--method sd, tli, slem: the dynamic draft length, stop drafting before a later draft whose drafter law's "
-           "largest probability is below C (the first draft is always made; lossless: docs/trees.md)")
+    ca.add_draft_shape_options(p)
     a("--min-path-prob", type=ca.min_path_prob, default=None, metavar="TAU",
       help="bounded SLRS: stop drafting a path below this drafter probability")
     a("--proposal-map", choices=("retokenize", "longest_prefix"), default=None,
