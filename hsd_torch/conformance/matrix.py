@@ -107,8 +107,9 @@ CASES: tuple[ProcessingCase, ...] = (
     ProcessingCase("allowed_ids", _s(allowed_token_ids=(kc.EOS, _t(" the"), _t(" cat"), _t(" dog"), _t(" sat"))),
                    (_prompt(),), "only EOS, ' the', ' cat', ' dog', ' sat' allowed"),
     ProcessingCase("ngram_repeat", _s(4), (_prompt(" the", " cat", " sat", " the"),),
-                   "a repeated n-gram: prompt lookup (vLLM's ngram) matches the last ' the' and drafts ' cat sat the', "
-                   "which the target accepts with 0.90, 0.5 and 0.25; the kit's other prompts hold no repeat to look up"),
+                   "a repeated n-gram for prompt lookup (vLLM's ngram, which looks up after each sampled id): after "
+                   "the likeliest first id ' cat' (0.90) it drafts ' sat the cat', accepted with 0.5, 0.25 and 0.90; "
+                   "the kit's other prompts hold no repeat to look up"),
     ProcessingCase("pos_plain", _s(4), (_prompt(" the", " cat"),), "target_pos: a previous-token head (RoPE) "
                    "copies the id two back; position ids not rolled back or a rejected column left in the cache show",
                    target="target_pos"),

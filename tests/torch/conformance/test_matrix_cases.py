@@ -5,8 +5,9 @@ repeated n-gram, so that a prompt-lookup drafter (vLLM's ``ngram``) proposes tok
   the kit as explicit models, to 1e-12, as tests/exact/test_conformance_laws.py checks the other prompts;
 * prompt lookup (longest suffix n-gram of 1-4 ids, its earliest earlier occurrence, up to 3 ids after it:
   vLLM 0.32's rule, written here; it agreed with vLLM's own function on 20,000 random contexts) drafts
-  `` cat sat the`` from the prompt, each with target probability of at least 1/4 along the chain, so
-  both acceptances and rejections occur, and no other case's prompt drafts;
+  from the prompt alone and, as vLLM looks up (after each sampled id, the first one included), after
+  the prompt and its likeliest first id `` cat``: `` sat the cat``, each with target probability of at
+  least 1/4 along the chain, so both acceptances and rejections occur; no other case's prompt drafts;
 * the case has teeth: draws of a sampler that trusts the lookup (emits the three drafts unverified, then
   the target's next id) are lossy at N = 600, family-wise alpha 1e-3 (the lossy law puts 1 on drafts the
   target emits with 0.113: a whole-draw TV of 0.89, against a detectable TV of about 0.2 at that N, so the
@@ -64,9 +65,13 @@ def test_the_law_is_the_exact_engines_target_law() -> None:
 
 def test_prompt_lookup_drafts_tokens_the_target_may_accept() -> None:
     (prompt,) = CASE.prompts
-    drafts = prompt_lookup(prompt)
-    assert drafts == (I[" cat"], I[" sat"], I[" the"])
-    ctx, chain = list(prompt), []
+    assert prompt_lookup(prompt) == (I[" cat"], I[" sat"], I[" the"])
+    first = kc.next_law(T, prompt)
+    assert int(np.argmax(first)) == I[" cat"] and first[I[" cat"]] > 0.9
+    after = prompt + (I[" cat"],)
+    drafts = prompt_lookup(after)
+    assert drafts == (I[" sat"], I[" the"], I[" cat"])
+    ctx, chain = list(after), []
     for d in drafts:
         chain.append(float(kc.next_law(T, ctx)[d]))
         ctx.append(d)
