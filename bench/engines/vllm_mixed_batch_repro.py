@@ -2,10 +2,14 @@
 prefill shares a step with requests verifying drafts (a mixed batch), on the conformance kit.
 
     VLLM_PYTHON bench/engines/vllm_mixed_batch_repro.py KIT [--patched] [--method ngram|draft_model] [--n 400]
+        [--late-prompt bos|the]
 
 Runs vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and steps it by hand:
 two requests are prefilled alone; then ``n`` more are added while those two decode with drafts,
 so their prefill runs through the rejection sampler; each late request's first token is counted.
+A late request whose prompt is one id is scheduled as a decode padded with placeholder drafts
+(vLLM's scheduler, "Pad new decode requests to uniform spec decoding size"): the trace counts the
+rejection sampler's rows whose drafts are all ``-1``.
 The kit's target from BOS puts probability exactly 0 on every id outside :data:`SUPPORT`: a first
 token outside it is a fault. The trace wraps ``rejection_sample`` (is a row without drafts given
 its bonus token?) and the bonus ``Sampler.forward`` (are the bonus logits the kit's rows: finite,
@@ -32,6 +36,10 @@ for k, v in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind
 SUPPORT = (101, 102, 262, 265, 268)
 """The ids the kit's target gives positive probability after BOS (hsd_core.conformance, TARGET_ROWS)."""
 
+LATE_PROMPTS = {"bos": ([1], SUPPORT), "the": ([1, 262], (2, 265, 268))}
+"""``--late-prompt``: the late requests' prompt (BOS alone: a one-id prefill; BOS `` the``: two ids) and the
+ids the kit's target gives positive probability after it (`` the``: `` cat``, `` dog`` and EOS)."""
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -41,6 +49,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--early", type=int, default=2, help="requests prefilled alone first")
     p.add_argument("--steps", type=int, default=1, help="steps the early requests run alone")
+    p.add_argument("--late-prompt", choices=sorted(LATE_PROMPTS), default="bos",
+                   help="the late requests' prompt: BOS alone (default) or BOS ' the'")
     a = p.parse_args()
     if a.patched:
         spec = importlib.util.spec_from_file_location(
@@ -59,11 +69,16 @@ def main() -> None:
                bonus_token_ids, sampling_metadata, **kw):  # type: ignore[no-untyped-def]
         out = inner(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                     target_logits, bonus_token_ids, sampling_metadata, **kw)
+        start = 0
+        flat = draft_token_ids.view(-1).tolist()
         for i, nd in enumerate(num_draft_tokens):
             if nd == 0:  # a request without drafts: its token must be its bonus token
                 b, o = int(bonus_token_ids.view(-1)[i]), int(out[i, 0])
                 trace["no-draft rows"] += 1
                 trace["output != bonus"] += o != b
+            elif all(t == -1 for t in flat[start:start + nd]):  # the scheduler's placeholder drafts
+                trace["rows whose drafts are all placeholders (-1)"] += 1
+            start += nd
         return out
 
     rs.rejection_sample = traced
@@ -104,8 +119,9 @@ def main() -> None:
                         SamplingParams(max_tokens=8, seed=10_000 + i, detokenize=False))
     for _ in range(a.steps):
         eng.step()
+    late_prompt, support = LATE_PROMPTS[a.late_prompt]
     for i in range(a.n):
-        eng.add_request(f"late{i}", TokensPrompt(prompt_token_ids=[1]),
+        eng.add_request(f"late{i}", TokensPrompt(prompt_token_ids=late_prompt),
                         SamplingParams(max_tokens=3, seed=i, detokenize=False))
     first: collections.Counter[int] = collections.Counter()
     while eng.has_unfinished_requests():
@@ -116,7 +132,8 @@ def main() -> None:
     m = {x.name: getattr(x, "value", None) for x in llm.get_metrics() if "spec_decode" in x.name}
     print("patched" if a.patched else "unpatched", a.method, "first tokens of late requests:", dict(first.most_common()))
     print("spec counters:", m)
-    print("outside the support", SUPPORT, ":", sum(v for k, v in first.items() if k not in SUPPORT))
+    print("late prompt", late_prompt, "; outside the support", support, ":",
+          sum(v for k, v in first.items() if k not in support))
     print("rejection_sample rows without drafts:", dict(trace))
 
 
