@@ -9,13 +9,15 @@ and vLLM's own speculative counters per case (its acceptance rate and tokens per
 Each cell is one vLLM engine started for the case (``VllmEngine``: one worker job per case) and its
 draws appended to ``OUT/samples/ENGINE/MODE/CASE-pK.jsonl`` (resumable); the matrix's report goes to
 ``OUT/report.{md,json,png}``. ``--record`` appends this run's rows to a JSON record (bench_record:
-commit, date, machine), keeping the rows of earlier runs.
+commit, date, machine; the run's modes, cases and ``VLLM_CPU_KVCACHE_SPACE``), keeping the rows of
+earlier runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -101,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.record)
         old = json.loads(path.read_text()) if path.is_file() else {}
         runs = old.get("runs", [])
-        runs.append({**meta, **bench_record.provenance(), "rows": summaries})
+        options = {"modes": args.mode or "all", "cases": [pc.name for pc in cases],
+                   "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
+        runs.append({**meta, **options, **bench_record.provenance(), "rows": summaries})
         bench_record.save({"what": "vLLM-cpu on the conformance kit (bench/engines/conformance_vllm.py)",
                            "runs": runs, **bench_record.provenance()}, path)
     return matrix.exit_status(rows)

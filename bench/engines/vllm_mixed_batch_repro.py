@@ -2,10 +2,18 @@
 prefill shares a step with requests verifying drafts (a mixed batch), on the conformance kit.
 
     VLLM_PYTHON bench/engines/vllm_mixed_batch_repro.py KIT [--patched] [--method ngram|draft_model] [--n 400]
+        [--late-prompt bos|the] [--reject-placeholders]
 
 Runs vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and steps it by hand:
 two requests are prefilled alone; then ``n`` more are added while those two decode with drafts,
 so their prefill runs through the rejection sampler; each late request's first token is counted.
+A late request whose prompt is one id is scheduled as a decode padded with placeholder drafts
+(vLLM's scheduler, "Pad new decode requests to uniform spec decoding size"): the trace counts the
+rejection sampler's rows whose drafts are all ``-1``, and those whose output keeps the placeholder at
+position 0 (the CPU rejection kernel accepted it: its request's first token is then the next
+position's). ``--reject-placeholders`` wraps vLLM's CPU rejection kernel so that a placeholder it
+accepted is rejected after all (its recovered token instead, the rest of the row dropped): a check of
+that cause, not a fix that hsd ships.
 The kit's target from BOS puts probability exactly 0 on every id outside :data:`SUPPORT`: a first
 token outside it is a fault. The trace wraps ``rejection_sample`` (is a row without drafts given
 its bonus token?) and the bonus ``Sampler.forward`` (are the bonus logits the kit's rows: finite,
@@ -32,6 +40,39 @@ for k, v in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind
 SUPPORT = (101, 102, 262, 265, 268)
 """The ids the kit's target gives positive probability after BOS (hsd_core.conformance, TARGET_ROWS)."""
 
+LATE_PROMPTS = {"bos": ([1], SUPPORT), "the": ([1, 262], (2, 265, 268))}
+"""``--late-prompt``: the late requests' prompt (BOS alone: a one-id prefill; BOS `` the``: two ids) and the
+ids the kit's target gives positive probability after it (`` the``: `` cat``, `` dog`` and EOS)."""
+
+
+def reject_accepted_placeholders() -> None:
+    """Wrap vLLM's CPU rejection kernel (``cpu_triton_utils._rejection_random_sample_kernel_impl``, which
+    the CPU platform registers when the engine starts): where its output keeps a placeholder draft
+    (``-1``), put that position's recovered token there and drop the rest of the row, as vLLM's Triton
+    kernel does (it rejects ``draft_token_id < 0``)."""
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    inner = cpu_tl._rejection_random_sample_kernel_impl
+
+    def wrapped(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,  # type: ignore[no-untyped-def]
+                bonus_token_ids, recovered_token_ids, *args, **kw):
+        inner(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
+              recovered_token_ids, *args, **kw)
+        drafts, recovered = draft_token_ids.tolist(), recovered_token_ids.tolist()
+        start = 0
+        for row, end in enumerate(cu_num_draft_tokens.tolist()):
+            for pos in range(end - start):
+                if drafts[start + pos] == -1:
+                    if int(output_token_ids[row, pos]) == -1:
+                        output_token_ids[row, pos] = recovered[start + pos]
+                        output_token_ids[row, pos + 1:] = -1
+                    break
+                if int(output_token_ids[row, pos]) != drafts[start + pos]:
+                    break
+            start = end
+
+    cpu_tl._rejection_random_sample_kernel_impl = wrapped
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -41,6 +82,10 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--early", type=int, default=2, help="requests prefilled alone first")
     p.add_argument("--steps", type=int, default=1, help="steps the early requests run alone")
+    p.add_argument("--late-prompt", choices=sorted(LATE_PROMPTS), default="bos",
+                   help="the late requests' prompt: BOS alone (default) or BOS ' the'")
+    p.add_argument("--reject-placeholders", action="store_true",
+                   help="reject a placeholder draft (-1) that vLLM's CPU rejection kernel accepted")
     a = p.parse_args()
     if a.patched:
         spec = importlib.util.spec_from_file_location(
@@ -49,6 +94,8 @@ def main() -> None:
         w = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(w)
         w.install_cpu_expand()
+    if a.reject_placeholders:
+        reject_accepted_placeholders()
     from vllm import LLM, SamplingParams
     import vllm.v1.sample.rejection_sampler as rs
 
@@ -59,11 +106,17 @@ def main() -> None:
                bonus_token_ids, sampling_metadata, **kw):  # type: ignore[no-untyped-def]
         out = inner(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                     target_logits, bonus_token_ids, sampling_metadata, **kw)
+        start = 0
+        flat = draft_token_ids.view(-1).tolist()
         for i, nd in enumerate(num_draft_tokens):
             if nd == 0:  # a request without drafts: its token must be its bonus token
                 b, o = int(bonus_token_ids.view(-1)[i]), int(out[i, 0])
                 trace["no-draft rows"] += 1
                 trace["output != bonus"] += o != b
+            elif all(t == -1 for t in flat[start:start + nd]):  # the scheduler's placeholder drafts
+                trace["rows whose drafts are all placeholders (-1)"] += 1
+                trace["of them, placeholder accepted at position 0"] += int(out[i, 0]) == -1
+            start += nd
         return out
 
     rs.rejection_sample = traced
@@ -104,8 +157,9 @@ def main() -> None:
                         SamplingParams(max_tokens=8, seed=10_000 + i, detokenize=False))
     for _ in range(a.steps):
         eng.step()
+    late_prompt, support = LATE_PROMPTS[a.late_prompt]
     for i in range(a.n):
-        eng.add_request(f"late{i}", TokensPrompt(prompt_token_ids=[1]),
+        eng.add_request(f"late{i}", TokensPrompt(prompt_token_ids=late_prompt),
                         SamplingParams(max_tokens=3, seed=i, detokenize=False))
     first: collections.Counter[int] = collections.Counter()
     while eng.has_unfinished_requests():
@@ -116,7 +170,8 @@ def main() -> None:
     m = {x.name: getattr(x, "value", None) for x in llm.get_metrics() if "spec_decode" in x.name}
     print("patched" if a.patched else "unpatched", a.method, "first tokens of late requests:", dict(first.most_common()))
     print("spec counters:", m)
-    print("outside the support", SUPPORT, ":", sum(v for k, v in first.items() if k not in SUPPORT))
+    print("late prompt", late_prompt, "; outside the support", support, ":",
+          sum(v for k, v in first.items() if k not in support))
     print("rejection_sample rows without drafts:", dict(trace))
 
 

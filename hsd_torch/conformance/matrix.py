@@ -7,7 +7,8 @@ against the kit's exact laws (``hsd conformance run``; docs/conformance.md, "The
   (:data:`hsd_core.samples.ORDERS`; default ``"vllm"``), which the cases' laws then follow.
 * :data:`CASES` is the default matrix of processing cases, each aimed at a designed feature of the
   kit (the top-p boundary rows, ties, EOS early, min_tokens, stop strings, penalties, logit bias,
-  min-p, bad words, allowed ids, greedy).
+  min-p, bad words, allowed ids, greedy), plus a prompt with a repeated n-gram (``ngram_repeat``) so
+  that prompt-lookup drafters have something to propose.
 * Every engine runs mode ``"none"`` (the null control: the same engine without speculation) for each
   case beside its speculative modes. Each case's draws are appended to
   ``OUT/samples/ENGINE/MODE/CASE-pK.jsonl`` as they arrive; a second run with the same ``--out``
@@ -105,6 +106,10 @@ CASES: tuple[ProcessingCase, ...] = (
     ProcessingCase("bad_words", _s(bad_words_ids=((_t(" cat"),),)), (_prompt(),), "' cat' banned"),
     ProcessingCase("allowed_ids", _s(allowed_token_ids=(kc.EOS, _t(" the"), _t(" cat"), _t(" dog"), _t(" sat"))),
                    (_prompt(),), "only EOS, ' the', ' cat', ' dog', ' sat' allowed"),
+    ProcessingCase("ngram_repeat", _s(4), (_prompt(" the", " cat", " sat", " the"),),
+                   "a repeated n-gram for prompt lookup (vLLM's ngram, which looks up after each sampled id): after "
+                   "the likeliest first id ' cat' (0.90) it drafts ' sat the cat', accepted with 0.5, 0.25 and 0.90; "
+                   "the kit's other prompts hold no repeat to look up"),
     ProcessingCase("pos_plain", _s(4), (_prompt(" the", " cat"),), "target_pos: a previous-token head (RoPE) "
                    "copies the id two back; position ids not rolled back or a rejected column left in the cache show",
                    target="target_pos"),
