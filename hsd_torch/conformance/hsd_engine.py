@@ -22,13 +22,15 @@ workers, so a draw with workers while a zoo patch is active is refused (``Runtim
 patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
 each worker (``cls(kit)``), so a subclass must be importable by its module name.
 
-**Cost** (bench/conformance_power.py, docs/conformance.md "Power and cost"): the kit's models are
-small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of SD at
-lookahead 3 feeds about 5 target and 3.5 drafter positions, so a draw costs about 0.5-1 ms of one
-core here whatever the batch (the rows' Python work in ``generate`` grows with the rows too):
-batches larger than :attr:`HsdTorchEngine.batch` were measured no faster. Each worker keeps the
-memory its C allocator frees (:func:`keep_freed_memory`): the forward passes' buffers of a few MiB
-each were otherwise mapped afresh and page-faulted at every pass.
+**Cost** (bench/conformance_power.py ``--cpu``, bench/RESULTS.md's conformance section): the kit's
+models are small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of
+SD at lookahead 3 feeds about 5 target and 3.5 drafter positions; on two workers a draw of ``plain``
+costs about 0.50 ms of CPU with SD and 0.22 ms in the null control (parent process included), of
+which the models' forward passes are about two thirds. Batches of 250, 1,000 and 2,000 rows were
+measured no cheaper a draw than :attr:`HsdTorchEngine.batch`. Each worker keeps the memory its C
+allocator frees (:func:`keep_freed_memory`: the forward passes' buffers of a few MiB each were
+otherwise mapped afresh and page-faulted at every pass) and freezes its startup objects out of the
+cyclic garbage collector (``gc.freeze``); neither changes a draw.
 """
 
 from __future__ import annotations
