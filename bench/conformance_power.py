@@ -11,7 +11,7 @@ the exact law, the draws (the samples file included), the audit, the acceptance 
         [--goal] [--mode sd --mode none] [--workers 2] [--case plain ...]
 
     python bench/conformance_power.py --cpu --n 20000 --case plain --mode sd --mode none [--workers 2]
-        [--repeat 3] [--json bench/conformance_cpu.json]
+        [--repeat 3] [--json FILE]
 
 ``--cpu`` times the draws alone (``HsdTorchEngine.sample`` without a file, no audit) and reports
 the CPU seconds a draw costs: the parent process's and the workers' (psutil), whatever else runs
@@ -191,7 +191,8 @@ def main() -> None:
         finally:
             eng.close()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    save({"benchmark": "conformance_cpu" if args.cpu else "conformance_power", "modes": modes, "goal": args.goal or args.goal_case,
+    save({"benchmark": "conformance_cpu" if args.cpu else "conformance_power", "modes": modes,
+          "goal": args.goal or args.goal_case,
           "measured_n": None if args.goal else args.n,
           "workers": args.workers, "alpha": ALPHA, "power": POWER, "budget_seconds": BUDGET_S,
           "engine_up_seconds": round(up, 2), "load_average_at_end": load,
