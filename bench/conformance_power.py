@@ -10,6 +10,15 @@ the exact law, the draws (the samples file included), the audit, the acceptance 
     python bench/conformance_power.py --json bench/conformance_power.json [--n 20000] [--goal-case plain]
         [--goal] [--mode sd --mode none] [--workers 2] [--case plain ...]
 
+    python bench/conformance_power.py --cpu --n 20000 --case plain --mode sd --mode none [--workers 2]
+        [--repeat 3] [--json FILE]
+
+``--cpu`` times the draws alone (``HsdTorchEngine.sample`` without a file, no audit) and reports
+the CPU seconds a draw costs: the parent process's and the workers' (psutil), whatever else runs
+on the machine beside them, which wall time is not; each mode ``--repeat`` times, on fresh seeds,
+after one warm-up batch per worker. On an idle machine of 2 cores with 2 workers the wall time of
+N draws is about N x that / 2 (an estimate).
+
 ``--goal`` runs every case at the N the goal needs (about 4 x 10^5 draws: minutes a case),
 ``--goal-case NAME`` that case only; the others run ``--n`` draws, and the time for the goal's N is
 scaled from them (the draws' time is linear in N beyond one batch of the engine; the audit's is
@@ -124,6 +133,26 @@ def run_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, tmp: Path) -> dict
     return row
 
 
+def cpu_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, repeat: int) -> dict[str, Any]:
+    """CPU milliseconds a draw of ``pc`` in ``mode`` costs (the parent process and the workers,
+    each of ``repeat`` runs of ``n`` draws on fresh seeds, after a warm-up of one batch a worker)."""
+    s = pc.for_engine(eng.order)
+    drafter, settings, _ = MODE_SPECS[mode]
+    case = Case(eng.kit, pc.prompts[0], s, mode, drafter, settings, pc.target)
+    eng.sample(case, list(range(10**9, 10**9 + eng.batch * eng.workers)))  # warm-up
+    runs = []
+    for r in range(repeat):
+        seeds = list(range((r + 1) * 10**8, (r + 1) * 10**8 + n))
+        p0, c0, w0 = time.process_time(), cpu_seconds(eng), time.perf_counter()
+        eng.sample(case, seeds)
+        p1, c1, w1 = time.process_time(), cpu_seconds(eng), time.perf_counter()
+        runs.append({"cpu_ms_per_draw": round(1000 * (c1 - c0) / n, 4),
+                     "parent_cpu_ms_per_draw": round(1000 * (p1 - p0) / n, 4), "wall_s": round(w1 - w0, 2)})
+    best = sorted(x["cpu_ms_per_draw"] for x in runs)
+    return {"case": pc.name, "mode": mode, "n": n, "workers": eng.workers, "batch": eng.batch, "runs": runs,
+            "median_cpu_ms_per_draw": best[len(best) // 2]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the record here")
@@ -133,6 +162,8 @@ def main() -> None:
     ap.add_argument("--mode", action="append", help="hsd_torch mode timed; repeat (default sd)")
     ap.add_argument("--case", action="append", help="a case of the matrix; repeat (default all)")
     ap.add_argument("--workers", type=int, default=2, help="hsd_torch's worker processes (default 2)")
+    ap.add_argument("--cpu", action="store_true", help="time the draws alone: CPU ms a draw, per case and mode")
+    ap.add_argument("--repeat", type=int, default=3, help="with --cpu: runs per mode (default 3)")
     args = ap.parse_args()
     modes = args.mode or ["sd"]
     rows = []
@@ -148,6 +179,11 @@ def main() -> None:
                 if args.case and pc.name not in args.case:
                     continue
                 for mode in modes:
+                    if args.cpu:
+                        row = cpu_case(eng, pc, mode, args.n, args.repeat)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+                        continue
                     at_goal = args.goal or pc.name in args.goal_case
                     row = run_case(eng, pc, mode, 0 if at_goal else args.n, Path(tmp))
                     print(json.dumps(row), flush=True)
@@ -155,7 +191,8 @@ def main() -> None:
         finally:
             eng.close()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    save({"benchmark": "conformance_power", "modes": modes, "goal": args.goal or args.goal_case,
+    save({"benchmark": "conformance_cpu" if args.cpu else "conformance_power", "modes": modes,
+          "goal": args.goal or args.goal_case,
           "measured_n": None if args.goal else args.n,
           "workers": args.workers, "alpha": ALPHA, "power": POWER, "budget_seconds": BUDGET_S,
           "engine_up_seconds": round(up, 2), "load_average_at_end": load,

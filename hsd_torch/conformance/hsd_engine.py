@@ -22,11 +22,15 @@ workers, so a draw with workers while a zoo patch is active is refused (``Runtim
 patched engine with ``workers=1`` (the default). The engine's class is rebuilt in
 each worker (``cls(kit)``), so a subclass must be importable by its module name.
 
-**Cost** (bench/conformance_power.py, docs/conformance.md "Power and cost"): the kit's models are
-small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of SD at
-lookahead 3 feeds about 5 target and 3.5 drafter positions, so a draw costs about 0.5-1 ms of one
-core here whatever the batch (the rows' Python work in ``generate`` grows with the rows too):
-batches larger than :attr:`HsdTorchEngine.batch` were measured no faster.
+**Cost** (bench/conformance_power.py ``--cpu``, bench/RESULTS.md's conformance section): the kit's
+models are small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of
+SD at lookahead 3 feeds about 5 target and 3.5 drafter positions; on two workers a draw of ``plain``
+costs about 0.50 ms of CPU with SD and 0.22 ms in the null control (parent process included), of
+which the models' forward passes are about two thirds. Batches of 250, 1,000 and 2,000 rows were
+measured no cheaper a draw than :attr:`HsdTorchEngine.batch`. Each worker keeps the memory its C
+allocator frees (:func:`keep_freed_memory`: the forward passes' buffers of a few MiB each were
+otherwise mapped afresh and page-faulted at every pass) and freezes its startup objects out of the
+cyclic garbage collector (``gc.freeze``); neither changes a draw.
 """
 
 from __future__ import annotations
@@ -170,14 +174,51 @@ _WORKER_ENGINES: dict[tuple[type, Path], HsdTorchEngine] = {}
 """A worker process's engines (one per class and kit: its models load once)."""
 
 
+MALLOC_KEEP = (32 << 20, 64 << 20)
+"""glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` in a worker (:func:`keep_freed_memory`)."""
+
+
+def keep_freed_memory() -> bool:
+    """Make this process's C allocator keep the memory it frees (glibc: blocks up to 32 MiB come
+    from the heap, not from ``mmap``, and the heap is not trimmed below 64 MiB of free space), so
+    that the forward passes' tensors of a few MiB each reuse pages instead of mapping fresh ones:
+    with glibc's defaults a batch of 500 rows took about 25 minor page faults a draw, 8-10 % of a
+    worker's CPU time in the kernel (bench/RESULTS.md, conformance section). Changes no value
+    computed; the process keeps its peak memory. True where it was applied (Linux with glibc),
+    False elsewhere (nothing changed). Called in each worker process at its start; a caller's own
+    process is left as it is."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl or another C library: no mallopt
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    return bool(mallopt(m_mmap_threshold, MALLOC_KEEP[0])) and bool(mallopt(m_trim_threshold, MALLOC_KEEP[1]))
+
+
 def _worker_init(cls: type[HsdTorchEngine], kit: Path) -> None:
-    """A worker's start: one torch thread, the kit's models loaded."""
+    """A worker's start: one torch thread, the C allocator keeping freed memory
+    (:func:`keep_freed_memory`), the kit's models loaded, then every object alive so far (the
+    modules torch and transformers import, the models, the tokenizers: about 4 x 10^5 objects)
+    moved out of the cyclic garbage collector's view (``gc.freeze``): they live as long as the
+    worker, and each full collection would otherwise walk them all again (about 15 % of a worker's
+    CPU at 500 rows a call, bench/RESULTS.md). Neither changes a value computed."""
+    import gc
+
     import torch
 
     torch.set_num_threads(1)
+    keep_freed_memory()
     eng = _WORKER_ENGINES[(cls, kit)] = cls(kit)
     for r in ROLES:
         eng._load(r)
+    gc.collect()
+    gc.freeze()
 
 
 def _worker_pid(_: int) -> int:

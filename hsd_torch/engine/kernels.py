@@ -130,10 +130,17 @@ class LazyLaw:
             for r, pr in enumerate(missing):
                 self._at[pr] = (n, r)
         where = [self._at[pr] for pr in pairs]
-        if all(w[0] == where[0][0] for w in where):
-            return self._blocks[where[0][0]].index_select(
+        first = where[0][0]
+        if all(w[0] == first for w in where):
+            return self._blocks[first].index_select(
                 0, torch.tensor([w[1] for w in where], dtype=torch.int64, device=self.device))
-        return torch.stack([self._blocks[a][r] for a, r in where])
+        out = self._blocks[first].new_empty((len(where), self._blocks[first].shape[-1]))
+        for a in sorted({w[0] for w in where}):  # one gather and one scatter a block, not one copy a row
+            at = [(i, r) for i, (b, r) in enumerate(where) if b == a]
+            out.index_copy_(0, torch.tensor([i for i, _ in at], dtype=torch.int64, device=self.device),
+                            self._blocks[a].index_select(
+                                0, torch.tensor([r for _, r in at], dtype=torch.int64, device=self.device)))
+        return out
 
     def __getitem__(self, at: tuple[int, int]) -> Tensor:
         return self.rows([at])[0]

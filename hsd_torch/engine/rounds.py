@@ -247,7 +247,9 @@ class Generation(_Services):
             self.t_ctx = [target_context(tt, p) for p in rendered.target]  # = t_first + the prompt's own ids
         self.prompt_ids = [list(c) for c in self.t_ctx]
         self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.engine.processors
-        self.stops = StopStrings(stop_strings, [tt.decode(c) for c in self.t_ctx])
+        # the prompts' texts seed the stop strings' tails: decoded only where there are stop strings
+        self.stops = StopStrings(stop_strings,
+                                 [tt.decode(c) for c in self.t_ctx] if stop_strings else [b""] * batch)
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):
@@ -346,7 +348,7 @@ class Generation(_Services):
             ended = next((j for j, t in enumerate(out) if t in ends), None)
             if ended is not None:  # an end id other than EOS (the kernels stop at EOS): the row ends there
                 out = out[:ended + 1]
-            stop = self.stops.first_stop(i, [self.tt.bytes_of[t] or b"" for t in out])
+            stop = self.stops.first_stop(i, [self.tt.bytes_of[t] or b"" for t in out]) if self.stops.stops else None
             if stop is not None:  # a stop string completed by out[stop]: the row ends there
                 out, ended = out[:stop + 1], stop
             if not self.greedy:
