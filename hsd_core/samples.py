@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .samples_format import FORMAT, MAX_DRAWS, ORDERS, PROCESSING_KEYS, Draw, Sampling, SamplesFile, \
+from .samples_format import FORMAT, MAX_DRAWS, ORDERS, PROCESSING_KEYS, Draw, LineChecker, Sampling, SamplesFile, \
     SamplesFormatError, _fail, parse_samples
 
 __all__ = ["FORMAT", "MAX_DRAWS", "MAX_LINE_BYTES", "ORDERS", "PROCESSING_KEYS", "Draw", "Sampling", "SamplesAppender",
@@ -108,7 +108,9 @@ class SamplesAppender:
     process), so the file on disk is a valid samples file after every draw, and a run that is
     interrupted (an error, Ctrl-C, SIGKILL) keeps every draw appended before it. The file is created
     at the first draw (an empty file is not a samples file). Lines are validated as they are
-    written (:func:`parse_samples` on the line alone), so what is written is what the reader takes."""
+    written (:class:`~hsd_core.samples_format.LineChecker`, the rules :func:`parse_samples` applies to
+    each line: the shared settings in full on the first, the same settings and the draw's own fields
+    on every later one), so what is written is what the reader takes."""
 
     def __init__(self, path: str | os.PathLike[str], *, engine: Mapping[str, Any],
                  sampling: Sampling | Mapping[str, Any], speculative: Mapping[str, Any] | None,
@@ -116,12 +118,13 @@ class SamplesAppender:
         self.path = os.fspath(path)
         self._shared: dict[str, Any] = dict(engine=engine, sampling=sampling, speculative=speculative, target=target)
         self._fd: int | None = None
+        self._check = LineChecker(self.path)
         self.written = 0
 
     def append(self, draw: Draw) -> None:
         """Append ``draw`` (one line, written and handed to the kernel before this returns)."""
         line = format_draw(draw, **self._shared)
-        parse_samples([line], self.path)
+        self._check.check(line, self.written + 1)
         data = (line + "\n").encode("utf-8")
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -49,7 +49,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT", "MAX_DRAWS", "ORDERS", "PROCESSING_KEYS", "Draw", "Sampling", "SamplesFile", "SamplesFormatError",
+__all__ = ["FORMAT", "MAX_DRAWS", "ORDERS", "PROCESSING_KEYS", "Draw", "LineChecker", "Sampling", "SamplesFile",
+           "SamplesFormatError",
            "parse_samples"]
 
 FORMAT = "hsd-samples/1"
@@ -374,21 +375,24 @@ def _draw(obj: Any, path: str, line: int) -> Draw:
                 extra={k: v for k, v in obj.items() if k not in _KNOWN}, line=line)
 
 
-def parse_samples(lines: Iterable[str], path: str = "<samples>") -> SamplesFile:
-    """Validate the lines of a samples file (module docstring) and return it as a
-    :class:`SamplesFile`; blank lines are skipped. Raises :class:`SamplesFormatError` (one line
-    naming ``path``, the line number and the key) at the first rule broken."""
-    draws: list[Draw] = []
-    first: dict[str, Any] | None = None
-    first_line = 0
-    sampling: Sampling | None = None
-    seen: dict[int, int] = {}
-    for no, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        if len(draws) >= MAX_DRAWS:
-            raise _fail(path, no, None, f"more than {MAX_DRAWS:,} draws: hsd reads at most MAX_DRAWS per file (split "
-                                        "the file; an audit needs far fewer)")
+class LineChecker:
+    """The rules of a samples file, line by line (what :func:`parse_samples` applies to each line):
+    :meth:`check` validates one line and returns its draw. The first line checked has its shared
+    settings (engine, speculative, sampling, target) validated; every later line must hold the same
+    ones (a dictionary comparison: "mixed settings" otherwise) and its own fields are validated. Seeds
+    repeated across lines are :func:`parse_samples`'s check, not this one's. What
+    :class:`hsd_core.samples.SamplesAppender` runs on each line it writes."""
+
+    def __init__(self, path: str = "<samples>") -> None:
+        self.path = path
+        self.first: dict[str, Any] | None = None
+        self.first_line = 0
+        self.sampling: Sampling | None = None
+
+    def check(self, raw: str, no: int) -> Draw:
+        """The draw of line ``raw`` (line number ``no``), validated; :class:`SamplesFormatError` at the
+        first rule it breaks."""
+        path = self.path
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -397,22 +401,41 @@ def parse_samples(lines: Iterable[str], path: str = "<samples>") -> SamplesFile:
         except RecursionError:
             raise _fail(path, no, None, "JSON nested too deeply: a draw is a flat object of lists of ids") from None
         d = _draw(obj, path, no)
-        if first is None:
+        if self.first is None:
             _engine(obj["engine"], path, no)
             _speculative(obj["speculative"], path, no)
-            sampling = _sampling(obj["sampling"], path, no)
-            first, first_line = {k: obj.get(k) for k in _SHARED}, no
+            self.sampling = _sampling(obj["sampling"], path, no)
+            self.first, self.first_line = {k: obj.get(k) for k in _SHARED}, no
         else:
             for k in _SHARED:
-                if obj.get(k) != first[k]:
+                if obj.get(k) != self.first[k]:
                     raise _fail(path, no, k, f"mixed settings: {json.dumps(obj.get(k))} here, "
-                                             f"{json.dumps(first[k])} on line {first_line}; write one file per setting")
+                                             f"{json.dumps(self.first[k])} on line {self.first_line}; write one file "
+                                             "per setting")
+        return d
+
+
+def parse_samples(lines: Iterable[str], path: str = "<samples>") -> SamplesFile:
+    """Validate the lines of a samples file (module docstring) and return it as a
+    :class:`SamplesFile`; blank lines are skipped. Raises :class:`SamplesFormatError` (one line
+    naming ``path``, the line number and the key) at the first rule broken."""
+    draws: list[Draw] = []
+    check = LineChecker(path)
+    seen: dict[int, int] = {}
+    for no, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        if len(draws) >= MAX_DRAWS:
+            raise _fail(path, no, None, f"more than {MAX_DRAWS:,} draws: hsd reads at most MAX_DRAWS per file (split "
+                                        "the file; an audit needs far fewer)")
+        d = check.check(raw, no)
         if d.seed is not None:
             if d.seed in seen:
                 raise _fail(path, no, "seed", f"{d.seed} repeats line {seen[d.seed]}: a repeated seed is not an "
                                               "independent draw; give every draw its own seed")
             seen[d.seed] = no
         draws.append(d)
+    first, sampling = check.first, check.sampling
     if first is None or sampling is None:
         raise _fail(path, 0, None, "holds no draws: one JSON object per line, one line per draw")
     return SamplesFile(path=path, engine=first["engine"], speculative=first["speculative"], sampling=sampling,

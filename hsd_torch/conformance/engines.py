@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from hsd_core.samples import (
     Draw, Sampling, SamplesAppender, SamplesFile, format_draw, parse_samples, read_samples, recover_samples,
 )
+from hsd_core.samples_format import LineChecker
 
 __all__ = ["Case", "Engine", "EngineRefused", "KitEngine", "resume"]
 
@@ -140,8 +141,9 @@ class KitEngine:
 
         The draws come back from memory (``line`` 0), not re-read from ``out``: every draw was
         validated as it arrived, from these same ``shared`` settings (as a line of ``out`` by
-        :class:`~hsd_core.samples.SamplesAppender`, or formatted and parsed alone without ``out``), so
-        a malformed draw is refused on either path; a resumed file is read back whole, so that settings it holds from another
+        :class:`~hsd_core.samples.SamplesAppender`, or by the same line rules,
+        :class:`~hsd_core.samples_format.LineChecker`, without ``out``), so a malformed draw is refused
+        on either path; a resumed file is read back whole, so that settings it holds from another
         run are refused (mixed settings) as :func:`~hsd_core.samples.read_samples` refuses them."""
         if len(set(seeds)) != len(seeds):
             raise ValueError("seeds repeat: a repeated seed is not an independent draw")
@@ -149,6 +151,7 @@ class KitEngine:
         self._report(len(done))
         made: list[Draw] = []
         app = SamplesAppender(out, **shared) if out is not None else None
+        check = LineChecker(label) if out is None else None
         step = max(1, chunk)
         chunks = [list(todo[k:k + step]) for k in range(0, len(todo), step)]
         try:
@@ -157,8 +160,8 @@ class KitEngine:
                 for d in got:
                     if app is not None:
                         app.append(d)
-                    else:  # validated as the appender validates a line: each draw alone
-                        parse_samples([format_draw(d, **shared)], label)
+                    elif check is not None:  # validated as the appender validates its lines
+                        check.check(format_draw(d, **shared), len(made) + 1)
                     made.append(d)
                 self._report(len(made) - k)
         finally:
