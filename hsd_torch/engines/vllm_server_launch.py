@@ -47,9 +47,9 @@ def _worker() -> Any:
 
 
 def install_patch() -> None:
-    """Install the expand fix in this process (``vllm_worker.install_cpu_expand``) and say so on
-    stderr."""
-    _worker().install_cpu_expand()
+    """Install hsd's patch in this process (``vllm_worker.install_cpu_patch``: the expand fix and the
+    placeholder rejection) and say so on stderr."""
+    _worker().install_cpu_patch()
     print(f"{INSTALLED} {os.getpid()}", file=sys.stderr, flush=True)
 
 

