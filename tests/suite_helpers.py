@@ -94,3 +94,25 @@ def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def assert_kit_law_is_exact(ids: Any, s: Any) -> None:
+    """The conformance kit's whole-draw law after ``ids`` under sampling ``s``
+    (``hsd_core.conformance.sequence_law``) equals hsd_core's exact engine's target law over the kit
+    as explicit models (``toy_models``), to 1e-12, with each draw's finish reason (tests/exact and
+    tests/torch/conformance check their prompts with it)."""
+    import pytest
+
+    from hsd_core import conformance as kc
+    from hsd_core.exact import target_law
+
+    target = kc.kit_model("target")
+    ref = kc.sequence_law(target, ids, s)
+    assert sum(p for p, _ in ref.values()) == pytest.approx(1.0, abs=1e-12)
+    toy, _, _, text = kc.toy_models(ids, s)
+    to_kit = {j: i for j, i in enumerate(kc.toy_ids(target))} | {len(toy.vocab) - 1: kc.EOS}
+    exact = {tuple(to_kit[j] for j in seq): float(p) for seq, p in target_law(toy, text, s.max_new_tokens).items()}
+    assert set(exact) == set(ref)
+    for seq, (p, why) in ref.items():
+        assert exact[seq] == pytest.approx(p, rel=1e-12, abs=1e-15)
+        assert why == ("stop" if seq[-1] == kc.EOS else "length")

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,6 +17,9 @@ from hsd_core import conformance as kc
 from hsd_core.exact import target_law
 from hsd_core.processing import AmbiguousLawError
 from hsd_core.samples import Sampling
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import suite_helpers  # noqa: E402
 
 T = kc.kit_model("target")
 D = kc.kit_model("drafter")
@@ -59,16 +65,7 @@ def test_dead_ids_have_exactly_zero_mass() -> None:
                                replace(PLAIN, min_tokens=2, logit_bias=((I["."], 1.0),), order="vllm"),
                                replace(PLAIN, repetition_penalty=1.3, presence_penalty=0.5, order="llama.cpp")])
 def test_sequence_law_equals_the_exact_engines_target_law(prompt: list[str], s: Sampling) -> None:
-    ids = [kc.BOS] + [I[t] for t in prompt]
-    ref = kc.sequence_law(T, ids, s)
-    assert sum(p for p, _ in ref.values()) == pytest.approx(1.0, abs=1e-12)
-    toy, _, _, text = kc.toy_models(ids, s)
-    to_kit = {j: i for j, i in enumerate(kc.toy_ids(T))} | {len(toy.vocab) - 1: kc.EOS}
-    exact = {tuple(to_kit[j] for j in seq): float(p) for seq, p in target_law(toy, text, s.max_new_tokens).items()}
-    assert set(exact) == set(ref)
-    for seq, (p, why) in ref.items():
-        assert exact[seq] == pytest.approx(p, rel=1e-12, abs=1e-15)
-        assert why == ("stop" if seq[-1] == kc.EOS else "length")
+    suite_helpers.assert_kit_law_is_exact([kc.BOS] + [I[t] for t in prompt], s)
 
 
 def test_length_and_position_laws_and_stop_strings() -> None:

@@ -17,6 +17,7 @@ repeated n-gram, so that a prompt-lookup drafter (vLLM's ``ngram``) proposes tok
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,12 +25,14 @@ import numpy as np
 import pytest
 
 from hsd_core import conformance as kc
-from hsd_core.exact import target_law
 from hsd_core.samples import Draw
 from hsd_torch.conformance.audit import audit_draws
 from hsd_torch.conformance.engines import Case
 from hsd_torch.conformance.hsd_engine import HsdTorchEngine
 from hsd_torch.conformance.matrix import CASES, MODE_SPECS, audit_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import suite_helpers  # noqa: E402
 
 T = kc.kit_model("target")
 I = T.id_of_text
@@ -51,16 +54,7 @@ def prompt_lookup(ids: tuple[int, ...], min_n: int = 1, max_n: int = 4, k: int =
 
 def test_the_law_is_the_exact_engines_target_law() -> None:
     (prompt,) = CASE.prompts
-    s = replace(CASE.sampling, order="vllm")
-    ref = kc.sequence_law(T, prompt, s)
-    assert sum(p for p, _ in ref.values()) == pytest.approx(1.0, abs=1e-12)
-    toy, _, _, text = kc.toy_models(prompt, s)
-    to_kit = {j: i for j, i in enumerate(kc.toy_ids(T))} | {len(toy.vocab) - 1: kc.EOS}
-    exact = {tuple(to_kit[j] for j in seq): float(p) for seq, p in target_law(toy, text, s.max_new_tokens).items()}
-    assert set(exact) == set(ref)
-    for seq, (p, why) in ref.items():
-        assert exact[seq] == pytest.approx(p, rel=1e-12, abs=1e-15)
-        assert why == ("stop" if seq[-1] == kc.EOS else "length")
+    suite_helpers.assert_kit_law_is_exact(prompt, replace(CASE.sampling, order="vllm"))
 
 
 def test_prompt_lookup_drafts_tokens_the_target_may_accept() -> None:
