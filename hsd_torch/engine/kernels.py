@@ -68,7 +68,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._draws import (Verified as Verified, _INF as _INF, _NAN as _NAN, _NP as _NP, _argmax_host as _argmax_host,
+from ._draws import (LazyLaw as LazyLaw, _residual_on_support as _residual_on_support, _rows_at as _rows_at,
+    Verified as Verified, _INF as _INF, _NAN as _NAN, _NP as _NP, _argmax_host as _argmax_host,
     _check_law_rows as _check_law_rows, _check_uniforms as _check_uniforms, _draw_host as _draw_host,
     _fail_if as _fail_if, _host_tensor as _host_tensor, _inverse_cdf as _inverse_cdf,
     _last_positive as _last_positive, _searchsorted_draw as _searchsorted_draw, compute_dtype as compute_dtype,
@@ -80,71 +81,6 @@ ZOO_SEAMS = ("_rejection_host",)
 """What a variant of the bug zoo (:mod:`hsd_torch.auditing.variants`, ``bench/zoo.py``) may replace here, through
 :func:`hsd_torch.auditing.variants.patch_seam`: the host-side rejection kernel (its inputs rewritten: a
 permuted q, a skipped ratio test, a wrong residual; or recorded). Nothing else here is a seam."""
-
-def _rows_at(x: Tensor, rows: list[int], pos: list[int]) -> Tensor:
-    """``x[rows[i], pos[i]]`` for ``x [B, P, V]``: ``[len(rows), V]``, a fresh buffer holding only those rows."""
-    p = x.shape[1]
-    idx = torch.tensor([r * p + j for r, j in zip(rows, pos)], dtype=torch.int64, device=x.device)
-    if x.is_contiguous():
-        return x.reshape(-1, x.shape[-1]).index_select(0, idx)
-    return x.flatten(0, 1).index_select(0, idx)
-
-
-class LazyLaw:
-    """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision
-    first reads it: ``process`` maps a block of source rows ``[R, W]`` (a model's logits at those
-    positions) to their laws ``[R, N]``, or, without ``process``, ``source [B, P, N]`` holds the
-    laws themselves. The verifiers read positions in order and stop at a row's first rejection or
-    mismatch, so a round processes only the positions it reads (with top-p, the softmax and sorted
-    head of a 262,144-id law cost about a millisecond a position). Each law row is a function of
-    its own source row alone (``process`` acts row by row: softmax, top-k, top-p), so the laws, and
-    every decision, are the bits that processing the whole ``[B, P]`` at once gives.
-
-    ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
-    :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``. ``sparse``: a hint
-    that the laws put their mass on few columns (top-k or top-p processing), so that a residual is
-    cheaper taken on a row's support than over all ``N`` columns (:func:`_final_tokens`); it changes
-    no decision, only where the arithmetic runs."""
-
-    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None, *,
-                 sparse: bool = False) -> None:
-        if source.dim() != 3:
-            raise ValueError(f"a law source must be [B, P, N], got {tuple(source.shape)}")
-        self.source, self.process, self.sparse = source, process, sparse
-        self.batch, self.positions = source.shape[0], source.shape[1]
-        self.device = source.device
-        self.dtype = source.dtype if process is None else (
-            torch.float64 if source.dtype == torch.float64 else torch.float32)
-        self._at: dict[tuple[int, int], tuple[int, int]] = {}  # (b, j) -> (block, row in it)
-        self._blocks: list[Tensor] = []
-
-    def rows(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
-        """The laws at ``pairs`` ((row, position) each): ``[len(pairs), N]``, a fresh buffer; the
-        positions not yet read are processed together, once."""
-        missing = list(dict.fromkeys(pr for pr in pairs if pr not in self._at))
-        if missing:
-            block = _rows_at(self.source, [b for b, _ in missing], [j for _, j in missing])
-            law = block if self.process is None else self.process(block)
-            n = len(self._blocks)
-            self._blocks.append(law)
-            for r, pr in enumerate(missing):
-                self._at[pr] = (n, r)
-        where = [self._at[pr] for pr in pairs]
-        first = where[0][0]
-        if all(w[0] == first for w in where):
-            return self._blocks[first].index_select(
-                0, torch.tensor([w[1] for w in where], dtype=torch.int64, device=self.device))
-        out = self._blocks[first].new_empty((len(where), self._blocks[first].shape[-1]))
-        for a in sorted({w[0] for w in where}):  # one gather and one scatter a block, not one copy a row
-            at = [(i, r) for i, (b, r) in enumerate(where) if b == a]
-            out.index_copy_(0, torch.tensor([i for i, _ in at], dtype=torch.int64, device=self.device),
-                            self._blocks[a].index_select(
-                                0, torch.tensor([r for _, r in at], dtype=torch.int64, device=self.device)))
-        return out
-
-    def __getitem__(self, at: tuple[int, int]) -> Tensor:
-        return self.rows([at])[0]
-
 
 def _check_ragged(name: str, n: Tensor, batch: int, k: int, check: bool) -> None:
     if n.dim() != 1 or n.shape[0] != batch:
@@ -356,36 +292,6 @@ def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int
     final, totals = _final_tokens(law, q, n_acc, n_drafts, has_final, u_final, cdt, q_scale)
     bad = next(((b, n_acc[b]) for b in range(batch) if has_final[b] and not 0 < totals[b] < _INF), None)
     return [drafts[b][:n_acc[b]] + ([final[b]] if has_final[b] else []) for b in range(batch)], n_acc, bad
-
-
-def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float
-                         ) -> tuple[list[int], list[float]] | None:
-    """The correction drawn with ``u`` from ``norm(max(p - q / scale, 0))`` for one row (``law [N]`` in
-    ``cdt``, ``q_row [N]``), computed on the support of ``p`` only: ``([id], [total])`` as
-    :func:`_draw_host` gives it on the whole row, bit for bit, or None where that support is not
-    small (a quarter of the columns or more) or the residual has no mass (the caller's dense path
-    then decides, as before).
-
-    The same bits because the residual is +0 off the support (``max(0 - q, 0)`` with ``q >= 0``) and
-    the CPU's cumulative sum (the mass, then the draw's) adds left to right in a wider accumulator
-    rounded at each step, to which a +0 adds nothing: the support's partial sums, in column order,
-    are the whole row's at those columns, and the first partial sum above ``u * total`` is at the
-    same column. Off the CPU (another order of addition) it declines."""
-    if law.device.type != "cpu":
-        return None
-    cols = law.nonzero().squeeze(-1)
-    if 4 * cols.numel() >= law.shape[-1] or cols.numel() == 0:
-        return None
-    qs = q_row.index_select(0, cols)
-    qs = qs if qs.dtype == cdt else qs.to(cdt)
-    if scale is not None:
-        qs = qs / scale
-    diff = torch.sub(law.index_select(0, cols), qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
-    mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
-    if not 0 < float(mass) < _INF:
-        return None
-    (i,), tot = _draw_host(diff.div_(mass), [u])
-    return [int(cols[i])], tot
 
 
 def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list[int], has_final: list[bool],

@@ -247,9 +247,7 @@ class Generation(_Services):
             self.t_ctx = [target_context(tt, p) for p in rendered.target]  # = t_first + the prompt's own ids
         self.prompt_ids = [list(c) for c in self.t_ctx]
         self.processors, self.min_new_tokens = list(processors), min_new_tokens  # hsd_torch.engine.processors
-        # the prompts' texts seed the stop strings' tails: decoded only where there are stop strings
-        self.stops = StopStrings(stop_strings,
-                                 [tt.decode(c) for c in self.t_ctx] if stop_strings else [b""] * batch)
+        self.stops = StopStrings(stop_strings, [tt.decode(c) for c in self.t_ctx] if stop_strings else [b""] * batch)
         max_pos_t = max_positions(target.config)
         if max_pos_t is not None:
             for i, ctx_i in enumerate(self.t_ctx):
