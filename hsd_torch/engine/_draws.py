@@ -2,8 +2,8 @@
 kernels: inverse-CDF sampling (:func:`sample`, and the host-side :func:`_draw_host` and
 :func:`_argmax_host` that ``generate`` calls; a rejection's correction on the support of a sparse law,
 :func:`_residual_on_support`), the law and uniform checks, the compute dtype, the lazily processed
-target law :class:`LazyLaw`, and the :class:`Verified` result type. Every name here is re-exported from :mod:`hsd_torch.engine.kernels`,
-which documents the contract (same decisions as ``hsd_core`` on the same uniforms); callers go
+target law :class:`LazyLaw`, and the :class:`Verified` result type. Every name here is re-exported
+from :mod:`hsd_torch.engine.kernels`, which documents the contract (same decisions as ``hsd_core`` on the same uniforms); callers go
 through that module, so a name patched there is what they call.
 """
 

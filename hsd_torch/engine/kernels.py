@@ -62,8 +62,6 @@ Numerics (every rule below is tested in ``tests/torch/engine/test_kernels.py``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import numpy as np
 import torch
 from torch import Tensor

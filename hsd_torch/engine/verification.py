@@ -68,7 +68,7 @@ def target_pass(gen: EngineState, active: list[bool], budget: list[int], drafts:
     def law(block: Tensor) -> Tensor:
         return space_law(block, t_space, gen.t_drop, *process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
-    sparse = process[1] is not None or (process[2] is not None and process[2] < 1.0)  # top-k or top-p: few columns
+    sparse = gen.process.reads_every_logit  # top-k or top-p: the laws keep few columns
     return TargetPass(kernels.LazyLaw(logits, law, sparse=sparse), cand, kmax, [max(b, 1) for b in budget])
 
 
