@@ -2,7 +2,8 @@
 
 Both are *non-injective* on purpose: ``decode(encode(text)) == text`` always holds, but
 ``encode(decode(ids)) == ids`` only for canonical id sequences (``[a, b]`` decodes to ``"ab"``,
-which encodes back to ``[ab]``). Where several ids share a string, ``encode`` uses the lowest one.
+which encodes back to ``[ab]``). Where several ids share a string, ``encode`` uses the one the vocabulary writes it as
+(``Vocabulary.id_of``: the lowest unless it names another).
 EOS decodes to the empty string and is never produced by ``encode``.
 """
 
@@ -87,9 +88,8 @@ class LongestMatchTokenizer(_Base):
         i, n, L = 0, len(text), self._vocab.max_token_len
         while i < n:
             for j in range(min(n, i + L), i, -1):
-                ids = self._vocab.ids_of(text[i:j])
-                if ids:
-                    out.append(ids[0])
+                if text[i:j] in self._vocab:
+                    out.append(self._vocab.id_of(text[i:j]))
                     i = j
                     break
         return out

@@ -2,13 +2,15 @@
 
 A :class:`Vocabulary` holds ``n`` token strings (ids ``0 .. n-1``) and an EOS token with id ``n``,
 so ``len(vocab) == n + 1`` and every law over the vocabulary has ``n + 1`` entries. Several ids may
-share one string (real tokenizers have such duplicates); every character that occurs in any token
-must itself be a single-character token, so that any text over the alphabet can be expressed.
+share one string (real tokenizers have such duplicates: a SentencePiece piece ``b`` and its byte
+fallback ``<0x62>``); the id a tokenizer *writes* such a string as is :meth:`Vocabulary.id_of` (the lowest
+unless the vocabulary says otherwise, ``written=``). Every character that occurs in any token must itself
+be a single-character token, so that any text over the alphabet can be expressed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -25,11 +27,14 @@ class Vocabulary:
 
     ``Vocabulary(["a", "b", "ab"], eos="<eos>")`` has ids 0, 1, 2 for the strings and
     ``eos_id == 3``. ``tokens`` must be a sequence (a list or a tuple; a set, whose order depends
-    on the hash seed, raises ``TypeError``). Raises ``ValueError`` for an empty token list, an empty token string, a
-    character that is not itself a token, or an EOS name that is also a token string.
+    on the hash seed, raises ``TypeError``). ``written``: for strings that several ids share, the id the
+    tokenizer writes the string as when not the lowest (a real SentencePiece tokenizer writes ``b`` as its
+    piece, above the byte fallback ``<0x62>``); it must hold that string (``ValueError``). Raises
+    ``ValueError`` for an empty token list, an empty token string, a character that is not itself a token,
+    or an EOS name that is also a token string.
     """
 
-    def __init__(self, tokens: Sequence[str], eos: str = "<eos>") -> None:
+    def __init__(self, tokens: Sequence[str], eos: str = "<eos>", written: Mapping[str, int] | None = None) -> None:
         if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
             raise TypeError(
                 f"Vocabulary takes a sequence of token strings (a list or a tuple: the order gives the "
@@ -66,6 +71,12 @@ class Vocabulary:
             ids.setdefault(t, []).append(i)
         self._ids: dict[str, tuple[int, ...]] = {s: tuple(v) for s, v in ids.items()}
         self.max_token_len: int = max(len(t) for t in toks)
+        self._written: dict[str, int] = {}
+        for s, i in sorted((written or {}).items(), key=lambda kv: kv[1]):
+            if check_id(i) not in self._ids.get(s, ()):
+                raise ValueError(f"written id {i} of {s!r} is not an id with that string")
+            if i != self._ids[s][0]:
+                self._written[s] = int(i)
 
     def __len__(self) -> int:
         """Number of ids, EOS included."""
@@ -82,13 +93,15 @@ class Vocabulary:
             isinstance(other, Vocabulary)
             and self._tokens == other._tokens
             and self.eos == other.eos
+            and self._written == other._written
         )
 
     def __hash__(self) -> int:
-        return hash((self._tokens, self.eos))
+        return hash((self._tokens, self.eos, tuple(self._written.items())))
 
     def __repr__(self) -> str:
-        return f"Vocabulary({list(self._tokens)!r}, eos={self.eos!r})"
+        written = f", written={self._written!r}" if self._written else ""
+        return f"Vocabulary({list(self._tokens)!r}, eos={self.eos!r}{written})"
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -110,8 +123,9 @@ class Vocabulary:
         return self._ids.get(s, ())
 
     def id_of(self, s: str) -> int:
-        """The canonical (lowest) id of string ``s``. Raises ``KeyError`` if ``s`` is not a token."""
+        """The id the tokenizer writes string ``s`` as: its ``written`` id, else the lowest. Raises
+        ``KeyError`` if ``s`` is not a token."""
         ids = self._ids.get(s)
         if not ids:
             raise KeyError(f"{s!r} is not a token of this vocabulary")
-        return ids[0]
+        return self._written.get(s, ids[0])

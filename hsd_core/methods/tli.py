@@ -11,8 +11,10 @@ Glossary
 
 Steps of one round
     1. Drafter context = the drafter's encoding of the prompt, then each emitted target id mapped
-       back: a token of the intersection becomes the drafter id with its string (the lowest such
-       id), any other token is re-tokenized by the drafter tokenizer (the re-sync).
+       back: a token of the intersection becomes the drafter id the drafter's tokenizer writes its
+       string as (``Vocabulary.id_of``: the lowest such id unless the vocabulary names another, as a
+       SentencePiece vocabulary names its piece ``b`` over the byte fallback ``<0x62>``), any other
+       token is re-tokenized by the drafter tokenizer (the re-sync).
     2. Draft up to ``k`` drafter ids from q_cap; stop early after EOS, or when the drafter's mass
        on the intersection is zero. If the intersection is empty or has no mass at the first
        draft, no draft is made and the round is plain target decoding (one token from ``p``).
@@ -39,9 +41,11 @@ from ..vocab import Vocabulary
 class Intersection:
     """The string intersection of a drafter vocabulary ``D`` and a target vocabulary ``T``.
 
-    ``to_target[d]`` is the target id (lowest with that string) of drafter id ``d``, or ``None``
-    when ``d``'s string is not a target token; the drafter's EOS maps to the target's EOS.
-    ``to_drafter[t]`` is the lowest drafter id with target id ``t``'s string, or ``None``.
+    ``to_target[d]`` is the target id the target's tokenizer writes drafter id ``d``'s string as
+    (``Vocabulary.id_of``: the lowest id with it unless the vocabulary names another), or ``None`` when
+    ``d``'s string is not a target token; the drafter's EOS maps to the target's EOS.
+    ``to_drafter[t]`` is likewise the drafter id the drafter's tokenizer writes target id ``t``'s
+    string as, or ``None``.
     """
 
     to_target: tuple[int | None, ...]
@@ -49,9 +53,9 @@ class Intersection:
 
     @staticmethod
     def of(target: Vocabulary, drafter: Vocabulary) -> Intersection:
-        to_t: list[int | None] = [target.ids_of(s)[0] if s in target else None for s in drafter.tokens]
+        to_t: list[int | None] = [target.id_of(s) if s in target else None for s in drafter.tokens]
         to_t.append(target.eos_id)
-        to_d: list[int | None] = [drafter.ids_of(s)[0] if s in drafter else None for s in target.tokens]
+        to_d: list[int | None] = [drafter.id_of(s) if s in drafter else None for s in target.tokens]
         to_d.append(drafter.eos_id)
         return Intersection(tuple(to_t), tuple(to_d))
 

@@ -37,7 +37,7 @@ Steps of one round (SD-tree, TLI-tree)
        ids; TLI: :func:`~hsd_core.methods.tli.drafter_context`).
     2. Draft a tree of depth at most the budget (:func:`draft_tree`). The law at a node is the drafter's
        law after the node's path (SD), or q_cap pushed to target ids (TLI; the node's path is mapped
-       back to the lowest drafter id with each token's string); EOS nodes get no children, a node whose
+       back to the drafter id each token's string is written as, ``Vocabulary.id_of``); EOS nodes get no children, a node whose
        law has no mass gets none either.
     3. Verify: RRS (sampling, ``verification="rrs"``) or exact match (greedy, or ``"match"``).
 Steps of one round (SLEM-tree)
@@ -220,8 +220,8 @@ class SDTree(TokenTreeMethod):
 class TLITree(TokenTreeMethod, HeterogeneousMethod):
     """TLI over a token tree: every node's children are drawn from q_cap pushed to target ids.
 
-    The node's drafter context is TLI's context followed by, for each token of its path, the lowest
-    drafter id with that token's string (the drafter's context is free: ``proofs/sd.md``). Defaults:
+    The node's drafter context is TLI's context followed by, for each token of its path, the drafter id
+    that token's string is written as (``Vocabulary.id_of``) (the drafter's context is free: ``proofs/sd.md``). Defaults:
     ``shape=Static((2, 1, 1))``, ``greedy=False``, ``draws="distinct"``, ``verification="rrs"``.
     """
 

@@ -37,7 +37,8 @@ class TargetPass:
     float64 for a float64 model) at each row's proposals and one column past them, processed from
     its logits where the kernels read them (:class:`hsd_torch.engine.kernels.LazyLaw`: a round processes
     the positions up to each row's first rejection or mismatch, not all ``kmax + 1``), the
-    proposals as target columns padded to ``kmax`` (``cand``), and each row's budget (at least 1)."""
+    proposals as target columns padded to ``kmax`` (``cand``), and each row's budget (at least 1 for an
+    active row; 0 for an inactive one, which reads no law and gets no token)."""
 
     p: kernels.LazyLaw
     cand: list[list[int]]
@@ -69,7 +70,9 @@ def target_pass(gen: EngineState, active: list[bool], budget: list[int], drafts:
         return space_law(block, t_space, gen.t_drop, *process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
     sparse = gen.process.reads_every_logit  # top-k or top-p: the laws keep few columns
-    return TargetPass(kernels.LazyLaw(logits, law, sparse=sparse), cand, kmax, [max(b, 1) for b in budget])
+    # an inactive row's budget is 0: it stops before any position, so no law of it is processed
+    return TargetPass(kernels.LazyLaw(logits, law, sparse=sparse), cand, kmax,
+                      [max(b, 1) if a else 0 for a, b in zip(active, budget)])
 
 
 def _check(bad: tuple[int, int] | None, gen: EngineState) -> None:

@@ -21,7 +21,9 @@ character a single-character token, EOS out of band with the last id):
 - **Ids.** Core ids are the tokenizer's ids that have text, in increasing order, then EOS; ids
   without text (special tokens, a padded embedding's extra ids) have no core id, and the backend
   gives them probability 0 (:func:`hsd_torch.engine.entry.process_logits`). The order is kept, so
-  "lowest id with a string" and argmax ties mean the same on both sides.
+  argmax ties mean the same on both sides, and the vocabulary names, for a string several ids share,
+  the id the tokenizer writes it as (:meth:`~hsd_torch.vocab.TokenBytes.written_ids`, the bridge's rule:
+  ``Vocabulary(..., written=...)``).
 - **Encoding.** ``encode``/``decode`` are :class:`TokenText`'s (the rule both sides share; for
   SentencePiece tokenizers ``decode(encode(x))`` gains the ``▁`` space the tokenizer prepends,
   which costs acceptance, never correctness). The tokenizer's special prefix (a BOS) is put
@@ -47,6 +49,7 @@ from hsd_core.vocab import Vocabulary
 from ..engine.laws import TextSpace, process_logits, space_law
 from ..engine.rounds import end_ids
 from ..engine.runner import logit_width, max_positions, model_device, window_view
+from ..vocab.byte_strings import token_bytes
 from ..vocab.text import TokenText
 
 __all__ = ["CoreModel", "CoreTokenizer", "target_greedy", "target_two_token_law"]
@@ -67,7 +70,10 @@ class CoreTokenizer:
         if missing:
             raise ValueError(f"bytes {[hex(ord(c)) for c in missing]} occur in tokens but are not single-byte "
                              "tokens: the tokenizer has no byte-level alphabet or byte fallback")
-        self._vocab = Vocabulary(strings, eos)
+        written = {b.decode("latin-1"): self.core_id[i]
+                   for b, i in token_bytes(text.tokenizer, text.vocab_size).written_ids((text.eos_id,)).items()
+                   if i in self.core_id}
+        self._vocab = Vocabulary(strings, eos, written=written)
 
     @property
     def vocab(self) -> Vocabulary:

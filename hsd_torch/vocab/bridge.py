@@ -44,13 +44,6 @@ def _check(cond: bool, msg: str) -> None:
         raise AssertionError(f"VocabBridge invariant violated: {msg}")
 
 
-def _lowest_ids(bs: Sequence[bytes | None]) -> dict[bytes, int]:
-    """byte string -> lowest id with it (later ids overwritten by earlier ones)."""
-    first: dict[bytes | None, int] = dict(zip(reversed(bs), range(len(bs) - 1, -1, -1)))
-    first.pop(None, None)
-    return first  # type: ignore[return-value]
-
-
 def _resolve_eos(tokenizer: Any, given: int | None, size: int, who: str) -> int:
     eos = given if given is not None else getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -144,8 +137,8 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     dbl = list(db.by_id)
     tbl[te] = None  # EOS is out of band whatever its text
     dbl[de] = None
-    first_t = _lowest_ids(tbl)
-    first_d = _lowest_ids(dbl)
+    first_t = tb.written_ids((te,))
+    first_d = db.written_ids((de,))
     to_t: npt.NDArray[np.int64] = np.fromiter(map(first_t.get, dbl, repeat(-1)), dtype=np.int64, count=vd)  # type: ignore[arg-type]
     to_d: npt.NDArray[np.int64] = np.fromiter(map(first_d.get, tbl, repeat(-1)), dtype=np.int64, count=vt)  # type: ignore[arg-type]
     to_t[de] = te
@@ -155,8 +148,8 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     shared = len(first_t.keys() & first_d.keys())
 
     # Invariants (checked, not assumed): EOS <-> EOS only; every mapped pair has equal bytes, in
-    # both maps; the maps are mutually consistent (a round trip never lands on a higher id, so
-    # both pick the lowest id of a string); they cover exactly the shared strings.
+    # both maps; the maps are mutually consistent (each lands on a written id, and a round trip from a
+    # written id is that id); they cover exactly the shared strings.
     _check(to_t[de] == te and to_d[te] == de, "EOS must map to EOS")
     pair_bytes = [dbl[d] for d in d_ids.tolist()]
     _check(pair_bytes == [tbl[t] if t != te else None for t in t_ids.tolist()],
@@ -165,9 +158,14 @@ def _build_core(target: Any, drafter: Any, t_size: int | None, d_size: int | Non
     mapped_t = np.flatnonzero(to_d >= 0)
     _check([tbl[t] for t in mapped_t.tolist()] == [dbl[d] if d != de else None for d in to_d[mapped_t].tolist()],
            "a target id and its drafter id differ in bytes")
-    _check(bool((to_t[to_d[mapped_t]] <= mapped_t).all()),
-           "target -> drafter -> target gives a higher target id")
-    _check(bool((to_d[t_ids] <= d_ids).all()), "a drafter id maps back to a higher drafter id")
+    written_t = np.fromiter(first_t.values(), dtype=np.int64, count=len(first_t))
+    written_d = np.fromiter(first_d.values(), dtype=np.int64, count=len(first_d))
+    _check(bool(np.isin(to_d[mapped_t], np.r_[written_d, de]).all())
+           and bool(np.isin(t_ids, np.r_[written_t, te]).all()), "a map lands on an id its tokenizer does not write")
+    back_t = mapped_t[np.isin(mapped_t, np.r_[written_t, te])]
+    back_d = d_ids[np.isin(d_ids, np.r_[written_d, de])]
+    _check(bool((to_t[to_d[back_t]] == back_t).all()), "target -> drafter -> target moves a written target id")
+    _check(bool((to_d[to_t[back_d]] == back_d).all()), "drafter -> target -> drafter moves a written drafter id")
     _check(len(mapped_t) == sum(map(first_d.__contains__, filter(None, tbl))) + 1,
            "target-to-drafter map misses or invents shared strings")
     _check(len(d_ids) == sum(map(first_t.__contains__, filter(None, dbl))) + 1,
@@ -201,9 +199,13 @@ class VocabBridge:
       ``Vt = target_vocab_size`` (default: the tokenizer's largest id + 1) and likewise ``Vd``;
     - ``target_eos_id``, ``drafter_eos_id``: the EOS ids (default the tokenizers'
       ``eos_token_id``); EOS maps to EOS and has no byte string;
-    - ``to_target [Vd]``: the lowest target id with drafter id ``d``'s byte string, ``-1`` if none;
-    - ``to_drafter [Vt]``: the lowest drafter id with target id ``t``'s byte string, ``-1`` if
-      none (the map that re-syncs the drafter's context from emitted target ids);
+    - ``to_target [Vd]``: the target id with drafter id ``d``'s byte string that the target's
+      tokenizer writes that string as (:meth:`TokenBytes.written_ids`: a piece before a byte fallback
+      ``<0xNN>``, else the lowest id), ``-1`` if none;
+    - ``to_drafter [Vt]``: likewise the drafter id the drafter's tokenizer writes target id ``t``'s
+      byte string as, ``-1`` if none (the map that re-syncs the drafter's context from emitted target
+      ids: a drafter fed ``<0x62>`` where its tokenizer writes ``b`` would see a context it was never
+      trained on);
     - ``drafter_ids [M]``, ``target_ids [M]``: the mapped pairs, drafter ids ascending (EOS
       included), ``target_ids == to_target[drafter_ids]``;
     - ``shared``: the number of distinct byte strings in both vocabularies (EOS not counted);

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple, overload
@@ -91,13 +91,38 @@ class TokenBytes(Sequence[bytes | None]):
     ``by_id[i]`` is id ``i``'s bytes. ``kind`` names the decoding scheme found (``"byte_level"``, ``"sentencepiece"``,
     ``"wordpiece"``, ``"bpe_suffix"`` or ``"plain"``); ``special`` maps every out-of-band id that
     the tokenizer knows to its content (``<s>``, ``<|endoftext|>``, ...); ``leading_strip`` is what
-    decoding removes at the very start of a sequence (``b" "`` for SentencePiece, else ``b""``).
+    decoding removes at the very start of a sequence (``b" "`` for SentencePiece, else ``b""``);
+    ``added_text`` holds the ids of non-special added tokens that are text (they are matched before
+    the model, so the tokenizer writes their string as them), ``byte_fallback`` the ids of byte-fallback
+    tokens ``<0xNN>`` (the model writes a byte as one only where no piece holds it).
     """
 
     by_id: tuple[bytes | None, ...]
     kind: str
     special: Mapping[int, str] = field(default_factory=dict)
     leading_strip: bytes = b""
+    added_text: frozenset[int] = frozenset()
+    byte_fallback: frozenset[int] = frozenset()
+
+    def written_ids(self, out_of_band: Collection[int] = ()) -> dict[bytes, int]:
+        """Byte string -> the id this tokenizer writes it as, for every byte string some id has (ids in
+        ``out_of_band`` left out): an added text token before a model piece before a byte fallback
+        ``<0xNN>``, the lowest id among equals. So a SentencePiece vocabulary's ``b`` is its piece, not
+        ``<0x62>``, which sits lower; where a string has one id (almost every one) that id."""
+        skip = set(out_of_band)
+        ranked = skip | self.added_text | self.byte_fallback
+        bs = self.by_id
+        out: dict[bytes, int] = _lowest_ids([None if i in ranked else b for i, b in enumerate(bs)]) \
+            if ranked else _lowest_ids(bs)
+        for i in sorted(self.byte_fallback - skip):
+            b = bs[i]
+            if b is not None:
+                out.setdefault(b, i)
+        for i in sorted(self.added_text - skip, reverse=True):
+            b = bs[i]
+            if b is not None:
+                out[b] = i
+        return out
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -334,7 +359,16 @@ def _compute_token_bytes(tokenizer: Any, vocab_size: int | None) -> TokenBytes:
     for i, b in added_text.items():
         if i not in special:  # the wrapper's special ids and the unknown token stay out of band
             out[i] = b
-    return TokenBytes(tuple(out), kind, dict(sorted(special.items())), leading)
+    fallback = frozenset(i for i in ids if "ByteFallback" in types and _BYTE_TOKEN.fullmatch(strings[i] or ""))
+    text_ids = frozenset(i for i in added_text if i not in special)
+    return TokenBytes(tuple(out), kind, dict(sorted(special.items())), leading, text_ids, fallback)
+
+
+def _lowest_ids(bs: Sequence[bytes | None]) -> dict[bytes, int]:
+    """byte string -> lowest id with it (later ids overwritten by earlier ones)."""
+    first: dict[bytes | None, int] = dict(zip(reversed(bs), range(len(bs) - 1, -1, -1)))
+    first.pop(None, None)
+    return first  # type: ignore[return-value]
 
 
 _BYTES_CACHE: OrderedDict[tuple[int, int | None], tuple[Any, Any, TokenBytes]] = OrderedDict()

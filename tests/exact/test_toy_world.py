@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hsd_core as hc
+from hsd_core.methods.tli import Intersection
 from hsd_core.strategies import bpe_tokenizers, tokenizers, vocabularies
 
 T = hc.Vocabulary(["a", "b", "c", "ab", "bc", "abc"], eos="<eos>")
@@ -51,6 +52,27 @@ def test_vocabulary_duplicates_and_lookup() -> None:
     assert v.string(v.eos_id) == ""
     with pytest.raises(KeyError):
         v.id_of("ba")
+
+
+def test_vocabulary_written_ids() -> None:
+    """A string several ids share is written as the vocabulary's ``written`` id (as a SentencePiece tokenizer
+    writes its piece ``b``, not the lower byte fallback ``<0x62>``): ``id_of``, the tokenizers and TLI's
+    intersection (its re-sync) all follow it, and TLI stays lossless."""
+    v = hc.Vocabulary(["a", "b", "ab", "a"], written={"a": 3})
+    assert v.id_of("a") == 3 and v.ids_of("a") == (0, 3) and v.id_of("b") == 1
+    assert hc.LongestMatchTokenizer(v).encode("aba") == [2, 3]
+    assert v != hc.Vocabulary(["a", "b", "ab", "a"])
+    same = hc.Vocabulary(["a", "b", "ab", "a"], written={"a": 3, "b": 1})  # naming the lowest id is the default
+    assert v == same and hash(v) == hash(same) and "written={'a': 3}" in repr(v)
+    inter = Intersection.of(hc.Vocabulary(["a", "b"]), v)
+    assert inter.to_drafter == (3, 1, 4) and inter.to_target == (0, 1, None, 0, 2)
+    with pytest.raises(ValueError, match="not an id with that string"):
+        hc.Vocabulary(["a", "b"], written={"a": 1})
+    target_v = hc.Vocabulary(["a", "b", "ab"])
+    target = hc.toy.random_model(target_v, hc.LongestMatchTokenizer(target_v), seed=3)
+    drafter = hc.toy.random_model(v, hc.LongestMatchTokenizer(v), seed=4)
+    law = hc.exact.output_law(hc.methods.TLI(lookahead=2), target, drafter, prompt="a", max_new_tokens=3)
+    assert law == hc.exact.target_law(target, prompt="a", max_new_tokens=3)
 
 
 def test_unknown_characters_raise() -> None:

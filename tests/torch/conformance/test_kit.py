@@ -215,6 +215,29 @@ def test_the_samples_audit_refuses_processing_it_does_not_apply() -> None:
             check_applicable(f)
 
 
+def test_tli_resyncs_to_the_ids_the_kits_explicit_models_hold(kit: Path) -> None:
+    """hsd_torch's bridge maps each target id to the drafter id the drafter's tokenizer writes its text as,
+    which is the one id per text the kit's explicit models (``toy_ids``) hold: ``b`` is the piece 262, not the
+    lower byte fallback ``<0x62>`` (102) that the lowest-id rule once picked, so hsd_torch's TLI fed the
+    drafter a context the exact expected acceptance does not describe (``docs/conformance.md``)."""
+    from transformers import AutoTokenizer
+
+    from hsd_torch.vocab import VocabBridge
+
+    T, D = kc.kit_model("target"), kc.kit_model("drafter_sp")
+    br = VocabBridge(AutoTokenizer.from_pretrained(kit / "target"), AutoTokenizer.from_pretrained(kit / "drafter_sp"),
+                     target_eos_id=kc.EOS, drafter_eos_id=kc.EOS)
+    held = set(kc.toy_ids(D))
+    shared = 0
+    for t in kc.toy_ids(T):
+        text = T.texts[t]
+        want = [d for d in held if D.texts[d] == text]
+        assert br.to_drafter[t].item() == (want[0] if want else -1), text
+        shared += bool(want)
+    assert shared > 20 and D.tokens.index("<0x62>") < D.id_of_text["b"] == br.to_drafter[T.id_of_text["b"]].item()
+    assert br.to_target[D.tokens.index("<0x62>")].item() == br.to_target[D.id_of_text["b"]].item() == T.id_of_text["b"]
+
+
 @pytest.mark.parametrize("t, k, p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.5, 12, 0.6)])
 def test_hsd_torch_processing_is_hsd_core_vllm_order(t: float, k: int | None, p: float | None) -> None:
     """The backend's processed law (temperature, top-k, top-p) is the reference's vLLM-order law, float64."""

@@ -33,7 +33,7 @@ from hsd_core.vocab import Vocabulary  # noqa: E402
 from hsd_torch.models import real_tokenizers as rt  # noqa: E402
 from hsd_torch.models import tiny  # noqa: E402
 from hsd_torch.vocab import (  # noqa: E402
-    UnsupportedTokenizer, VocabBridge, byte_level_alphabet, clear_cache, token_bytes, tokenizer_fingerprint)
+    TokenBytes, UnsupportedTokenizer, VocabBridge, byte_level_alphabet, clear_cache, token_bytes, tokenizer_fingerprint)
 
 REQUIRE_REAL = os.environ.get("HSD_REQUIRE_REAL_TOKENIZERS") == "1"
 
@@ -308,14 +308,37 @@ def test_push_adds_duplicates() -> None:
     assert br2.push(torch.tensor([[0.5, 0.0, 0.5, 0.0]])).tolist() == [[1.0, 0.0, 0.0, 0.0]]
 
 
+def test_written_ids_rank_added_text_then_pieces_then_byte_fallbacks() -> None:
+    """A string held by several ids maps to the one its tokenizer writes: a non-special added text token
+    (matched before the model), else a model piece, else a byte fallback ``<0xNN>``; the lowest among equals."""
+    tb = TokenBytes((b"a", b"a", b"a", b"b", b"c", b"c", None, b"a"), "sentencepiece",
+                    added_text=frozenset({7}), byte_fallback=frozenset({0, 3, 4}))
+    assert tb.written_ids() == {b"a": 7, b"b": 3, b"c": 5}
+    assert tb.written_ids((7,)) == {b"a": 1, b"b": 3, b"c": 5}
+    assert tb.written_ids((1, 2, 7, 5)) == {b"a": 0, b"b": 3, b"c": 4}
+    assert TokenBytes((b"x", b"y", b"x"), "plain").written_ids() == {b"x": 0, b"y": 1}
+
+
+def test_real_byte_fallbacks_are_found() -> None:
+    """LLaMA's 256 byte tokens ``<0x00>``..``<0xFF>`` are its byte fallbacks, and nothing else is."""
+    tb = token_bytes(real("llama"))
+    assert len(tb.byte_fallback) == 256 and all(len(tb[i] or b"") == 1 for i in tb.byte_fallback)
+    assert not token_bytes(real("gpt2")).byte_fallback
+
+
 def test_real_duplicates_add() -> None:
-    """LLaMA has both "A" and the byte token <0x41>: pushing to GPT-2 adds them."""
+    """LLaMA has both "A" and the byte token <0x41>: pushing to GPT-2 adds them, and an emitted GPT-2 "A"
+    re-syncs to the piece LLaMA's tokenizer writes inside a text (29909), not to the lower byte token (68)."""
     gpt2, llama = real("gpt2"), real("llama")
     br = VocabBridge(gpt2, llama)
     a_tok, a_byte = llama.convert_tokens_to_ids("A"), llama.convert_tokens_to_ids("<0x41>")
     a_gpt2 = gpt2.convert_tokens_to_ids("A")
     assert br.to_target[a_tok] == br.to_target[a_byte] == a_gpt2
-    assert br.to_drafter[a_gpt2] == min(a_tok, a_byte)
+    assert a_byte < a_tok and a_tok in llama.encode("(A", add_special_tokens=False)
+    assert br.to_drafter[a_gpt2] == a_tok
+    # the other way round (LLaMA the target) the drafts of GPT-2's "A" are proposed as the piece too
+    back = VocabBridge(llama, gpt2)
+    assert back.to_target[a_gpt2] == a_tok and back.to_drafter[a_tok] == back.to_drafter[a_byte] == a_gpt2
     q = torch.zeros(2, br.drafter_vocab_size, dtype=torch.float64)
     q[0, a_tok], q[0, a_byte], q[1, a_byte] = 0.25, 0.75, 1.0
     out = br.push(q)
