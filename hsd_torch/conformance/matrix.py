@@ -327,7 +327,8 @@ def audit_samples_files(kit: Path, paths: Sequence[Path], alpha: float = 1e-3) -
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``hsd conformance run``'s options."""
     p.add_argument("--kit", metavar="DIR", help="the kit folder (hsd conformance kit); default: built into OUT/kit")
-    p.add_argument("--out", required=True, metavar="DIR", help="samples files and the report go here (resumable)")
+    p.add_argument("--out", metavar="DIR", help="samples files and the report go here (resumable); required but "
+                   "with --list")
     p.add_argument("--engine", action="append", metavar="NAME", help=f"an engine ({', '.join(ENGINES)}); repeat; "
                    "default hsd_torch")
     p.add_argument("--mode", action="append", metavar="MODE", help="a speculative mode (the null control 'none' "
@@ -358,6 +359,8 @@ def main(args: argparse.Namespace, prog: str = "hsd conformance run") -> int:
             on = "" if pc.target == "target" else f" (on {pc.target})"
             print(f"case {pc.name}{on}: {pc.sampling.describe()}, max_new_tokens {pc.sampling.max_new_tokens}; {pc.aim}")
         return 0
+    if args.out is None:
+        return usage("the following arguments are required: --out")
     engines = args.engine or ([] if args.samples else ["hsd_torch"])
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:

@@ -267,6 +267,16 @@ def test_cli_run_writes_the_report_and_exits(kit: Path, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "unknown case 'nonesuch'" in bad.stderr
 
 
+def test_cli_run_lists_without_out_and_needs_out_to_run() -> None:
+    """``--list`` (the docs' third command) needs no ``--out``; a run without it is a usage error."""
+    run = [sys.executable, "-m", "hsd_core.cli", "conformance", "run"]
+    ok = subprocess.run(run + ["--list"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert ok.returncode == 0 and "case pos_plain (on target_pos)" in ok.stdout and "modes: " in ok.stdout, ok.stderr
+    bad = subprocess.run(run + ["-n", "5"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("the following arguments are required: --out")
+    assert bad.stderr.count("\n") == 1
+
+
 def test_transformers_null_control_conforms(kit: Path) -> None:
     from hsd_torch.conformance.transformers_engine import TransformersEngine
 
