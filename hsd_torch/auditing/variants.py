@@ -152,8 +152,8 @@ def _residual_minus_qx() -> Any:
 def _unprocessed_verification() -> Any:
     # the target's law in verification ignores top-k / top-p while the drafts use them
     def make(orig: Any) -> Any:
-        def space_law(logits: Any, space: Any, drop: Any, temperature: float, top_k: Any, top_p: Any) -> Any:
-            return orig(logits, space, drop, temperature, None, None)
+        def space_law(logits: Any, space: Any, drop: Any, temperature: float, top_k: Any, top_p: Any, **kw: Any) -> Any:
+            return orig(logits, space, drop, temperature, None, None, **kw)
         return space_law
     return patch_seam(verification, "space_law", make)
 

@@ -66,14 +66,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._draws import (LazyLaw as LazyLaw, _residual_on_support as _residual_on_support, _rows_at as _rows_at,
+from ._draws import (HeadLaw as HeadLaw, LazyLaw as LazyLaw, _residual_on_support as _residual_on_support, _rows_at as _rows_at,
     Verified as Verified, _INF as _INF, _NAN as _NAN, _NP as _NP, _argmax_host as _argmax_host,
     _check_law_rows as _check_law_rows, _check_uniforms as _check_uniforms, _draw_host as _draw_host,
     _fail_if as _fail_if, _host_tensor as _host_tensor, _inverse_cdf as _inverse_cdf,
     _last_positive as _last_positive, _searchsorted_draw as _searchsorted_draw, compute_dtype as compute_dtype,
     sample as sample)
 
-__all__ = ["LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+__all__ = ["HeadLaw", "LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
 
 ZOO_SEAMS = ("_rejection_host",)
 """What a variant of the bug zoo (:mod:`hsd_torch.auditing.variants`, ``bench/zoo.py``) may replace here, through
@@ -417,8 +417,9 @@ def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candid
     ``K`` ids; ``u[b]`` ``K + 1`` uniforms, None: greedy): ``(emitted ids per row, n_accepted per
     row, bad)``. The target draws position by position (``p`` a tensor or a :class:`LazyLaw`),
     at each position for the rows whose draws so far all matched (one cumulative sum over those
-    rows' laws), until each row's first mismatch, matched EOS or budget: the draws that are emitted,
-    and no other; ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row
+    rows' laws, :meth:`LazyLaw.draw`: on top-p's kept heads alone where the laws came as
+    :class:`HeadLaw`, the dense draw's bits), until each row's first mismatch, matched EOS or budget:
+    the draws that are emitted, and no other; ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row
     that is not a law (total mass, or greedy maximum, not finite and positive), else None."""
     law = p if isinstance(p, LazyLaw) else LazyLaw(p)
     batch, k1 = law.batch, law.positions
@@ -430,9 +431,11 @@ def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candid
     for j in range(k1):
         if not running:
             break
-        at = law.rows([(b, j) for b in running])
-        at = at if at.dtype == cdt else at.to(cdt)
-        ys, ts = _argmax_host(at) if u is None else _draw_host(at, [u[b][j] for b in running])
+        if u is None:
+            at = law.rows([(b, j) for b in running])
+            ys, ts = _argmax_host(at if at.dtype == cdt else at.to(cdt))
+        else:  # only the draw reads these laws: from the kept heads where top-p gave them (LazyLaw.draw)
+            ys, ts = law.draw([(b, j) for b in running], [u[b][j] for b in running])
         nxt = []
         for b, y, t in zip(running, ys, ts):
             y_l[b][j], totals[b, j] = y, t

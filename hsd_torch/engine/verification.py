@@ -65,8 +65,8 @@ def target_pass(gen: EngineState, active: list[bool], budget: list[int], drafts:
                                        gen.processors, gen.min_new_tokens, sorted(gen.ends))
     process = gen.process.args()
 
-    def law(block: Tensor) -> Tensor:
-        return space_law(block, t_space, gen.t_drop, *process)
+    def law(block: Tensor) -> Tensor | kernels.HeadLaw:  # with top-p, the kept heads (only drawn from, or written out)
+        return space_law(block, t_space, gen.t_drop, *process, head=True)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
     sparse = gen.process.reads_every_logit  # top-k or top-p: the laws keep few columns
     return TargetPass(kernels.LazyLaw(logits, law, sparse=sparse), cand, kmax, [max(b, 1) for b in budget])
