@@ -276,46 +276,73 @@ class LazyLaw:
                                 0, torch.tensor([r for _, r in at], dtype=torch.int64, device=self.device)))
         return out
 
-    def draw(self, pairs: Sequence[tuple[int, int]], u: list[float]) -> tuple[list[int], list[float]]:
-        """:func:`_draw_host` of the laws at ``pairs`` with ``u`` (one uniform each), in the compute
-        dtype (float64 for float64 laws, else float32): the drawn columns and each law's total mass.
-
-        Where every pair lies in one :class:`HeadLaw` block on the CPU, the draw runs on the kept
-        heads alone (their values in column order, the columns mapped back), with the same result,
-        bit for bit, as on the dense rows: the CPU's cumulative sum adds left to right in a wider
-        accumulator (double for float32 and float64 alike) and rounds each partial sum to the
-        laws' dtype; a +0 leaves the accumulator as it was, so the dense row's partial sum at a head
-        column is the head's partial sum there, and its last partial sum (the total, by which the
-        uniform is scaled) is the head's last. The first partial sum above ``u * total`` is one
-        where the accumulator grew, a column of positive value, so a head column, at the same
-        place in both; when rounding puts ``u * total`` at or past the total, both take the last
-        column of positive value. Off the CPU (a scan adds in another order) the dense path decides."""
+    def head(self, pairs: Sequence[tuple[int, int]]) -> tuple[Tensor, Tensor] | None:
+        """``(vals, cols)``, each ``[len(pairs), h]``: the kept heads of the laws at ``pairs``
+        (:class:`HeadLaw`'s entries, in increasing column order, then padding), where every pair
+        lies in one :class:`HeadLaw` block on the CPU (the predicate of every evaluation on the heads:
+        :meth:`draw`, :meth:`at_columns`, a rejection's residual); else None (the rows are dense)."""
         where = self._load(pairs)
         a = where[0][0]
         blk = self._blocks[a]
-        if (isinstance(blk, HeadLaw) and self.device.type == "cpu" and blk.vals.dtype in (torch.float32, torch.float64)
-                and all(w[0] == a for w in where)):
-            idx = [w[1] for w in where]
-            vals, cols = blk.vals, blk.cols
-            if idx != list(range(vals.shape[0])):
-                sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
-                vals, cols = vals.index_select(0, sel), cols.index_select(0, sel)
-            return _draw_host(vals, u, cols)
+        if not (isinstance(blk, HeadLaw) and self.device.type == "cpu" and all(w[0] == a for w in where)):
+            return None
+        idx = [w[1] for w in where]
+        if idx == list(range(blk.vals.shape[0])):
+            return blk.vals, blk.cols
+        sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
+        return blk.vals.index_select(0, sel), blk.cols.index_select(0, sel)
+
+    def draw(self, pairs: Sequence[tuple[int, int]], u: list[float], dtype: torch.dtype | None = None
+             ) -> tuple[list[int], list[float]]:
+        """:func:`_draw_host` of the laws at ``pairs`` with ``u`` (one uniform each), in ``dtype``
+        (default: float64 for float64 laws, else float32): the drawn columns and each law's total mass.
+
+        On the kept heads alone where :meth:`head` gives them (their values in column order, the
+        columns mapped back), with the same result, bit for bit, as on the dense rows: the CPU's
+        cumulative sum adds left to right in a wider accumulator (double, for float32 and float64
+        alike) and rounds each partial sum to the dtype; a +0 leaves the accumulator as it was, so
+        the dense row's partial sum at a head column is the head's partial sum there, and its last
+        partial sum (the total, by which the uniform is scaled) is the head's last. The first partial
+        sum above ``u * total`` is one where the accumulator grew, at a column of positive value, so a
+        head column, the same in both; when rounding puts ``u * total`` at or past the total, both
+        take the last column of positive value. Off the CPU (a scan adds in another order) the dense
+        rows decide."""
+        got = self.head(pairs)
+        if got is not None:
+            vals, cols = got
+            cdt = dtype or (torch.float64 if vals.dtype == torch.float64 else torch.float32)
+            return _draw_host(vals if vals.dtype == cdt else vals.to(cdt), u, cols)
         at = self.rows(pairs)
-        cdt = torch.float64 if at.dtype == torch.float64 else torch.float32
+        cdt = dtype or (torch.float64 if at.dtype == torch.float64 else torch.float32)
         return _draw_host(at if at.dtype == cdt else at.to(cdt), u)
+
+    def at_columns(self, pairs: Sequence[tuple[int, int]], cols: list[int]) -> list[float]:
+        """The laws' values ``p[b, j, cols[i]]`` at ``pairs[i] = (b, j)``, in the laws' dtype: read
+        from the kept heads where :meth:`head` gives them (the entry at that column, or +0 where
+        the column is not kept: the dense row's value, which is that entry), else from the dense rows."""
+        x = _host_tensor([[c] for c in cols], torch.int64, self.device)
+        got = self.head(pairs)
+        if got is None:
+            out: list[float] = self.rows(pairs).gather(1, x).squeeze(1).tolist()
+            return out
+        vals, hcols = got  # a row's kept columns are distinct: one entry at most, the others add +0
+        out = torch.where(hcols == x, vals, torch.zeros((), dtype=vals.dtype, device=vals.device)).sum(-1).tolist()
+        return out
 
     def __getitem__(self, at: tuple[int, int]) -> Tensor:
         return self.rows([at])[0]
 
 
-def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float
-                         ) -> tuple[list[int], list[float]] | None:
+def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float,
+                         cols: Tensor | None = None) -> tuple[list[int], list[float]] | None:
     """The correction drawn with ``u`` from ``norm(max(p - q / scale, 0))`` for one row (``law [N]`` in
     ``cdt``, ``q_row [N]``), computed on the support of ``p`` only: ``([id], [total])`` as
     :func:`_draw_host` gives it on the whole row, bit for bit, or None where that support is not
     small (a quarter of the columns or more) or the residual has no mass (the caller's dense path
-    then decides, as before).
+    then decides, as before). ``cols [h]`` (optional): ``law [h]`` holds the values of ``p`` at those
+    columns only (a :class:`HeadLaw` row: increasing columns, then padding entries of value +0), every
+    positive value of ``p`` among them; its positive entries are then the support, as ``nonzero``
+    finds it on the whole row.
 
     The same bits because the residual is +0 off the support (``max(0 - q, 0)`` with ``q >= 0``) and
     the CPU's cumulative sum (the mass, then the draw's) adds left to right in a wider accumulator
@@ -324,14 +351,19 @@ def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: t
     same column. Off the CPU (another order of addition) it declines."""
     if law.device.type != "cpu":
         return None
-    cols = law.nonzero().squeeze(-1)
-    if 4 * cols.numel() >= law.shape[-1] or cols.numel() == 0:
+    if cols is None:
+        cols = law.nonzero().squeeze(-1)
+        on = law.index_select(0, cols)
+    else:
+        pos = law > 0
+        cols, on = cols[pos], law[pos]
+    if 4 * cols.numel() >= q_row.shape[-1] or cols.numel() == 0:
         return None
     qs = q_row.index_select(0, cols)
     qs = qs if qs.dtype == cdt else qs.to(cdt)
     if scale is not None:
         qs = qs / scale
-    diff = torch.sub(law.index_select(0, cols), qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
+    diff = torch.sub(on, qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
     mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
     if not 0 < float(mass) < _INF:
         return None

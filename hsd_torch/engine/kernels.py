@@ -266,13 +266,13 @@ def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int
         rows = [b for b in running if j < n_drafts[b]]
         if not rows:
             break
-        at = law.rows([(b, j) for b in rows])
+        pairs = [(b, j) for b in rows]
         if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
-            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(at)[0], rows)]
+            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(law.rows(pairs))[0], rows)]
         else:
             assert q is not None, "drafts to test need their laws"
             xs = [drafts[b][j] for b in rows]
-            px: list[float] = at.gather(1, _host_tensor([[x] for x in xs], torch.int64, dev)).squeeze(1).tolist()
+            px = law.at_columns(pairs, xs)  # p(x): from the kept heads where top-p gave them
             qx: list[float] = torch.take(q, _host_tensor([(b * k + j) * q.shape[-1] + x for b, x in zip(rows, xs)],
                                                          torch.int64, dev)).tolist()
             if q_scale is not None:  # each quotient rounded once in the compute dtype, as the device divides
@@ -307,13 +307,22 @@ def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list
         return [0] * batch, [1.0] * batch
     if batch == 1:  # the usual case: the one row, no index tensors
         n = n_acc[0]
+        if u_final is not None and n >= n_drafts[0]:  # a bonus: only its draw reads p there (on the heads, if kept)
+            return p.draw([(0, n)], u_final, cdt)
+        head = None if u_final is None or not p.sparse else p.head([(0, n)])
+        if head is not None:  # a correction from the residual on p's kept head
+            assert q is not None
+            got = _residual_on_support(head[0][0].to(cdt), q[0, n], None if q_scale is None else q_scale[0][n], cdt,
+                                       u_final[0], head[1][0])
+            if got is not None:
+                return got
         p_sel = p.rows([(0, n)])
         if u_final is None:
             return _argmax_host(p_sel)
         law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
         if n < n_drafts[0]:
             assert q is not None
-            if p.sparse:
+            if p.sparse and head is None:
                 got = _residual_on_support(law[0], q[0, n], None if q_scale is None else q_scale[0][n], cdt,
                                            u_final[0])
                 if got is not None:

@@ -1,7 +1,7 @@
 """Draws from top-p's kept heads (``hsd_torch.engine.kernels.HeadLaw``, ``LazyLaw.draw``) are the
 dense draws, bit for bit.
 
-Where only a draw reads a target law (SLEM's exact-match verification with top-p), ``generate`` keeps
+Where only draws and single values read a target law (verification with top-p), ``generate`` keeps
 the law as its kept columns in increasing order and their values, and draws from those alone (the
 cumulative sum over the head, not over every column; no dense write-back). The claim is equality of
 the drawn column and of the total mass read back, for the same uniform, with the draw from the
@@ -15,8 +15,10 @@ dense law. Checked here, deterministically (no statistics: every comparison is e
   used and the dense law decides);
 * uniforms 0, just below 1, ``1 - 2**-25`` (1.0 in float32: ``u * total`` is the total, the
   last-positive-column rule), on the partial sums themselves and their float32 neighbours;
-* the verification kernel itself (``_exact_match_host``: emitted ids, counts, ``bad``) and
-  ``generate`` (SLEM, tiny pair: the same tokens as with every law written out).
+* the verification kernels themselves (``_exact_match_host``, SLEM's; ``_rejection_host``, TLI's and
+  SD's, whose ratio tests read ``p(x)`` from the heads and whose bonus and correction at batch 1 are
+  drawn from them: emitted ids, counts, ``bad``) and ``generate`` (SLEM and TLI, tiny pair: the same
+  tokens as with every law written out).
 
 The check has teeth: a head whose entries are in another order (the same law, written out) draws
 other columns for some of these uniforms, and the comparison rejects it.
@@ -33,7 +35,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hsd_torch.engine import kernels, verification  # noqa: E402
-from hsd_torch.engine.kernels import HeadLaw, LazyLaw, _draw_host, _exact_match_host  # noqa: E402
+from hsd_torch.engine.kernels import HeadLaw, LazyLaw, _draw_host, _exact_match_host, _rejection_host  # noqa: E402
 from hsd_torch.engine.laws import TextSpace, space_law  # noqa: E402
 
 V = 3000
@@ -186,24 +188,68 @@ def test_exact_match_verification_on_the_heads_is_the_dense_verification(dtype: 
     assert on_heads >= 30
 
 
-def test_slem_generate_draws_from_the_heads_with_the_dense_tokens(llama_uni: dict[str, Any],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """SLEM with top-p on the tiny pair: the verification's draws come from the kept heads (counted), and
-    the tokens are those of the same run with every law written out first (the dense draw)."""
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rejection_verification_on_the_heads_is_the_dense_verification(dtype: torch.dtype, batch: int) -> None:
+    """``_rejection_host`` (SD, TLI) over the lazy head laws against the same laws given dense: the same
+    emitted ids, counts and ``bad``, with the ratio tests' ``p(x)`` read from the heads (drafts in and
+    out of the head), the bonus drawn from the head and a rejection's correction from the residual on
+    it (batch 1; at batch 3 the final tokens read the rows written out), ``q`` in the laws' dtype or in
+    float64, scaled (``q_scale``) or not, uniforms random and next to 1; at batch 1 a round whose
+    residuals are not empty never writes a law out."""
+    g = np.random.default_rng(6)
+    gt = torch.Generator().manual_seed(8)
+    k = 3
+    never_written = 0
+    finals = {"correction": 0, "bonus": 0}
+    for trial in range(24):
+        x = torch.randn((batch, k + 1, V), generator=gt, dtype=torch.float64) * float(2 + 4 * (trial % 3))
+        lz, dense = laws_of(x.to(dtype), 0.7, None, 0.9)
+        spread = torch.softmax(torch.randn((batch, k, SPACE.n), generator=gt, dtype=torch.float64) * 2, dim=-1)
+        near = dense[:, :k].double() * torch.empty((batch, k, SPACE.n), dtype=torch.float64).uniform_(0.3, 1.7, generator=gt)
+        q = 0.5 * spread + 0.5 * near / near.sum(-1, keepdim=True)
+        own = [[_draw_host(dense[r, j:j + 1].double(), [float(g.random())])[0][0] for j in range(k)] for r in range(batch)]
+        drafts = [own[r] if (trial + r) % 2 else [int(c) for c in torch.multinomial(q[r], 1, generator=gt).squeeze(-1)]
+                  for r in range(batch)]
+        ua = [[float(np.nextafter(1.0, 0.0)) if (trial + j) % 4 == 0 else float(g.random()) for j in range(k)]
+              for _ in range(batch)]
+        uf = [float(np.nextafter(1.0, 0.0)) if trial % 5 == 0 else float(g.random()) for _ in range(batch)]
+        scale = (2.0 ** g.integers(-3, 4, size=(batch, k))).tolist() if trial % 2 else None
+        qt = (q * (torch.tensor(scale, dtype=torch.float64).unsqueeze(-1) if scale else 1.0)).to(
+            torch.float64 if trial % 4 == 1 else dense.dtype)
+        want = _rejection_host(LazyLaw(dense), qt, drafts, [k] * batch, ua, uf, eos_id=None, budget=None, q_scale=scale)
+        got = _rejection_host(lz, qt, drafts, [k] * batch, ua, uf, eos_id=None, budget=None, q_scale=scale)
+        assert got == want, trial
+        never_written += all(isinstance(blk, HeadLaw) for blk in lz._blocks)
+        for n in got[1]:
+            finals["bonus" if n == k else "correction"] += 1
+    print(f"{dtype}, batch {batch}: {never_written} of 24 rounds never wrote a law out; {finals}")
+    assert finals["correction"] >= 8 and finals["bonus"] >= 4, finals  # both final draws exercised
+    if batch == 1:
+        assert never_written >= (12 if dtype == torch.bfloat16 else 20)
+
+
+@pytest.mark.parametrize("method", ["slem", "tli"])
+def test_generate_reads_the_heads_with_the_dense_tokens(method: str, llama_uni: dict[str, Any],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLEM (two prompts) and TLI (one prompt: its final tokens read the heads at batch 1) with top-p on the
+    tiny pair: the verification reads the target's laws from the kept heads (counted), and the tokens and
+    acceptances are those of the same run with every law written out (the dense path)."""
     from hsd_torch import generate
 
     torch.set_num_threads(1)
-    kw: dict[str, Any] = dict(target_tokenizer=llama_uni["tt"], drafter_tokenizer=llama_uni["dt"], method="slem",
+    kw: dict[str, Any] = dict(target_tokenizer=llama_uni["tt"], drafter_tokenizer=llama_uni["dt"], method=method,
                               lookahead=4, max_new_tokens=12, do_sample=True, seed=9, top_p=0.9, temperature=0.8)
-    real_draw = kernels.LazyLaw.draw
+    real_head = kernels.LazyLaw.head
     on_heads = [0]
 
-    def counted(self: LazyLaw, pairs: Any, u: list[float]) -> Any:
-        on_heads[0] += isinstance(self._blocks[self._load(pairs)[0][0]], HeadLaw)
-        return real_draw(self, pairs, u)
+    def counted(self: LazyLaw, pairs: Any) -> Any:
+        got = real_head(self, pairs)
+        on_heads[0] += got is not None
+        return got
 
-    monkeypatch.setattr(kernels.LazyLaw, "draw", counted)
-    prompts = ["def foo(x):\n", "naïve café"]
+    monkeypatch.setattr(kernels.LazyLaw, "head", counted)
+    prompts = ["def foo(x):\n", "naïve café"] if method == "slem" else ["def foo(x):\n"]
     out = generate(llama_uni["target"], llama_uni["drafter"], prompts, **kw)
     assert on_heads[0] > 0
     real_law = verification.space_law
