@@ -1,4 +1,4 @@
-"""SLEM's verification draws from top-p's kept heads against from the dense laws, inside ``generate`` (issue 50, item 5).
+"""SLEM's verification draws from top-p's kept heads against the dense laws, inside ``generate`` (issue 50, item 5).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/head_draws.py [--repeats 6] [--calls 2] [--json out.json]
 
@@ -8,7 +8,7 @@ their values) and draws from it alone (``LazyLaw.draw``), the same bits as the d
 (tests/torch/engine/test_head_draws.py). This script runs SLEM on the real pair (Gemma-3-270M <-
 SmolLM2-135M-Instruct, float32, temperature 0.7, top-p 0.9, lookahead 4, 48 new tokens, one thread)
 in two arms, alternating within one process (the order flips every repeat): ``heads`` (as shipped) and
-``dense`` (the target's law requested without ``head=True``: written out over every column and drawn
+``dense`` (the target's law built by ``laws.space_law``: written out over every column and drawn
 by a cumulative sum over all of them, the path before the change). Per arm it reports the time per
 call of ``kernels._exact_match_host`` (the verification's laws, processed lazily, and its draws) and
 per position drawn, the ratio heads / dense, and checks that both arms generate the same ids for the
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from bench_record import save  # noqa: E402
 from hsd_torch import generate  # noqa: E402
-from hsd_torch.engine import kernels, verification  # noqa: E402
+from hsd_torch.engine import kernels, laws, verification  # noqa: E402
 
 
 def main() -> None:
@@ -45,14 +45,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     tt, dt, target, drafter, _ = overhead.setup_real(torch.float32, "real")
-    heads_law = verification.space_law
+    heads_law = verification.space_head_law
     host = kernels._exact_match_host
     draw = kernels.LazyLaw.draw
     spent = {"s": 0.0, "calls": 0, "positions": 0}
-
-    def dense_law(*a: Any, **kw: Any) -> Any:  # the law written out, as before the change
-        kw.pop("head", None)
-        return heads_law(*a, **kw)
 
     def timed_host(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
@@ -78,7 +74,7 @@ def main() -> None:
     try:
         for r in range(args.repeats):
             for arm in (("heads", "dense") if r % 2 == 0 else ("dense", "heads")):
-                verification.space_law = heads_law if arm == "heads" else dense_law  # type: ignore[assignment]
+                verification.space_head_law = heads_law if arm == "heads" else laws.space_law  # type: ignore[assignment]
                 spent.update(s=0.0, calls=0, positions=0)
                 for s in range(args.calls):
                     got = generate(target, drafter, overhead.REAL_PROMPT, seed=s + 1, **kw).sequences
@@ -88,7 +84,7 @@ def main() -> None:
                 per_pos[arm].append(spent["s"] / spent["positions"] * 1e3)
             load.append(os.getloadavg()[0])
     finally:
-        verification.space_law = heads_law  # type: ignore[assignment]
+        verification.space_head_law = heads_law  # type: ignore[assignment]
         kernels._exact_match_host = host  # type: ignore[assignment]
         kernels.LazyLaw.draw = draw  # type: ignore[method-assign]
     same = all(outputs["heads", s] == outputs["dense", s] for s in range(args.calls))

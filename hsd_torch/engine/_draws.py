@@ -194,9 +194,9 @@ class HeadLaw:
 
     ``cols [..., h]`` (int64): each row's columns in strictly increasing order, then padding
     entries, whose column is ``n`` and whose value is +0; ``vals [..., h]`` (the laws' dtype, every
-    entry ``>= +0``). Built by :func:`hsd_torch.engine.laws.space_law` (``head=True``) where top-p's
-    boundary is strict on every row; :meth:`dense` is the law that function returns otherwise, bit
-    for bit (it writes these values, and nothing else, into zeros)."""
+    entry ``>= +0``). Built by :func:`hsd_torch.engine.laws.space_head_law` where top-p's
+    boundary is strict on every row; :meth:`dense` is :func:`hsd_torch.engine.laws.space_law`'s
+    tensor of the same logits, bit for bit (it adds these values, and nothing else, into zeros)."""
 
     cols: Tensor
     vals: Tensor
@@ -226,7 +226,8 @@ class LazyLaw:
     that the laws put their mass on few columns (top-k or top-p processing), so that a residual is
     cheaper taken on a row's support than over all ``N`` columns (:func:`_final_tokens`); it changes
     no decision, only where the arithmetic runs. A :class:`HeadLaw` block is written out densely
-    (once) only when :meth:`rows` reads it; :meth:`draw` draws from it as it is."""
+    (once) only when :meth:`rows` reads it; :meth:`draw`, :meth:`at_columns` and a rejection's residual
+    (:meth:`head`) read it as it is, on the CPU."""
 
     def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor | HeadLaw] | None = None, *,
                  sparse: bool = False) -> None:

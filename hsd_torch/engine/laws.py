@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, overload
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,7 +28,7 @@ from .validation import check_top_k as check_top_k
 from .validation import check_top_p as check_top_p
 
 __all__ = ["TEMPERATURE_RANGE", "Processing", "TextSpace", "check_processing", "check_temperature", "check_top_k",
-           "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
+           "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_head_law", "space_law"]
 
 @dataclass(frozen=True)
 class Processing:
@@ -312,27 +312,27 @@ def restricted_law(logits: Tensor, temperature: float) -> Tensor:
     return _tempered_softmax(logits if logits.dtype == cdt else logits.to(cdt), temperature, None)
 
 
-@overload
 def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
-              top_p: float | None) -> Tensor: ...
-@overload
-def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
-              top_p: float | None, *, head: bool) -> Tensor | HeadLaw: ...
-def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
-              top_p: float | None, *, head: bool = False) -> Tensor | HeadLaw:
+              top_p: float | None) -> Tensor:
     """The processed law of :func:`process_logits` at the columns of a model's text space
     (:meth:`TextSpace.text`, which holds every id the law may put mass on): ``[..., space.n]``, float64
     for float64 logits, else float32. Temperature and top-k act on those columns alone (the same
     law: the removed ids are ``-inf`` there); top-p, whose ties go to the lower id, runs on all
-    ``V`` columns in id order first (``drop [V]``: the removed ids).
-
-    ``head=True``: with top-p, where every row's boundary is strict, the same law as a
-    :class:`hsd_torch.engine.kernels.HeadLaw` (its kept columns and values, not written out; its
-    ``dense()`` is what ``head=False`` returns, bit for bit), for a caller that only draws from it
-    (:meth:`hsd_torch.engine.kernels.LazyLaw.draw`); otherwise the tensor, as without it."""
+    ``V`` columns in id order first (``drop [V]``: the removed ids)."""
     if top_p is not None and top_p < 1.0:
-        probs = _probs(logits, drop, temperature, top_k)
-        return _top_p(probs, top_p, None, space) if head else top_p_law(probs, top_p, space=space)
+        return top_p_law(_probs(logits, drop, temperature, top_k), top_p, space=space)
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = space.select(logits)
     return _tempered_softmax(x if x.dtype == cdt else x.to(cdt), temperature, top_k)
+
+
+def space_head_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
+                   top_p: float | None) -> Tensor | HeadLaw:
+    """:func:`space_law`'s law, given by its kept heads where it can be: with top-p, where every row's
+    boundary is strict, a :class:`hsd_torch.engine.kernels.HeadLaw` (the kept columns and values, not
+    written out; its ``dense()`` is :func:`space_law`'s tensor, bit for bit); otherwise that tensor.
+    What the verification builds the target's laws with (:class:`hsd_torch.engine.kernels.LazyLaw`
+    reads a head as it is where only draws and single values read it, and writes it out otherwise)."""
+    if top_p is not None and top_p < 1.0:
+        return _top_p(_probs(logits, drop, temperature, top_k), top_p, None, space)
+    return space_law(logits, space, drop, temperature, top_k, top_p)

@@ -36,7 +36,7 @@ torch = pytest.importorskip("torch")
 
 from hsd_torch.engine import kernels, verification  # noqa: E402
 from hsd_torch.engine.kernels import HeadLaw, LazyLaw, _draw_host, _exact_match_host, _rejection_host  # noqa: E402
-from hsd_torch.engine.laws import TextSpace, space_law  # noqa: E402
+from hsd_torch.engine.laws import TextSpace, space_head_law, space_law  # noqa: E402
 
 V = 3000
 EOS = 7
@@ -74,8 +74,8 @@ def special_uniforms(dense: Any, g: np.random.Generator) -> list[float]:
 
 def laws_of(logits: Any, temperature: float, top_k: int | None, top_p: float
             ) -> tuple[LazyLaw, Any]:
-    """The lazy law ``generate`` builds (``head=True``) and the dense laws ``[2, 2, n]`` of the same logits."""
-    lz = LazyLaw(logits, lambda b: space_law(b, SPACE, DROP, temperature, top_k, top_p, head=True), sparse=True)
+    """The lazy law ``generate`` builds (``space_head_law``) and the dense laws ``[2, 2, n]`` of the same logits."""
+    lz = LazyLaw(logits, lambda b: space_head_law(b, SPACE, DROP, temperature, top_k, top_p), sparse=True)
     return lz, space_law(logits, SPACE, DROP, temperature, top_k, top_p)
 
 
@@ -138,7 +138,7 @@ def test_ties_across_the_boundary_fall_back_to_the_dense_law() -> None:
     x = torch.full((1, 1, V), -20.0, dtype=torch.float64)
     x[0, 0, 10:14] = 3.0  # four equal ids, the boundary among them at top-p 0.6
     lz, dense = laws_of(x, 1.0, None, 0.6)
-    assert not isinstance(space_law(x[0], SPACE, DROP, 1.0, None, 0.6, head=True), HeadLaw)
+    assert not isinstance(space_head_law(x[0], SPACE, DROP, 1.0, None, 0.6), HeadLaw)
     assert_same_draws(lz.draw, dense, [(0, 0)], np.random.default_rng(0))
     assert not isinstance(lz._blocks[0], HeadLaw)
 
@@ -147,7 +147,7 @@ def test_the_comparison_rejects_a_head_out_of_column_order() -> None:
     """Teeth: the kept head in decreasing order of probability (the order top-p sorts it in) is the same
     law once written out, but its cumulative sums are another row's: the draw comparison fails for it."""
     logits = logits_block(0, False, torch.float32)
-    right = space_law(logits[1:, 1], SPACE, DROP, 0.7, None, 0.995, head=True)  # row 3: EOS and hundreds of ids
+    right = space_head_law(logits[1:, 1], SPACE, DROP, 0.7, None, 0.995)  # row 3: EOS and hundreds of ids
     assert isinstance(right, HeadLaw)
     order = torch.argsort(right.vals, dim=-1, descending=True, stable=True)
     wrong = HeadLaw(right.cols.gather(-1, order), right.vals.gather(-1, order), right.n)
@@ -206,9 +206,11 @@ def test_rejection_verification_on_the_heads_is_the_dense_verification(dtype: to
         x = torch.randn((batch, k + 1, V), generator=gt, dtype=torch.float64) * float(2 + 4 * (trial % 3))
         lz, dense = laws_of(x.to(dtype), 0.7, None, 0.9)
         spread = torch.softmax(torch.randn((batch, k, SPACE.n), generator=gt, dtype=torch.float64) * 2, dim=-1)
-        near = dense[:, :k].double() * torch.empty((batch, k, SPACE.n), dtype=torch.float64).uniform_(0.3, 1.7, generator=gt)
+        jitter = torch.empty((batch, k, SPACE.n), dtype=torch.float64).uniform_(0.3, 1.7, generator=gt)
+        near = dense[:, :k].double() * jitter
         q = 0.5 * spread + 0.5 * near / near.sum(-1, keepdim=True)
-        own = [[_draw_host(dense[r, j:j + 1].double(), [float(g.random())])[0][0] for j in range(k)] for r in range(batch)]
+        own = [[_draw_host(dense[r, j:j + 1].double(), [float(g.random())])[0][0] for j in range(k)]
+               for r in range(batch)]
         drafts = [own[r] if (trial + r) % 2 else [int(c) for c in torch.multinomial(q[r], 1, generator=gt).squeeze(-1)]
                   for r in range(batch)]
         ua = [[float(np.nextafter(1.0, 0.0)) if (trial + j) % 4 == 0 else float(g.random()) for j in range(k)]
@@ -252,13 +254,7 @@ def test_generate_reads_the_heads_with_the_dense_tokens(method: str, llama_uni: 
     prompts = ["def foo(x):\n", "naïve café"] if method == "slem" else ["def foo(x):\n"]
     out = generate(llama_uni["target"], llama_uni["drafter"], prompts, **kw)
     assert on_heads[0] > 0
-    real_law = verification.space_law
-
-    def dense_only(*a: Any, **k: Any) -> Any:
-        k.pop("head", None)
-        return real_law(*a, **k)
-
-    monkeypatch.setattr(verification, "space_law", dense_only)
+    monkeypatch.setattr(verification, "space_head_law", space_law)  # every law written out
     on_heads[0] = 0
     again = generate(llama_uni["target"], llama_uni["drafter"], prompts, **kw)
     assert on_heads[0] == 0
