@@ -100,6 +100,22 @@ def boundary_top_p(logits: Any) -> float:
     return float(torch.cumsum(torch.sort(p, descending=True).values, dim=-1)[2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_premise_the_cpu_cumsum_adds_left_to_right_in_double(dtype: torch.dtype) -> None:
+    """What the bit-identity rests on (``LazyLaw.draw``): on the CPU, ``torch.cumsum`` of float32 and
+    float64 rows is the left-to-right sum in double, each partial sum rounded to the dtype, on rows as
+    long as a vocabulary and in a batch. A torch whose scan adds in blocks (as CUDA's does) fails here
+    for float32 (the float32 sequential sum, also computed, differs from it on these rows)."""
+    g = np.random.default_rng(2)
+    nd = np.float32 if dtype == torch.float32 else np.float64
+    x = (g.random((3, 262_144)) ** 8).astype(nd)
+    x[:, g.random(262_144) < 0.9] = 0  # mostly exact zeros, as a law off its head
+    got = torch.cumsum(torch.from_numpy(x), dim=-1).numpy()
+    assert np.array_equal(got, np.cumsum(x.astype(np.float64), axis=-1).astype(nd))
+    if dtype == torch.float32:
+        assert not np.array_equal(got, np.cumsum(x, axis=-1))  # the check can tell the two sums apart
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_draw_from_the_kept_heads_is_the_dense_draw_bit_for_bit(dtype: torch.dtype) -> None:
     g = np.random.default_rng(3)
