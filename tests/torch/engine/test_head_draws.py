@@ -118,6 +118,11 @@ def test_the_premise_the_cpu_cumsum_adds_left_to_right_in_double(dtype: torch.dt
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_draw_from_the_kept_heads_is_the_dense_draw_bit_for_bit(dtype: torch.dtype) -> None:
+    """``LazyLaw.draw`` on the heads ``space_head_law`` gives (four rows of one block, heads of 1 to
+    hundreds of ids, EOS in two) against ``_draw_host`` on ``space_law``'s dense rows: the same ids and
+    totals for every special uniform of every row; also for a subset of the rows out of order, and after
+    the block was written out (``rows``: the dense law, bit for bit). Blocks whose boundary ties (rounded
+    logits, bf16) have no head and are compared too; the heads must decide most blocks."""
     g = np.random.default_rng(3)
     head_blocks = dense_blocks = compared = 0
     for seed, tied in ((0, False), (1, True), (2, False)):
