@@ -152,10 +152,10 @@ def _residual_minus_qx() -> Any:
 def _unprocessed_verification() -> Any:
     # the target's law in verification ignores top-k / top-p while the drafts use them
     def make(orig: Any) -> Any:
-        def space_law(logits: Any, space: Any, drop: Any, temperature: float, top_k: Any, top_p: Any) -> Any:
+        def space_head_law(logits: Any, space: Any, drop: Any, temperature: float, top_k: Any, top_p: Any) -> Any:
             return orig(logits, space, drop, temperature, None, None)
-        return space_law
-    return patch_seam(verification, "space_law", make)
+        return space_head_law
+    return patch_seam(verification, "space_head_law", make)
 
 
 def _cache_cropped_short() -> Any:

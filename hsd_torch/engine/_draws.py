@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["LazyLaw", "Verified", "compute_dtype", "sample"]
+__all__ = ["HeadLaw", "LazyLaw", "Verified", "compute_dtype", "sample"]
 
 _INF = float("inf")
 _NAN = float("nan")
@@ -127,13 +127,14 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return idx
 
 
-def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[float]]:
+def _draw_host(probs: Tensor, u: list[float] | Tensor, cols: Tensor | None = None) -> tuple[list[int], list[float]]:
     """:func:`_inverse_cdf` read back to the host, with each row's total mass: draws from the rows
     of ``probs [R, N]`` (non-negative, need not be normalized; float32 or float64) with ``u`` (a
     host list of ``R`` uniforms, or a tensor ``[R]`` or ``[R, 1]``). A total that is not finite and
     positive says the row was not a law (its draw is meaningless). The rounding case (an index past
     the last column) is found on the host and replaced by the row's last index of positive
-    probability, as :func:`sample` does."""
+    probability, as :func:`sample` does. ``cols [R, N]`` (int64, optional): the drawn index ``i`` of
+    row ``r`` is returned as ``cols[r, i]`` (a :class:`HeadLaw`'s columns: :meth:`LazyLaw.draw`)."""
     ut = u if isinstance(u, Tensor) else _host_tensor([[x] for x in u], probs.dtype, probs.device)
     idx_t, tot = _searchsorted_draw(probs, ut)
     idx = [r[0] for r in idx_t.tolist()]
@@ -142,6 +143,8 @@ def _draw_host(probs: Tensor, u: list[float] | Tensor) -> tuple[list[int], list[
         fixed = _last_positive(probs, torch.tensor(past, dtype=torch.int64, device=probs.device)).tolist()
         for i, f in zip(past, fixed):
             idx[i] = f
+    if cols is not None:
+        idx = cols.gather(1, _host_tensor([[i] for i in idx], torch.int64, probs.device)).squeeze(1).tolist()
     return idx, [r[0] for r in tot.tolist()]
 
 
@@ -184,23 +187,49 @@ def _rows_at(x: Tensor, rows: list[int], pos: list[int]) -> Tensor:
     return x.flatten(0, 1).index_select(0, idx)
 
 
+@dataclass(frozen=True)
+class HeadLaw:
+    """Laws ``[..., n]`` given by the few columns they put mass on (top-p's kept head): row ``r``
+    holds ``vals[r, i]`` at column ``cols[r, i]`` and +0 at every other column.
+
+    ``cols [..., h]`` (int64): each row's columns in strictly increasing order, then padding
+    entries, whose column is ``n`` and whose value is +0; ``vals [..., h]`` (the laws' dtype, every
+    entry ``>= +0``). Built by :func:`hsd_torch.engine.laws.space_head_law` where top-p's
+    boundary is strict on every row; :meth:`dense` is :func:`hsd_torch.engine.laws.space_law`'s
+    tensor of the same logits, bit for bit (it adds these values, and nothing else, into zeros)."""
+
+    cols: Tensor
+    vals: Tensor
+    n: int
+
+    def dense(self, out: Tensor | None = None) -> Tensor:
+        """The laws ``[..., n]`` (into ``out``, zeroed first, if given): +0 everywhere, then each value
+        added at its column (a padding entry adds +0 to column ``n - 1``, which changes no bit)."""
+        out = (torch.zeros((*self.vals.shape[:-1], self.n), dtype=self.vals.dtype, device=self.vals.device)
+               if out is None else out.zero_())
+        return out.scatter_add_(-1, self.cols.clamp(max=self.n - 1), self.vals)
+
+
 class LazyLaw:
     """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision
     first reads it: ``process`` maps a block of source rows ``[R, W]`` (a model's logits at those
-    positions) to their laws ``[R, N]``, or, without ``process``, ``source [B, P, N]`` holds the
-    laws themselves. The verifiers read positions in order and stop at a row's first rejection or
-    mismatch, so a round processes only the positions it reads (with top-p, the softmax and sorted
-    head of a 262,144-id law cost about a millisecond a position). Each law row is a function of
-    its own source row alone (``process`` acts row by row: softmax, top-k, top-p), so the laws, and
-    every decision, are the bits that processing the whole ``[B, P]`` at once gives.
+    positions) to their laws ``[R, N]`` (a tensor, or a :class:`HeadLaw`: the same laws given by
+    their kept heads), or, without ``process``, ``source [B, P, N]`` holds the laws themselves. The
+    verifiers read positions in order and stop at a row's first rejection or mismatch, so a round
+    processes only the positions it reads (with top-p, the softmax and sorted head of a 262,144-id
+    law cost about a millisecond a position). Each law row is a function of its own source row alone
+    (``process`` acts row by row: softmax, top-k, top-p), so the laws, and every decision, are the
+    bits that processing the whole ``[B, P]`` at once gives.
 
     ``dtype``: the laws' dtype (``process``: float64 for float64 sources, else float32, as
     :func:`hsd_torch.engine.laws.process_logits`); ``lazy[b, j]``: one row ``[N]``. ``sparse``: a hint
     that the laws put their mass on few columns (top-k or top-p processing), so that a residual is
     cheaper taken on a row's support than over all ``N`` columns (:func:`_final_tokens`); it changes
-    no decision, only where the arithmetic runs."""
+    no decision, only where the arithmetic runs. A :class:`HeadLaw` block is written out densely
+    (once) only when :meth:`rows` reads it; :meth:`draw`, :meth:`at_columns` and a rejection's residual
+    (:meth:`head`) read it as it is, on the CPU."""
 
-    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor] | None = None, *,
+    def __init__(self, source: Tensor, process: Callable[[Tensor], Tensor | HeadLaw] | None = None, *,
                  sparse: bool = False) -> None:
         if source.dim() != 3:
             raise ValueError(f"a law source must be [B, P, N], got {tuple(source.shape)}")
@@ -210,11 +239,10 @@ class LazyLaw:
         self.dtype = source.dtype if process is None else (
             torch.float64 if source.dtype == torch.float64 else torch.float32)
         self._at: dict[tuple[int, int], tuple[int, int]] = {}  # (b, j) -> (block, row in it)
-        self._blocks: list[Tensor] = []
+        self._blocks: list[Tensor | HeadLaw] = []
 
-    def rows(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
-        """The laws at ``pairs`` ((row, position) each): ``[len(pairs), N]``, a fresh buffer; the
-        positions not yet read are processed together, once."""
+    def _load(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``(block, row in it)`` of each of ``pairs``; the positions not yet read are processed together, once."""
         missing = list(dict.fromkeys(pr for pr in pairs if pr not in self._at))
         if missing:
             block = _rows_at(self.source, [b for b, _ in missing], [j for _, j in missing])
@@ -223,30 +251,99 @@ class LazyLaw:
             self._blocks.append(law)
             for r, pr in enumerate(missing):
                 self._at[pr] = (n, r)
-        where = [self._at[pr] for pr in pairs]
+        return [self._at[pr] for pr in pairs]
+
+    def _dense(self, a: int) -> Tensor:
+        """Block ``a`` as a tensor ``[R, N]`` (a :class:`HeadLaw` written out, once)."""
+        blk = self._blocks[a]
+        if isinstance(blk, HeadLaw):
+            blk = blk.dense()
+            self._blocks[a] = blk
+        return blk
+
+    def rows(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
+        """The laws at ``pairs`` ((row, position) each): ``[len(pairs), N]``, a fresh buffer; the
+        positions not yet read are processed together, once."""
+        where = self._load(pairs)
         first = where[0][0]
         if all(w[0] == first for w in where):
-            return self._blocks[first].index_select(
+            return self._dense(first).index_select(
                 0, torch.tensor([w[1] for w in where], dtype=torch.int64, device=self.device))
-        out = self._blocks[first].new_empty((len(where), self._blocks[first].shape[-1]))
+        out = self._dense(first).new_empty((len(where), self._dense(first).shape[-1]))
         for a in sorted({w[0] for w in where}):  # one gather and one scatter a block, not one copy a row
             at = [(i, r) for i, (b, r) in enumerate(where) if b == a]
             out.index_copy_(0, torch.tensor([i for i, _ in at], dtype=torch.int64, device=self.device),
-                            self._blocks[a].index_select(
+                            self._dense(a).index_select(
                                 0, torch.tensor([r for _, r in at], dtype=torch.int64, device=self.device)))
+        return out
+
+    def head(self, pairs: Sequence[tuple[int, int]]) -> tuple[Tensor, Tensor] | None:
+        """``(vals, cols)``, each ``[len(pairs), h]``: the kept heads of the laws at ``pairs``
+        (:class:`HeadLaw`'s entries, in increasing column order, then padding), where every pair
+        lies in one :class:`HeadLaw` block on the CPU (the predicate of every evaluation on the heads:
+        :meth:`draw`, :meth:`at_columns`, a rejection's residual); else None (the rows are dense)."""
+        where = self._load(pairs)
+        a = where[0][0]
+        blk = self._blocks[a]
+        if not (isinstance(blk, HeadLaw) and self.device.type == "cpu" and all(w[0] == a for w in where)):
+            return None
+        idx = [w[1] for w in where]
+        if idx == list(range(blk.vals.shape[0])):
+            return blk.vals, blk.cols
+        sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
+        return blk.vals.index_select(0, sel), blk.cols.index_select(0, sel)
+
+    def draw(self, pairs: Sequence[tuple[int, int]], u: list[float], dtype: torch.dtype | None = None
+             ) -> tuple[list[int], list[float]]:
+        """:func:`_draw_host` of the laws at ``pairs`` with ``u`` (one uniform each), in ``dtype``
+        (default: float64 for float64 laws, else float32): the drawn columns and each law's total mass.
+
+        On the kept heads alone where :meth:`head` gives them (their values in column order, the
+        columns mapped back), with the same result, bit for bit, as on the dense rows: the CPU's
+        cumulative sum adds left to right in a wider accumulator (double, for float32 and float64
+        alike) and rounds each partial sum to the dtype; a +0 leaves the accumulator as it was, so
+        the dense row's partial sum at a head column is the head's partial sum there, and its last
+        partial sum (the total, by which the uniform is scaled) is the head's last. The first partial
+        sum above ``u * total`` is one where the accumulator grew, at a column of positive value, so a
+        head column, the same in both; when rounding puts ``u * total`` at or past the total, both
+        take the last column of positive value. Off the CPU (a scan adds in another order) the dense
+        rows decide."""
+        got = self.head(pairs)
+        if got is not None:
+            vals, cols = got
+            cdt = dtype or (torch.float64 if vals.dtype == torch.float64 else torch.float32)
+            return _draw_host(vals if vals.dtype == cdt else vals.to(cdt), u, cols)
+        at = self.rows(pairs)
+        cdt = dtype or (torch.float64 if at.dtype == torch.float64 else torch.float32)
+        return _draw_host(at if at.dtype == cdt else at.to(cdt), u)
+
+    def at_columns(self, pairs: Sequence[tuple[int, int]], cols: list[int]) -> list[float]:
+        """The laws' values ``p[b, j, cols[i]]`` at ``pairs[i] = (b, j)``, in the laws' dtype: read
+        from the kept heads where :meth:`head` gives them (the entry at that column, or +0 where
+        the column is not kept: the dense row's value, which is that entry), else from the dense rows."""
+        x = _host_tensor([[c] for c in cols], torch.int64, self.device)
+        got = self.head(pairs)
+        if got is None:
+            out: list[float] = self.rows(pairs).gather(1, x).squeeze(1).tolist()
+            return out
+        vals, hcols = got  # a row's kept columns are distinct: one entry at most, the others add +0
+        out = torch.where(hcols == x, vals, torch.zeros((), dtype=vals.dtype, device=vals.device)).sum(-1).tolist()
         return out
 
     def __getitem__(self, at: tuple[int, int]) -> Tensor:
         return self.rows([at])[0]
 
 
-def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float
-                         ) -> tuple[list[int], list[float]] | None:
+def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: torch.dtype, u: float,
+                         cols: Tensor | None = None) -> tuple[list[int], list[float]] | None:
     """The correction drawn with ``u`` from ``norm(max(p - q / scale, 0))`` for one row (``law [N]`` in
     ``cdt``, ``q_row [N]``), computed on the support of ``p`` only: ``([id], [total])`` as
     :func:`_draw_host` gives it on the whole row, bit for bit, or None where that support is not
     small (a quarter of the columns or more) or the residual has no mass (the caller's dense path
-    then decides, as before).
+    then decides, as before). ``cols [h]`` (optional): ``law [h]`` holds the values of ``p`` at those
+    columns only (a :class:`HeadLaw` row: increasing columns, then padding entries of value +0), every
+    positive value of ``p`` among them; its positive entries are then the support, as ``nonzero``
+    finds it on the whole row.
 
     The same bits because the residual is +0 off the support (``max(0 - q, 0)`` with ``q >= 0``) and
     the CPU's cumulative sum (the mass, then the draw's) adds left to right in a wider accumulator
@@ -255,14 +352,19 @@ def _residual_on_support(law: Tensor, q_row: Tensor, scale: float | None, cdt: t
     same column. Off the CPU (another order of addition) it declines."""
     if law.device.type != "cpu":
         return None
-    cols = law.nonzero().squeeze(-1)
-    if 4 * cols.numel() >= law.shape[-1] or cols.numel() == 0:
+    if cols is None:
+        cols = law.nonzero().squeeze(-1)
+        on = law.index_select(0, cols)
+    else:
+        pos = law > 0
+        cols, on = cols[pos], law[pos]
+    if 4 * cols.numel() >= q_row.shape[-1] or cols.numel() == 0:
         return None
     qs = q_row.index_select(0, cols)
     qs = qs if qs.dtype == cdt else qs.to(cdt)
     if scale is not None:
         qs = qs / scale
-    diff = torch.sub(law.index_select(0, cols), qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
+    diff = torch.sub(on, qs).clamp_(min=0).unsqueeze(0)  # max(p - q, 0) on the support
     mass = torch.cumsum(diff, dim=-1)[:, -1:]  # left to right, as the reference sums
     if not 0 < float(mass) < _INF:
         return None

@@ -43,6 +43,11 @@ Numerics (every rule below is tested in ``tests/torch/engine/test_kernels.py``):
   ``u * cs[-1] < cs[i]``; it never has probability 0 (a zero entry leaves ``cs`` unchanged). When
   rounding pushes ``u * cs[-1]`` to ``cs[-1]`` or past it, the result is the last index of
   positive probability, as in the reference. Rows need not be normalized.
+* **Kept heads.** Where a :class:`LazyLaw`'s processing gives a :class:`HeadLaw` (top-p with a strict
+  boundary, ``generate``'s target laws), the CPU reads the laws on their kept heads: the draws
+  (:meth:`LazyLaw.draw`), the ratio tests' ``p(x)`` (:meth:`LazyLaw.at_columns`) and a correction's
+  residual at batch 1, each the dense path's bits (argued in :meth:`LazyLaw.draw`, tested in
+  ``tests/torch/engine/test_head_draws.py``); a law is written out only where a dense row is read.
 * **A draft whose q underflowed to 0** (it was drawn, so its true q is positive): the ratio
   ``p/q`` is taken as ``+inf`` when ``p(x) > 0`` (accept: the exact ratio is at least
   ``p(x) / q_min``, beyond 1 whenever the underflow was to a value below ``p(x)``), and as 0
@@ -66,14 +71,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._draws import (LazyLaw as LazyLaw, _residual_on_support as _residual_on_support, _rows_at as _rows_at,
-    Verified as Verified, _INF as _INF, _NAN as _NAN, _NP as _NP, _argmax_host as _argmax_host,
+from ._draws import (HeadLaw as HeadLaw, LazyLaw as LazyLaw, _residual_on_support as _residual_on_support,
+    _rows_at as _rows_at, Verified as Verified, _INF as _INF, _NAN as _NAN, _NP as _NP, _argmax_host as _argmax_host,
     _check_law_rows as _check_law_rows, _check_uniforms as _check_uniforms, _draw_host as _draw_host,
     _fail_if as _fail_if, _host_tensor as _host_tensor, _inverse_cdf as _inverse_cdf,
     _last_positive as _last_positive, _searchsorted_draw as _searchsorted_draw, compute_dtype as compute_dtype,
     sample as sample)
 
-__all__ = ["LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
+__all__ = ["HeadLaw", "LazyLaw", "Verified", "compute_dtype", "exact_match_verify", "rejection_verify", "sample"]
 
 ZOO_SEAMS = ("_rejection_host",)
 """What a variant of the bug zoo (:mod:`hsd_torch.auditing.variants`, ``bench/zoo.py``) may replace here, through
@@ -266,13 +271,13 @@ def _rejection_host(p: Tensor | LazyLaw, q: Tensor | None, drafts: list[list[int
         rows = [b for b in running if j < n_drafts[b]]
         if not rows:
             break
-        at = law.rows([(b, j) for b in rows])
+        pairs = [(b, j) for b in rows]
         if u_accept is None:  # greedy: the draft must be p's argmax (ties to the first column)
-            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(at)[0], rows)]
+            passed = [a == drafts[b][j] for a, b in zip(_argmax_host(law.rows(pairs))[0], rows)]
         else:
             assert q is not None, "drafts to test need their laws"
             xs = [drafts[b][j] for b in rows]
-            px: list[float] = at.gather(1, _host_tensor([[x] for x in xs], torch.int64, dev)).squeeze(1).tolist()
+            px = law.at_columns(pairs, xs)  # p(x): from the kept heads where top-p gave them
             qx: list[float] = torch.take(q, _host_tensor([(b * k + j) * q.shape[-1] + x for b, x in zip(rows, xs)],
                                                          torch.int64, dev)).tolist()
             if q_scale is not None:  # each quotient rounded once in the compute dtype, as the device divides
@@ -307,13 +312,22 @@ def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list
         return [0] * batch, [1.0] * batch
     if batch == 1:  # the usual case: the one row, no index tensors
         n = n_acc[0]
+        if u_final is not None and n >= n_drafts[0]:  # a bonus: only its draw reads p there (on the heads, if kept)
+            return p.draw([(0, n)], u_final, cdt)
+        head = None if u_final is None or not p.sparse else p.head([(0, n)])
+        if head is not None and u_final is not None:  # a correction from the residual on p's kept head
+            assert q is not None
+            got = _residual_on_support(head[0][0].to(cdt), q[0, n], None if q_scale is None else q_scale[0][n], cdt,
+                                       u_final[0], head[1][0])
+            if got is not None:
+                return got
         p_sel = p.rows([(0, n)])
         if u_final is None:
             return _argmax_host(p_sel)
         law = p_sel if p_sel.dtype == cdt else p_sel.to(cdt)
         if n < n_drafts[0]:
             assert q is not None
-            if p.sparse:
+            if p.sparse and head is None:
                 got = _residual_on_support(law[0], q[0, n], None if q_scale is None else q_scale[0][n], cdt,
                                            u_final[0])
                 if got is not None:
@@ -417,9 +431,11 @@ def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candid
     ``K`` ids; ``u[b]`` ``K + 1`` uniforms, None: greedy): ``(emitted ids per row, n_accepted per
     row, bad)``. The target draws position by position (``p`` a tensor or a :class:`LazyLaw`),
     at each position for the rows whose draws so far all matched (one cumulative sum over those
-    rows' laws), until each row's first mismatch, matched EOS or budget: the draws that are emitted,
-    and no other; ``bad`` is the first ``(row, position)`` whose draw was emitted from a ``p`` row
-    that is not a law (total mass, or greedy maximum, not finite and positive), else None."""
+    rows' laws, :meth:`LazyLaw.draw`: on top-p's kept heads alone where the laws came as
+    :class:`HeadLaw`, the dense draw's bits), until each row's first mismatch, matched EOS or budget:
+    the draws that are emitted, and no other; ``bad`` is the first ``(row, position)`` whose draw
+    was emitted from a ``p`` row that is not a law (total mass, or greedy maximum, not finite and
+    positive), else None."""
     law = p if isinstance(p, LazyLaw) else LazyLaw(p)
     batch, k1 = law.batch, law.positions
     k = k1 - 1
@@ -430,9 +446,11 @@ def _exact_match_host(p: Tensor | LazyLaw, candidates: list[list[int]], n_candid
     for j in range(k1):
         if not running:
             break
-        at = law.rows([(b, j) for b in running])
-        at = at if at.dtype == cdt else at.to(cdt)
-        ys, ts = _argmax_host(at) if u is None else _draw_host(at, [u[b][j] for b in running])
+        if u is None:
+            at = law.rows([(b, j) for b in running])
+            ys, ts = _argmax_host(at if at.dtype == cdt else at.to(cdt))
+        else:  # only the draw reads these laws: from the kept heads where top-p gave them (LazyLaw.draw)
+            ys, ts = law.draw([(b, j) for b in running], [u[b][j] for b in running])
         nxt = []
         for b, y, t in zip(running, ys, ts):
             y_l[b][j], totals[b, j] = y, t

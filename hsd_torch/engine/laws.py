@@ -21,13 +21,14 @@ from torch import Tensor
 
 from ..vocab.text import TokenText
 from ._cache import IdentityCache
+from ._draws import HeadLaw
 from .validation import TEMPERATURE_RANGE as TEMPERATURE_RANGE
 from .validation import check_temperature as check_temperature
 from .validation import check_top_k as check_top_k
 from .validation import check_top_p as check_top_p
 
 __all__ = ["TEMPERATURE_RANGE", "Processing", "TextSpace", "check_processing", "check_temperature", "check_top_k",
-           "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_law"]
+           "check_top_p", "process_logits", "process_with_drop", "restricted_law", "space_head_law", "space_law"]
 
 @dataclass(frozen=True)
 class Processing:
@@ -112,14 +113,20 @@ def process_with_drop(logits: Tensor, drop: Tensor, temperature: float, top_k: i
     With top-p, the kept probabilities are divided by their sum taken in decreasing order (one
     canonical order: ties are equal values, so the same bits whichever sort found them), and the law
     is built from the sorted head alone when its boundary is strict (:func:`top_p_law`)."""
+    probs = _probs(logits, drop, temperature, top_k)
+    if top_p is not None and top_p < 1.0:
+        return top_p_law(probs, top_p, space=space)
+    return probs if space is None else space.select(probs)
+
+
+def _probs(logits: Tensor, drop: Tensor, temperature: float, top_k: int | None) -> Tensor:
+    """The tempered softmax of ``logits [..., V]`` with the ``drop`` ids removed and top-k applied,
+    in the compute dtype (float64 for float64 logits, else float32): the law before top-p."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits if logits.dtype == cdt else logits.to(cdt)
     if drop.device.type != "cpu" or bool(drop.any()):  # nothing removed (the target's own law): no pass
         x = x.masked_fill(drop, float("-inf"))
-    probs = _tempered_softmax(x, temperature, top_k)
-    if top_p is not None and top_p < 1.0:
-        return top_p_law(probs, top_p, space=space)
-    return probs if space is None else space.select(probs)
+    return _tempered_softmax(x, temperature, top_k)
 
 
 TOP_P_FIRST_K = 256
@@ -132,24 +139,33 @@ def top_p_law(probs: Tensor, top_p: float, first_k: int | None = None, space: Te
     :func:`top_p_keep`'s set and renormalized: same shape and dtype, the removed ids +0, each kept
     probability divided by the kept mass summed in decreasing order (the cumulative sum top-p
     reads). Where every row's kept head ends strictly above the next value (no tie across the
-    boundary, the usual case), the law is written from the sorted head alone (zeros and a
-    scatter of at most ``k`` values into ``probs``), without reading the removed ids; else through the kept
-    mask. Both give the same bits: the kept values are the head's values, divided by the same sum.
-    With a ``space``: the law at its columns, ``[..., space.n]`` (the removed ids, outside it, have
-    probability 0), written there directly on the sorted-head path."""
+    boundary, the usual case), the law is written from the sorted head alone (:func:`_top_p`'s
+    :class:`HeadLaw`, its values added into zeros), without reading the removed ids; else through
+    the kept mask. Both give the same bits: the kept values are the head's values, divided by the
+    same sum. With a ``space``: the law at its columns, ``[..., space.n]`` (the removed ids, outside
+    it, have probability 0), written there directly on the sorted-head path."""
+    law = _top_p(probs, top_p, first_k, space)
+    if isinstance(law, HeadLaw):  # into probs, in place, when it has the law's columns: no new buffer of V
+        return law.dense(out=probs if space is None else None)
+    return law
+
+
+def _top_p(probs: Tensor, top_p: float, first_k: int | None, space: TextSpace | None) -> Tensor | HeadLaw:
+    """:func:`top_p_law`'s law: a :class:`HeadLaw` (the kept ids' columns, in increasing order, and
+    their probabilities divided by the kept mass; ``h`` the largest kept count of the rows) where
+    every row's boundary is strict, else the dense law through the kept mask (``probs`` overwritten)."""
     vals, ids, csum, m = _top_p_head(probs, top_p, first_k)
     mass = csum.gather(-1, m - 1)  # the kept mass, summed in decreasing order
     k = vals.shape[-1]
     if bool((m < k).all()) and bool((vals.gather(-1, m - 1) > vals.gather(-1, m)).all()):
-        pos = torch.arange(k, device=vals.device)
-        head = torch.where(pos < m, vals / mass, torch.zeros((), dtype=vals.dtype, device=vals.device))
-        if space is None:
-            return probs.zero_().scatter_(-1, ids, head)  # in place: no new buffer of V columns
-        # at the space's columns; an id outside it (removed: probability 0) adds nothing, as select() drops it
-        cols = space.col_of(ids)
-        head = torch.where(cols >= 0, head, torch.zeros((), dtype=head.dtype, device=head.device))
-        out = torch.zeros((*probs.shape[:-1], space.n), dtype=probs.dtype, device=probs.device)
-        return out.scatter_add_(-1, cols.clamp_(min=0), head)
+        h = int(m.max())
+        n = probs.shape[-1] if space is None else space.n
+        cols = ids[..., :h] if space is None else space.col_of(ids[..., :h])
+        # a removed id (outside the space, probability 0) adds nothing: +0, and a padding column
+        kept = (torch.arange(h, device=vals.device) < m) & (cols >= 0)
+        head = torch.where(kept, vals[..., :h] / mass, torch.zeros((), dtype=vals.dtype, device=vals.device))
+        cols, order = torch.sort(torch.where(kept, cols, torch.full_like(cols, n)), dim=-1)
+        return HeadLaw(cols, head.gather(-1, order), n)
     # in place: the removed ids' probabilities become +0 (probs are >= 0), as torch.where gave
     law = probs.mul_(_kept(probs, vals, m)).div_(mass)
     return law if space is None else space.select(law)
@@ -297,16 +313,26 @@ def restricted_law(logits: Tensor, temperature: float) -> Tensor:
 
 
 def space_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
-               top_p: float | None) -> Tensor:
+              top_p: float | None) -> Tensor:
     """The processed law of :func:`process_logits` at the columns of a model's text space
     (:meth:`TextSpace.text`, which holds every id the law may put mass on): ``[..., space.n]``, float64
     for float64 logits, else float32. Temperature and top-k act on those columns alone (the same
     law: the removed ids are ``-inf`` there); top-p, whose ties go to the lower id, runs on all
     ``V`` columns in id order first (``drop [V]``: the removed ids)."""
     if top_p is not None and top_p < 1.0:
-        return process_with_drop(logits, drop, temperature, top_k, top_p, space=space)
+        return top_p_law(_probs(logits, drop, temperature, top_k), top_p, space=space)
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = space.select(logits)
     return _tempered_softmax(x if x.dtype == cdt else x.to(cdt), temperature, top_k)
 
 
+def space_head_law(logits: Tensor, space: TextSpace, drop: Tensor, temperature: float, top_k: int | None,
+                   top_p: float | None) -> Tensor | HeadLaw:
+    """:func:`space_law`'s law, given by its kept heads where it can be: with top-p, where every row's
+    boundary is strict, a :class:`hsd_torch.engine.kernels.HeadLaw` (the kept columns and values, not
+    written out; its ``dense()`` is :func:`space_law`'s tensor, bit for bit); otherwise that tensor.
+    What the verification builds the target's laws with (:class:`hsd_torch.engine.kernels.LazyLaw`
+    reads a head as it is where only draws and single values read it, and writes it out otherwise)."""
+    if top_p is not None and top_p < 1.0:
+        return _top_p(_probs(logits, drop, temperature, top_k), top_p, None, space)
+    return space_law(logits, space, drop, temperature, top_k, top_p)

@@ -19,13 +19,13 @@ from torch import Tensor
 
 from . import kernels
 from ._precision import nan_hint
-from .laws import space_law
+from .laws import space_head_law
 from .processors import process_target_logits
 from .round_state import Drafts, EngineState, Verdicts
 
 __all__ = ["TargetPass", "exact_match", "rejection", "target_pass"]
 
-ZOO_SEAMS = ("space_law",)
+ZOO_SEAMS = ("space_head_law",)
 """What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): the name
 :func:`target_pass` builds the target's processed law with (a verification that ignores top-k /
 top-p)."""
@@ -66,8 +66,8 @@ def target_pass(gen: EngineState, active: list[bool], budget: list[int], drafts:
                                        gen.processors, gen.min_new_tokens, sorted(gen.ends))
     process = gen.process.args()
 
-    def law(block: Tensor) -> Tensor:
-        return space_law(block, t_space, gen.t_drop, *process)
+    def law(block: Tensor) -> Tensor | kernels.HeadLaw:  # with top-p, the kept heads (written out only if a row is read)
+        return space_head_law(block, t_space, gen.t_drop, *process)
     cand = [row + [0] * (kmax - len(row)) for row in drafts_t]
     sparse = gen.process.reads_every_logit  # top-k or top-p: the laws keep few columns
     # an inactive row's budget is 0: it stops before any position, so no law of it is processed

@@ -72,11 +72,11 @@ def test_patches_are_undone(pair: Any) -> None:
     from hsd_torch.engine import kernels, verification
     from hsd_torch.engine.runner import Runner
 
-    before = (kernels._rejection_host, verification.space_law, Runner.sync, Runner._forget, Runner._first_position)
+    before = (kernels._rejection_host, verification.space_head_law, Runner.sync, Runner._forget, Runner._first_position)
     for v in VARIANTS.values():
         with v.patch():
             pass
-    assert before == (kernels._rejection_host, verification.space_law, Runner.sync, Runner._forget,
+    assert before == (kernels._rejection_host, verification.space_head_law, Runner.sync, Runner._forget,
                       Runner._first_position)
 
 

@@ -9,7 +9,7 @@
   ``rows x (lookahead + 1)``, with the same tokens as with the law processed at every position.
 
 Counted through a forward hook on each model's head module (its output's rows and columns), and by
-wrapping the law ``hsd_torch.engine.verification`` computes (``space_law``): a row-round reads at most
+wrapping the law ``hsd_torch.engine.verification`` computes (``space_head_law``): a row-round reads at most
 ``accepted + 1`` positions (its accepted drafts, then the rejected one or the bonus), so over a run
 the rows processed are at most ``sum(accepted) + sum(target_calls)``."""
 
@@ -133,14 +133,14 @@ def test_the_target_law_is_processed_only_where_read(method: str, sample: bool, 
     t, tt, d, dt = llama_uni["target"], llama_uni["tt"], llama_uni["drafter"], llama_uni["dt"]
     kw: dict[str, Any] = dict(target_tokenizer=tt, drafter_tokenizer=dt, method=method, lookahead=4, max_new_tokens=10,
                               do_sample=sample, seed=5, top_p=0.9 if sample else None, temperature=0.8 if sample else 1.0)
-    real = verification.space_law
+    real = verification.space_head_law
     rows: list[int] = []
 
     def counted(logits: Any, *a: Any, **k: Any) -> Any:
         rows.append(logits.numel() // logits.shape[-1])
         return real(logits, *a, **k)
 
-    monkeypatch.setattr(verification, "space_law", counted)
+    monkeypatch.setattr(verification, "space_head_law", counted)
     out = generate(t, d, PROMPTS[:3], **kw)
     processed = sum(rows)
     bound = sum(st.accepted + st.target_calls for st in out.stats)
@@ -148,14 +148,14 @@ def test_the_target_law_is_processed_only_where_read(method: str, sample: bool, 
     assert processed <= bound < dense, (processed, bound, dense)
 
     # the same run with the whole [B, kmax + 1] processed at once (the law before): the same output
-    lazy_rows = kernels.LazyLaw.rows
+    lazy_load = kernels.LazyLaw._load  # what rows() and draw() both read through
 
     def whole(self: kernels.LazyLaw, pairs: Any) -> Any:
         every = [(b, j) for b in range(self.batch) for j in range(self.positions)]
-        lazy_rows(self, every)
-        return lazy_rows(self, pairs)
+        lazy_load(self, every)
+        return lazy_load(self, pairs)
 
-    monkeypatch.setattr(kernels.LazyLaw, "rows", whole)
+    monkeypatch.setattr(kernels.LazyLaw, "_load", whole)
     again = generate(t, d, PROMPTS[:3], **kw)
     assert again.sequences == out.sequences
     assert [s.accepted for s in again.stats] == [s.accepted for s in out.stats]
