@@ -293,6 +293,9 @@ class Runner:
         (:class:`hsd_torch.engine._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
+        shared = self._prefill_shared(blocks, starts)
+        if shared:
+            blocks, starts = [b[shared:] for b in blocks], [s - shared for s in starts]
         live = self.live
         start = self.columns.width
         dev = self.device
@@ -323,6 +326,48 @@ class Runner:
             if head_rows is not None:  # a head the tap cannot steer: its full logits, those ids taken
                 got = got.index_select(-1, head_rows)
         return _scatter_live(got, live, self.batch)
+
+    def _prefill_shared(self, blocks: Sequence[Sequence[int]], starts: Sequence[int]) -> int:
+        """Before the first feed of a batch (every row in the cache, no column yet; no sliding-window
+        layers): feed the ids that every row's block starts with (all but what any row reads, and at
+        least its last id, are shared) once, as one row, and copy that row's cache to every row
+        (``DynamicCache.batch_repeat_interleave``); returns how many ids each block starts with that
+        are now in the cache (0: nothing done). Each row's record is the one the whole block would
+        give (ids, columns, positions; the block stays one call). The prefix's keys and values are
+        computed by the same model at the same positions, now for one row instead of every row: a
+        conformance case's rows all share their prompt, which was 28 % of SD's fed positions at
+        ``pos_plain`` (bench/RESULTS.md, conformance section). Row by row the values may differ only
+        where the matrix products round differently for one row than for many (on x86-64 with MKL,
+        float32, they were measured bit for bit the same)."""
+        cols = self.columns
+        if cols.width or not cols.masked or cols.positions or len(self.live) != self.batch:
+            return 0
+        first = blocks[0]
+        n = min(min(len(b) for b in blocks) - 1, min(max(s, 0) for s in starts))
+        if self.max_pos is not None:
+            n = min(n, self.max_pos)
+        for b in blocks[1:]:
+            if n < 1:
+                break
+            n = min(n, common_prefix(first[:n], b[:n]))
+        if n < 1:
+            return 0
+        prefix = [int(t) for t in first[:n]]
+        kw: dict[str, Any] = {self._cache_kw: self.cache}
+        if self._keep_kw:
+            kw["logits_to_keep"] = 1
+        self.model(input_ids=kernels._host_tensor([prefix], torch.long, self.device),
+                   attention_mask=torch.ones(1, n, dtype=torch.long, device=self.device),
+                   position_ids=kernels._host_tensor([list(range(n))], torch.long, self.device), use_cache=True, **kw)
+        self.cache.batch_repeat_interleave(self.batch)
+        cols.append(torch.ones(self.batch, n, dtype=torch.long, device=self.device),
+                    torch.arange(n, device=self.device).expand(self.batch, -1))
+        for i in range(self.batch):
+            self.ids[i].extend(prefix)
+            self.cols[i].extend(range(n))
+            self.positions[i] += n
+            self.high[i] = n
+        return n
 
     def _forward(self, blocks: Sequence[Sequence[int]], start: int, width_in: int, kw: dict[str, Any]) -> Any:
         """The model's forward over the rows' blocks (padded to ``width_in`` columns), recorded."""
