@@ -293,9 +293,12 @@ class Runner:
         (:class:`hsd_torch.engine._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
-        shared = self._prefill_shared(blocks, starts)
+        shared, read0 = self._shared_prefix(blocks, starts, width, head_rows)
         if shared:
+            pre = self._prefill(blocks, shared, [c for c in read0 if c < shared])
             blocks, starts = [b[shared:] for b in blocks], [s - shared for s in starts]
+            if read0:  # the prefix's logits read from the one row, the rest from the remainder
+                return self._read_after_prefill(blocks, read0, shared, pre, one)
         live = self.live
         start = self.columns.width
         dev = self.device
@@ -327,47 +330,79 @@ class Runner:
                 got = got.index_select(-1, head_rows)
         return _scatter_live(got, live, self.batch)
 
-    def _prefill_shared(self, blocks: Sequence[Sequence[int]], starts: Sequence[int]) -> int:
+    def _shared_prefix(self, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int,
+                       head_rows: Tensor | None) -> tuple[int, list[int]]:
         """Before the first feed of a batch (every row in the cache, no column yet; no sliding-window
-        layers): feed the ids that every row's block starts with (all but what any row reads, and at
-        least its last id, are shared) once, as one row, and copy that row's cache to every row
-        (``DynamicCache.batch_repeat_interleave``); returns how many ids each block starts with that
-        are now in the cache (0: nothing done). Each row's record is the one the whole block would
-        give (ids, columns, positions; the block stays one call). The prefix's keys and values are
-        computed by the same model at the same positions, now for one row instead of every row: a
-        conformance case's rows all share their prompt, which was 28 % of SD's fed positions at
-        ``pos_plain`` (bench/RESULTS.md, conformance section). Row by row the values may differ only
-        where the matrix products round differently for one row than for many (on x86-64 with MKL,
-        float32, they were measured bit for bit the same)."""
+        layers): how many ids every row's block starts with that :meth:`_prefill` feeds once, as one
+        row, and whose cache it copies to every row. ``(n, read)``: with ``read`` (the block columns
+        every row reads, the same for all, within the blocks; no ``head_rows``, no hidden states) the
+        whole shared prefix, its logits read from the one row; else (``read`` empty) the ids before
+        any row's first read and before its last id. ``(0, [])``: nothing shared.
+
+        The prefix's keys, values and logits are computed by the same model at the same positions,
+        now for one row instead of every row: a conformance case's rows all share their prompt (the
+        BOS alone at ``plain``: 22 % of SD's fed positions; 28 % at ``pos_plain``; bench/RESULTS.md,
+        conformance section). Row by row they may differ only where the matrix products round
+        differently for one row than for many (on x86-64 with MKL, float32, they were measured bit
+        for bit the same, and so were the conformance engine's draws)."""
         cols = self.columns
         if cols.width or not cols.masked or cols.positions or len(self.live) != self.batch:
-            return 0
-        first = blocks[0]
-        n = min(min(len(b) for b in blocks) - 1, min(max(s, 0) for s in starts))
-        if self.max_pos is not None:
-            n = min(n, self.max_pos)
+            return 0, []
+        first, shortest = blocks[0], min(len(b) for b in blocks)
+        n = shortest if self.max_pos is None else min(shortest, self.max_pos)
         for b in blocks[1:]:
             if n < 1:
-                break
+                return 0, []
             n = min(n, common_prefix(first[:n], b[:n]))
-        if n < 1:
-            return 0
-        prefix = [int(t) for t in first[:n]]
+        read = [starts[0] + j for j in range(width)]
+        whole = (n > 0 and head_rows is None and not self.want_hidden and all(s == starts[0] for s in starts)
+                 and read[0] >= 0 and read[-1] < max(len(b) for b in blocks) and (read[-1] >= n or shortest == n
+                                                                                   == max(len(b) for b in blocks)))
+        if whole:
+            return n, read
+        n = min(n, shortest - 1, min(max(s, 0) for s in starts))
+        return max(n, 0), []
+
+    def _prefill(self, blocks: Sequence[Sequence[int]], n: int, read: list[int]) -> Tensor | None:
+        """Feed the first ``n`` ids of ``blocks[0]`` (every block's first ``n``: :meth:`_shared_prefix`) as
+        one row, copy its cache to every row (``DynamicCache.batch_repeat_interleave``) and record them
+        for every row as the whole block would (ids, columns, positions; the call itself where the
+        block is all prefix, else by the remainder's feed); returns the logits ``[1, len(read), V]``
+        at the prefix columns ``read`` (None when none is read)."""
+        prefix = [int(t) for t in blocks[0][:n]]
         kw: dict[str, Any] = {self._cache_kw: self.cache}
         if self._keep_kw:
-            kw["logits_to_keep"] = 1
-        self.model(input_ids=kernels._host_tensor([prefix], torch.long, self.device),
-                   attention_mask=torch.ones(1, n, dtype=torch.long, device=self.device),
-                   position_ids=kernels._host_tensor([list(range(n))], torch.long, self.device), use_cache=True, **kw)
+            kw["logits_to_keep"] = kernels._host_tensor(read, torch.long, self.device) if read else 1
+        out = self.model(input_ids=kernels._host_tensor([prefix], torch.long, self.device),
+                         attention_mask=torch.ones(1, n, dtype=torch.long, device=self.device),
+                         position_ids=kernels._host_tensor([list(range(n))], torch.long, self.device),
+                         use_cache=True, **kw)
         self.cache.batch_repeat_interleave(self.batch)
-        cols.append(torch.ones(self.batch, n, dtype=torch.long, device=self.device),
-                    torch.arange(n, device=self.device).expand(self.batch, -1))
+        self.columns.append(torch.ones(self.batch, n, dtype=torch.long, device=self.device),
+                            torch.arange(n, device=self.device).expand(self.batch, -1))
         for i in range(self.batch):
             self.ids[i].extend(prefix)
             self.cols[i].extend(range(n))
             self.positions[i] += n
             self.high[i] = n
-        return n
+            self.calls[i] += int(len(blocks[i]) == n)  # a block all prefix: fed by this call alone
+        if not read:
+            return None
+        logits: Tensor = out.logits
+        return logits if logits.shape[1] == len(read) else logits[:, read]
+
+    def _read_after_prefill(self, blocks: Sequence[Sequence[int]], read: list[int], n: int, pre: Tensor | None,
+                            one: bool) -> Tensor:
+        """The logits every row reads at block columns ``read`` once the shared prefix of ``n`` ids is
+        in the cache (``pre``: the one row's at the columns before ``n``): those, then the remainder
+        ``blocks`` fed (:meth:`feed`) and read at the columns from ``n``. ``[B, width, V]`` (``one``: ``[B, V]``)."""
+        self.hidden = None
+        rest = [c - n for c in read if c >= n]
+        parts = [] if pre is None else [pre.expand(self.batch, -1, -1)]
+        if rest:
+            parts.append(self.feed(blocks, [rest[0]] * self.batch, len(rest)))
+        got = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
+        return got[:, 0] if one else got
 
     def _forward(self, blocks: Sequence[Sequence[int]], start: int, width_in: int, kw: dict[str, Any]) -> Any:
         """The model's forward over the rows' blocks (padded to ``width_in`` columns), recorded."""

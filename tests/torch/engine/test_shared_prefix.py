@@ -1,5 +1,5 @@
-"""A batch's shared prompt prefix fed once (``Runner._prefill_shared``): the first feed of a batch whose
-rows' blocks start with the same ids runs those ids as one row and copies that row's cache to every row.
+"""A batch's shared prompt prefix fed once (``Runner._shared_prefix``, ``_prefill``): the first feed of a batch
+whose rows' blocks start with the same ids runs those ids as one row and copies that row's cache to every row.
 What each row computes, what the runner records for it, and what ``generate`` draws are those of the
 feed without it (float64 tiny models: equal to 1e-12, draws identical)."""
 
@@ -19,7 +19,7 @@ TAILS = [[7, 8], [7], [30, 31, 32], [2, 7, 11]]
 
 
 def _unshared(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "_prefill_shared", lambda self, blocks, starts: 0)
+    monkeypatch.setattr(Runner, "_shared_prefix", lambda self, blocks, starts, width, head_rows: (0, []))
 
 
 def _record(run: Runner) -> tuple[Any, ...]:
@@ -27,40 +27,51 @@ def _record(run: Runner) -> tuple[Any, ...]:
             run.columns.mask.tolist())
 
 
-def _two_feeds(model: Any, starts: list[int], width: int | None) -> tuple[Runner, list[Any], int]:
+def _two_feeds(model: Any, tails: list[list[int]], starts: list[int], width: int | None
+               ) -> tuple[Runner, list[Any], tuple[int, bool]]:
     """A runner of 4 rows fed ``PREFIX + tail`` (reading ``width`` columns from ``starts``), then one id
-    more per row (a ragged second feed: row 1 feeds nothing); the logits of both feeds and the ids shared."""
-    run = Runner(model, len(TAILS), 0, "target")
-    shared: list[int] = []
-    spy = run._prefill_shared
+    more per row (a ragged second feed: row 1 feeds nothing); the logits of both feeds, and the ids shared
+    with whether their logits were read from the one row."""
+    run = Runner(model, len(tails), 0, "target")
+    shared: list[tuple[int, bool]] = []
+    spy = run._shared_prefix
 
-    def seen(blocks: Any, st: Any) -> int:
-        shared.append(spy(blocks, st))
-        return shared[-1]
+    def seen(blocks: Any, st: Any, w: int, head_rows: Any) -> tuple[int, list[int]]:
+        n, read = spy(blocks, st, w, head_rows)
+        shared.append((n, bool(read)))
+        return n, read
 
-    run._prefill_shared = seen  # type: ignore[method-assign]
+    run._shared_prefix = seen  # type: ignore[method-assign]
     with torch.inference_mode():
-        first = run.feed([PREFIX + t for t in TAILS], starts, width)
-        second = run.feed([[40 + i] if i != 1 else [] for i in range(len(TAILS))], [0] * len(TAILS), None)
+        first = run.feed([PREFIX + t for t in tails], starts, width)
+        second = run.feed([[40 + i] if i != 1 else [] for i in range(len(tails))], [0] * len(tails), None)
     return run, [first, second], shared[0]
 
 
-@pytest.mark.parametrize("starts,width,n", [([4, 5, 6, 5], 2, 4), ([0, 0, 0, 0], 1, 0), ([6, 5, 7, 8], None, 5),
-                                            ([3, 5, 7, 8], None, 3)])
+SAME = [[7]] * 4
+
+
+@pytest.mark.parametrize("tails,starts,width,n,whole", [
+    (TAILS, [4, 5, 6, 5], 2, 4, False), (TAILS, [0, 0, 0, 0], 1, 0, False), (TAILS, [6, 5, 7, 8], None, 5, False),
+    (TAILS, [3, 5, 7, 8], None, 3, False), (TAILS, [4] * 4, 2, 5, True), (TAILS, [5] * 4, 2, 5, True),
+    (SAME, [5] * 4, None, 6, True), (SAME, [3] * 4, 3, 6, True)])
 def test_the_shared_prefix_computes_and_records_what_the_whole_blocks_do(
-        llama_uni: dict[str, Any], monkeypatch: pytest.MonkeyPatch, starts: list[int], width: int | None,
-        n: int) -> None:
-    """Shared: the ids before the first column any row reads and before every row's last id (``n``);
-    the logits of the first feed and of a ragged second one, and every count and column the runner
-    records, are those of the blocks fed whole (``n = 0``: nothing shared when a row reads column 0)."""
+        llama_uni: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tails: list[list[int]], starts: list[int],
+        width: int | None, n: int, whole: bool) -> None:
+    """Shared: with the same reads in every row (within the blocks), the whole common prefix (``n``), its
+    logits read from the one row (``whole``; all of it when every block is the prefix: no other forward);
+    else the ids before the first column any row reads and before every row's last id. The logits of the
+    first feed and of a ragged second one, and every count and column the runner records, are those of the
+    blocks fed whole (``n = 0``: nothing shared when a row reads column 0)."""
     torch.set_num_threads(1)
     model = llama_uni["target"]
-    run, logits, got = _two_feeds(model, starts, width)
-    assert got == n
+    run, logits, got = _two_feeds(model, tails, starts, width)
+    assert got == (n, whole)
     _unshared(monkeypatch)
-    ref, ref_logits, none = _two_feeds(model, starts, width)
-    assert none == 0
+    ref, ref_logits, none = _two_feeds(model, tails, starts, width)
+    assert none == (0, False)
     for a, b in zip(logits, ref_logits):
+        assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     assert _record(run) == _record(ref)
 
