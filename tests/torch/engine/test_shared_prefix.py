@@ -1,4 +1,4 @@
-"""A batch's shared prompt prefix fed once (``Runner._shared_prefix``, ``_prefill``): the first feed of a batch
+"""A batch's shared prompt prefix fed once (``hsd_torch.engine.runner.shared_prefix``): the first feed of a batch
 whose rows' blocks start with the same ids runs those ids as one row and copies that row's cache to every row.
 What each row computes, what the runner records for it, and what ``generate`` draws are those of the
 feed without it (float64 tiny models: equal to 1e-12, draws identical)."""
@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hsd_torch.engine import runner as runner_mod  # noqa: E402
 from hsd_torch.engine.runner import Runner  # noqa: E402
 from hsd_torch.generate import generate  # noqa: E402
 
@@ -19,7 +20,7 @@ TAILS = [[7, 8], [7], [30, 31, 32], [2, 7, 11]]
 
 
 def _unshared(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "_shared_prefix", lambda self, blocks, starts, width, head_rows: (0, []))
+    monkeypatch.setattr(runner_mod, "shared_prefix", lambda run, blocks, starts, width, head_rows: (0, []))
 
 
 def _record(run: Runner) -> tuple[Any, ...]:
@@ -27,22 +28,22 @@ def _record(run: Runner) -> tuple[Any, ...]:
             run.columns.mask.tolist())
 
 
-def _two_feeds(model: Any, tails: list[list[int]], starts: list[int], width: int | None
-               ) -> tuple[Runner, list[Any], tuple[int, bool]]:
+def _two_feeds(model: Any, tails: list[list[int]], starts: list[int], width: int | None,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[Runner, list[Any], tuple[int, bool]]:
     """A runner of 4 rows fed ``PREFIX + tail`` (reading ``width`` columns from ``starts``), then one id
     more per row (a ragged second feed: row 1 feeds nothing); the logits of both feeds, and the ids shared
-    with whether their logits were read from the one row."""
+    with whether their logits were read from the one row (what ``shared_prefix`` answered first)."""
     run = Runner(model, len(tails), 0, "target")
     shared: list[tuple[int, bool]] = []
-    spy = run._shared_prefix
+    spy = runner_mod.shared_prefix
 
-    def seen(blocks: Any, st: Any, w: int, head_rows: Any) -> tuple[int, list[int]]:
-        n, read = spy(blocks, st, w, head_rows)
+    def seen(r: Runner, blocks: Any, st: Any, w: int, head_rows: Any) -> tuple[int, list[int]]:
+        n, read = spy(r, blocks, st, w, head_rows)
         shared.append((n, bool(read)))
         return n, read
 
-    run._shared_prefix = seen  # type: ignore[method-assign]
-    with torch.inference_mode():
+    with monkeypatch.context() as m, torch.inference_mode():
+        m.setattr(runner_mod, "shared_prefix", seen)
         first = run.feed([PREFIX + t for t in tails], starts, width)
         second = run.feed([[40 + i] if i != 1 else [] for i in range(len(tails))], [0] * len(tails), None)
     return run, [first, second], shared[0]
@@ -65,10 +66,10 @@ def test_the_shared_prefix_computes_and_records_what_the_whole_blocks_do(
     blocks fed whole (``n = 0``: nothing shared when a row reads column 0)."""
     torch.set_num_threads(1)
     model = llama_uni["target"]
-    run, logits, got = _two_feeds(model, tails, starts, width)
+    run, logits, got = _two_feeds(model, tails, starts, width, monkeypatch)
     assert got == (n, whole)
     _unshared(monkeypatch)
-    ref, ref_logits, none = _two_feeds(model, tails, starts, width)
+    ref, ref_logits, none = _two_feeds(model, tails, starts, width, monkeypatch)
     assert none == (0, False)
     for a, b in zip(logits, ref_logits):
         assert a.shape == b.shape
