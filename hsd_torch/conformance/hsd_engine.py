@@ -28,7 +28,7 @@ CPU), and the forward passes are about two thirds of a draw's CPU, so a case cos
 draw of SD at lookahead 3 feeds about 4.2 target and 2.8 drafter positions at ``plain`` and 9.0 and
 6.3 at ``pos_plain`` (4 new ids at 1.36 tokens a target call), the null control 2.0 and 2.8. Every
 row of a call shares the case's prompt, which ``generate`` feeds once for the call
-(:meth:`hsd_torch.engine.runner.Runner._shared_prefix`; draws unchanged). Batches of 250, 1,000 and
+(:func:`hsd_torch.engine.runner.shared_prefix`; draws unchanged). Batches of 250, 1,000 and
 2,000 rows were measured no cheaper a draw than :attr:`HsdTorchEngine.batch`. Each worker keeps the
 memory its C allocator frees (:func:`keep_freed_memory`: the forward passes' buffers of a few MiB
 each were otherwise mapped afresh and page-faulted at every pass) and freezes its startup objects
