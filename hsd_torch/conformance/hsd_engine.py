@@ -23,14 +23,16 @@ patched engine with ``workers=1`` (the default). The engine's class is rebuilt i
 each worker (``cls(kit)``), so a subclass must be importable by its module name.
 
 **Cost** (bench/conformance_power.py ``--cpu``, bench/RESULTS.md's conformance section): the kit's
-models are small but not free (hidden size 512: about 10^6 multiply-adds a position), and a draw of
-SD at lookahead 3 feeds about 5 target and 3.5 drafter positions; on two workers a draw of ``plain``
-costs about 0.50 ms of CPU with SD and 0.22 ms in the null control (parent process included), of
-which the models' forward passes are about two thirds. Batches of 250, 1,000 and 2,000 rows were
-measured no cheaper a draw than :attr:`HsdTorchEngine.batch`. Each worker keeps the memory its C
-allocator frees (:func:`keep_freed_memory`: the forward passes' buffers of a few MiB each were
-otherwise mapped afresh and page-faulted at every pass) and freezes its startup objects out of the
-cyclic garbage collector (``gc.freeze``); neither changes a draw.
+models are small but not free (hidden size 512: about 10^6 multiply-adds a position, some 35 us of
+CPU), and the forward passes are about two thirds of a draw's CPU, so a case costs what it feeds: a
+draw of SD at lookahead 3 feeds about 4.2 target and 2.8 drafter positions at ``plain`` and 9.0 and
+6.3 at ``pos_plain`` (4 new ids at 1.36 tokens a target call), the null control 2.0 and 2.8. Every
+row of a call shares the case's prompt, which ``generate`` feeds once for the call
+(:func:`hsd_torch.engine.runner.shared_prefix`; draws unchanged). Batches of 250, 1,000 and
+2,000 rows were measured no cheaper a draw than :attr:`HsdTorchEngine.batch`. Each worker keeps the
+memory its C allocator frees (:func:`keep_freed_memory`: the forward passes' buffers of a few MiB
+each were otherwise mapped afresh and page-faulted at every pass) and freezes its startup objects
+out of the cyclic garbage collector (``gc.freeze``); neither changes a draw.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ a re-sync crops its cache at once, so it never holds a hole. The trailing column
 cropped off (``DynamicCache.crop(-n)``); finished rows are dropped from the cache
 (``DynamicCache.batch_select_indices``). A model's sliding-window attention layers (Gemma's) keep
 their whole history (:func:`new_cache`), the window being applied by the attention mask, so a
-rejected draft can be cropped off at any length.
+rejected draft can be cropped off at any length. The ids every row's first block starts with (a
+batch of one prompt: all of it) are fed once, as one row, and that row's cache is copied to every
+row (:func:`shared_prefix`).
 
 The drafter's context need not fit its positions: when it outgrows them it sees a sliding window
 (the special prefix and the last ids, the cut moving ``(positions - prefix) // 2`` ids at a time,
@@ -35,7 +37,7 @@ from ._columns import Columns, layer_masks, new_cache
 from ._head import HeadTap
 
 __all__ = ["Runner", "check_model", "common_prefix", "layer_masks", "logit_width", "max_positions", "model_device",
-           "new_cache", "refuse_meta", "window_view"]
+           "new_cache", "refuse_meta", "shared_prefix", "window_view"]
 
 ZOO_SEAMS = ("Runner.sync", "Runner._forget", "Runner._first_position")
 """What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): the
@@ -293,6 +295,12 @@ class Runner:
         (:class:`hsd_torch.engine._head.HeadTap`): exactly the ``[B, width, N]`` returned."""
         one = width is None
         width = 1 if width is None else width
+        shared, read0 = shared_prefix(self, blocks, starts, width, head_rows)
+        if shared:
+            pre = _prefill(self, blocks, shared, [c for c in read0 if c < shared])
+            blocks, starts = [b[shared:] for b in blocks], [s - shared for s in starts]
+            if read0:  # the prefix's logits read from the one row, the rest from the remainder
+                return _read_after_prefill(self, blocks, read0, shared, pre, one)
         live = self.live
         start = self.columns.width
         dev = self.device
@@ -411,3 +419,77 @@ class Runner:
             self.columns.crop(last)
 
 
+def shared_prefix(run: Runner, blocks: Sequence[Sequence[int]], starts: Sequence[int], width: int,
+                  head_rows: Tensor | None) -> tuple[int, list[int]]:
+    """Before the first feed of a batch (every row in the cache, no column yet; no sliding-window
+    layers): how many ids every row's block starts with that :func:`_prefill` feeds once, as one
+    row, and whose cache it copies to every row. ``(n, read)``: with ``read`` (the block columns
+    every row reads, the same for all, within the blocks; no ``head_rows``, no hidden states) the
+    whole shared prefix, its logits read from the one row; else (``read`` empty) the ids before
+    any row's first read and before its last id. ``(0, [])``: nothing shared.
+
+    The prefix's keys, values and logits are computed by the same model at the same positions,
+    now for one row instead of every row: a conformance case's rows all share their prompt (the
+    BOS alone at ``plain``: 22 % of SD's fed positions; 28 % at ``pos_plain``; bench/RESULTS.md,
+    conformance section). Row by row they may differ only where the matrix products round
+    differently for one row than for many (on x86-64 with MKL, float32, they were measured bit
+    for bit the same, and so were the conformance engine's draws)."""
+    cols = run.columns
+    if cols.width or not cols.masked or cols.positions or len(run.live) != run.batch:
+        return 0, []
+    first, shortest = blocks[0], min(len(b) for b in blocks)
+    n = shortest if run.max_pos is None else min(shortest, run.max_pos)
+    for b in blocks[1:]:
+        if n < 1:
+            return 0, []
+        n = min(n, common_prefix(first[:n], b[:n]))
+    read, longest = [starts[0] + j for j in range(width)], max(len(b) for b in blocks)
+    uniform = head_rows is None and not run.want_hidden and all(s == starts[0] for s in starts)
+    if n > 0 and uniform and read[0] >= 0 and read[-1] < longest and (read[-1] >= n or shortest == n == longest):
+        return n, read
+    n = min(n, shortest - 1, min(max(s, 0) for s in starts))
+    return max(n, 0), []
+
+
+def _prefill(run: Runner, blocks: Sequence[Sequence[int]], n: int, read: list[int]) -> Tensor | None:
+    """Feed the first ``n`` ids of ``blocks[0]`` (every block's first ``n``: :func:`shared_prefix`) as
+    one row, copy its cache to every row (``DynamicCache.batch_repeat_interleave``) and record them
+    for every row as the whole block would (ids, columns, positions; the call itself where the
+    block is all prefix, else by the remainder's feed); returns the logits ``[1, len(read), V]``
+    at the prefix columns ``read`` (None when none is read)."""
+    prefix = [int(t) for t in blocks[0][:n]]
+    kw: dict[str, Any] = {run._cache_kw: run.cache}
+    if run._keep_kw:
+        kw["logits_to_keep"] = kernels._host_tensor(read, torch.long, run.device) if read else 1
+    out = run.model(input_ids=kernels._host_tensor([prefix], torch.long, run.device),
+                     attention_mask=torch.ones(1, n, dtype=torch.long, device=run.device),
+                     position_ids=kernels._host_tensor([list(range(n))], torch.long, run.device),
+                     use_cache=True, **kw)
+    run.cache.batch_repeat_interleave(run.batch)
+    run.columns.append(torch.ones(run.batch, n, dtype=torch.long, device=run.device),
+                        torch.arange(n, device=run.device).expand(run.batch, -1))
+    for i in range(run.batch):
+        run.ids[i].extend(prefix)
+        run.cols[i].extend(range(n))
+        run.positions[i] += n
+        run.high[i] = n
+        run.calls[i] += int(len(blocks[i]) == n)  # a block all prefix: fed by this call alone
+    if not read:
+        return None
+    logits: Tensor = out.logits
+    return logits if logits.shape[1] == len(read) else logits[:, read]
+
+
+def _read_after_prefill(run: Runner, blocks: Sequence[Sequence[int]], read: list[int], n: int, pre: Tensor | None,
+                        one: bool) -> Tensor:
+    """The logits every row reads at block columns ``read`` once the shared prefix of ``n`` ids is
+    in the cache (``pre``: the one row's at the columns before ``n``): those, then the remainder
+    ``blocks`` fed (:meth:`Runner.feed`) and read at the columns from ``n``: ``[B, width, V]``
+    (``one``: ``[B, V]``)."""
+    run.hidden = None
+    rest = [c - n for c in read if c >= n]
+    parts = [] if pre is None else [pre.expand(run.batch, -1, -1)]
+    if rest:
+        parts.append(run.feed(blocks, [rest[0]] * run.batch, len(rest)))
+    got = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
+    return got[:, 0] if one else got

@@ -464,6 +464,31 @@ def test_patch_cpu_expand_overrides_before_and_after_registration(monkeypatch: p
     assert "patch" not in vw.record_settings({}, {"max_new_tokens": 4}, "0.32.0")["engine"]
 
 
+def test_worker_run_by_path_reaches_the_patch_without_hsd(tmp_path: Path) -> None:
+    """vLLM's Python runs the worker as a script by path, without hsd: it loads its sibling
+    ``vllm_cpu_patch.py`` by path and re-exports the patch (as ``vllm_server_launch`` and the reproducers use
+    it); imported from hsd, the same names are the package module's. A fresh interpreter (``-I``: no
+    PYTHONPATH) in an empty folder loads the worker as ``vllm_server_launch`` does and, as a script, reaches
+    its usage line (exit 2) past the sibling's load."""
+    import subprocess
+
+    from hsd_torch.engines import vllm_cpu_patch
+
+    assert vw.install_cpu_patch is vllm_cpu_patch.install_cpu_patch and vw.PATCH_NAME is vllm_cpu_patch.PATCH_NAME
+    worker = Path(vw.__file__)
+    probe = ("import importlib.util, sys\n"
+             f"spec = importlib.util.spec_from_file_location('hsd_vllm_worker', {str(worker)!r})\n"
+             "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+             "assert not any(m.startswith('hsd_torch') for m in sys.modules), 'hsd imported'\n"
+             "print(w.install_cpu_patch.__module__, w.patch_cpu_expand.__module__, w.PATCH_NAME)\n")
+    run = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["hsd_vllm_cpu_patch", "hsd_vllm_cpu_patch", vw.PATCH_NAME]
+    script = subprocess.run([sys.executable, "-I", str(worker)], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert script.returncode == 2 and "usage: vllm_worker.py" in script.stderr, script.stderr
+
+
 def test_sample_mode_appends_each_chunk_and_resumes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Issue 48, item 1, for the vLLM adapter: the worker appends each chunk of draws as it returns, so
     an engine that dies after the first chunk leaves a valid samples file with its draws; resuming

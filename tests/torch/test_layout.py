@@ -207,11 +207,7 @@ def test_known_core_offenders_exist() -> None:
 # --- the whole of hsd_torch: cycles through type-checking imports, sizes, README's layout ---
 
 #: modules over the size anchors today, with who owns the fix; each its own strict expected failure.
-KNOWN_OVERSIZED: dict[str, str] = {
-    "engines/vllm_worker.py": "574 lines since the placeholder fix (2026-12-07): the worker runs in vLLM's venv as a "
-                              "script by path and imports no hsd module, so its CPU patch (expand fix, placeholder "
-                              "rejection: ~125 lines) must move to a sibling loaded by path",
-}
+KNOWN_OVERSIZED: dict[str, str] = {}
 
 
 def _edges(g: dict[str, set[str]]) -> dict[str, set[str]]:

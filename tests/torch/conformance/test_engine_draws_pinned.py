@@ -29,6 +29,9 @@ PINNED = {  # (case, mode): sha256 of the 200 draws' ids and counts, first 16 he
     ("plain", "none"): "4d3ec91d6939854a",
     ("plain", "tli"): "72e7899705822ddd",
     ("stop", "sd"): "aa108e50d5b8845a",
+    ("min_tokens", "sd"): "d3199c89b44e6c12",
+    ("pos_plain", "sd"): "ee63a1ec7e7a37b3",  # the positional target: recorded before its cost work (issue 47)
+    ("pos_plain", "none"): "5c8363fa57f2006d",
 }
 
 
