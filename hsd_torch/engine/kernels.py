@@ -343,18 +343,32 @@ def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list
                 return drawn
             # the residual's mass rounded to 0 (0 / 0: no total): the correction is drawn from p
         return _draw_host(law, u_final)
-    at = [(b, n_acc[b]) for b in range(batch)]
-    p_sel = p.rows(at).to(cdt)  # [B, V], a fresh buffer: the law after the kept prefix
+    live = [b for b in range(batch) if has_final[b]]  # a row without a final token reads no law
+    at = [(b, n_acc[b]) for b in live]
+    p_sel = p.rows(at).to(cdt)  # [L, V], a fresh buffer: the law after the kept prefix
     if u_final is None:
-        return _argmax_host(p_sel)
+        ids, tot = _argmax_host(p_sel)
+    else:
+        ids, tot = _draw_host(_final_laws(p, p_sel, at, q, n_drafts, cdt, q_scale), [u_final[b] for b in live])
+    out_ids, out_tot = [0] * batch, [1.0] * batch
+    for b, i, t in zip(live, ids, tot):
+        out_ids[b], out_tot[b] = i, t
+    return out_ids, out_tot
+
+
+def _final_laws(p: LazyLaw, p_sel: Tensor, at: list[tuple[int, int]], q: Tensor | None, n_drafts: list[int],
+                cdt: torch.dtype, q_scale: list[list[float]] | None) -> Tensor:
+    """The laws :func:`_final_tokens` draws from at ``at`` (``(row, n_acc)`` each; ``p_sel`` their
+    laws, a fresh buffer it may change): the residual after a rejection where it has mass, else ``p``."""
+    dev = p.device
     law = p_sel
-    rej = [b for b in range(batch) if has_final[b] and n_acc[b] < n_drafts[b]]
+    rej = [i for i, (b, n) in enumerate(at) if n < n_drafts[b]]  # indices into at
     if rej:  # in place on fresh buffers: large allocations dominate on the CPU
         assert q is not None
-        scratch = _rows_at(q, rej, [n_acc[b] for b in rej]).to(cdt)
+        scratch = _rows_at(q, [at[i][0] for i in rej], [at[i][1] for i in rej]).to(cdt)
         if q_scale is not None:
-            scratch.div_(torch.tensor([[q_scale[b][n_acc[b]]] for b in rej], dtype=cdt, device=dev))
-        every = len(rej) == batch  # p_sel is then changed in place
+            scratch.div_(torch.tensor([[q_scale[at[i][0]][at[i][1]]] for i in rej], dtype=cdt, device=dev))
+        every = len(rej) == len(at)  # p_sel is then changed in place
         if every:
             diff = p_sel.sub_(scratch).clamp_(min=0)  # max(p - q, 0)
         else:
@@ -369,7 +383,7 @@ def _final_tokens(p: LazyLaw, q: Tensor | None, n_acc: list[int], n_drafts: list
                 keep = torch.tensor([i for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
                 dst = torch.tensor([rej[i] for i, h in enumerate(has_mass) if h], dtype=torch.int64, device=dev)
                 law.index_copy_(0, dst, diff.index_select(0, keep).div_(mass.index_select(0, keep)))
-    return _draw_host(law, u_final)
+    return law
 
 
 def exact_match_verify(
