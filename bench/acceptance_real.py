@@ -24,6 +24,7 @@ deterministic; sampled ones depend on ``--seed``. Run::
 
     python bench/acceptance_real.py --json bench/acceptance_real.json --hf     # about 25 min on 2 cores
     python bench/acceptance_real.py --only-hf --hf-sample --json bench/acceptance_real_usd.json
+    python bench/acceptance_real.py --methods tli --threads 1 --json bench/acceptance_real_tli.json   # TLI alone
 """
 
 from __future__ import annotations
@@ -166,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="also transformers' universal speculative decoding (sampling, patched) at lookahead 1, 4, 8")
     ap.add_argument("--only-hf", action="store_true", help="skip hsd's rows (transformers' only)")
     ap.add_argument("--reverse-only", action="store_true", help="only SmolLM2 target <- Gemma drafter")
+    ap.add_argument("--methods", default=None,
+                    help="hsd's methods to run, comma-separated (tli, slem, slrs; default: all of them)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
+    wanted = None if args.methods is None else set(args.methods.split(","))
+    if wanted is not None and not wanted <= {m for m, _, _ in HSD_CONFIGS}:
+        ap.error(f"--methods: unknown {sorted(wanted - {m for m, _, _ in HSD_CONFIGS})} (tli, slem, slrs)")
     torch.set_num_threads(args.threads)
     from hsd_torch.models import real as real_models
 
@@ -183,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             base = {"pair": f"{tname} <- {dname}", "prompts": f"{kind} ({len(texts)})"}
             for sample in (() if args.only_hf else (False, True)):
                 for method, k, kw in HSD_CONFIGS:
+                    if wanted is not None and method not in wanted:
+                        continue
                     name = "slrs (bounded, tau 0.05)" if kw else ("slrs (one-token)" if method == "slrs" else method)
                     try:
                         r = run_hsd(target, tt, drafter, dt, texts, method, k, kw, sample, args.new, args.seed)
