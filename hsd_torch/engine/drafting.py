@@ -113,12 +113,13 @@ def _step_law(gen: EngineState, last: Tensor, cols: DraftColumns, rows: list[int
     batch = list(range(last.shape[0]))
     if cols.head is not None:  # the drafting columns' logits alone
         return restricted_law(last, gen.d_process.temperature), batch
-    space, n_draw = cols.space, cols.n_draw
+    space, n_draw, drop = cols.space, cols.n_draw, gen.d_drop
+    assert drop is not None
     if not heads:
-        law = space_law(last, space, gen.d_drop, *gen.d_process.args())
+        law = space_law(last, space, drop, *gen.d_process.args())
         return (law if n_draw == space.n else law[:, :n_draw]), batch
     sub = last if rows == batch else last.index_select(0, torch.tensor(rows, dtype=torch.long, device=last.device))
-    got = space_head_law(sub, space, gen.d_drop, *gen.d_process.args())
+    got = space_head_law(sub, space, drop, *gen.d_process.args())
     if isinstance(got, HeadLaw) and sub.device.type == "cpu":
         return got.prefix(n_draw), rows
     dense = got.dense() if isinstance(got, HeadLaw) else got
