@@ -2,6 +2,7 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/head_draws.py [--repeats 6] [--calls 2] [--json out.json]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/head_draws.py --kernel [--repeats 40] [--json out.json]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/head_draws.py --drafter [--repeats 40] [--json out.json]
 
 Under top-p, where only a draw reads a target law (SLEM's exact-match verification), ``generate`` keeps
 the law as its kept head (``hsd_torch.engine.kernels.HeadLaw``: the kept columns in increasing order and
@@ -21,6 +22,15 @@ machine's load): per position, the law processed lazily and one draw (SLEM's wor
 round of five positions TLI's ``_rejection_host`` (batch 1; drafts the text's next ids, q the target's
 own untempered law, as ``bench/lazy_law.py``); medians of the per-sample times and of the paired
 differences and ratios; asserts the same draws and decisions in both arms.
+
+``--drafter``: the drafter's side (SLEM's drafts, ``hsd_torch.engine.drafting``): SmolLM2-135M-Instruct's
+logits (49,152 ids) at the positions of the same text, temperature 0.7, top-p 0.9, two arms
+alternating position by position: ``heads`` (``_step_law`` with ``heads=True``, as SLEM drafts: the law
+kept as top-p's kept head, the draw's cumulative sum over it) and ``dense`` (``heads=False``, as SD,
+TLI and SLRS draft: the law written out over every column of the drafter's text space and drawn by a
+cumulative sum over all of them), each followed by the draw (``_pick``); per position the thread's
+CPU time (``time.thread_time``) and the wall time, medians of the paired differences and ratios;
+asserts the same column and mass in both arms.
 """
 
 from __future__ import annotations
@@ -104,19 +114,78 @@ def kernel_ab(repeats: int) -> dict[str, Any]:
     return out
 
 
+def drafter_ab(repeats: int) -> dict[str, Any]:
+    """The ``--drafter`` mode (module docstring): per-position CPU and wall times of both arms, paired."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hsd_torch.engine import drafting
+    from hsd_torch.engine.laws import Processing, TextSpace
+    from hsd_torch.engine.round_state import DraftColumns
+    from hsd_torch.models import real as real_models
+    from hsd_torch.vocab.text import TokenText
+
+    model, tok = real_models.load("smollm2-135m-instruct")
+    text = TokenText.get(tok, model.get_output_embeddings().weight.shape[0])
+    space = TextSpace.text(text, torch.device("cpu"))
+    gen = SimpleNamespace(d_process=Processing(0.7, None, 0.9), d_drop=~text.text_mask)
+    cols = DraftColumns(space, space.n, None, stop_on_empty=True, laws_read=False)
+    with torch.inference_mode():
+        logits = model(**tok(TEXT, return_tensors="pt")).logits.float()[0]  # [L, V]
+    g = np.random.default_rng(0)
+    cpu: dict[str, list[float]] = {"heads": [], "dense": []}
+    wall: dict[str, list[float]] = {"heads": [], "dense": []}
+    kept: list[int] = []
+    with torch.inference_mode():
+        for r in range(repeats):
+            order = (True, False) if r % 2 == 0 else (False, True)
+            for j in range(logits.shape[0]):
+                row = logits[j:j + 1]
+                u = torch.tensor([[float(g.random())]], dtype=torch.float32)
+                got = {}
+                for heads in order:
+                    arm = "heads" if heads else "dense"
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    law, _ = drafting._step_law(gen, row, cols, [0], heads)  # type: ignore[arg-type]
+                    got[arm] = drafting._pick(law, [0], u)
+                    wall[arm].append(time.perf_counter() - t0)
+                    cpu[arm].append(time.thread_time() - c0)
+                    if heads and r == 0:
+                        kept.append(int((law.vals > 0).sum()) if isinstance(law, kernels.HeadLaw) else -1)
+                assert got["heads"] == got["dense"], (j, u)
+    out: dict[str, Any] = {"positions": logits.shape[0], "repeats": repeats, "width": space.n,
+                           "kept_head_sizes": kept}
+    for name, t in (("cpu", cpu), ("wall", wall)):
+        diff = [d - h for h, d in zip(t["heads"], t["dense"])]
+        ratio = [h / d for h, d in zip(t["heads"], t["dense"]) if d > 0]
+        out[name] = {"median_ms": {a: statistics.median(x) * 1e3 for a, x in t.items()},
+                     "median_saved_ms": statistics.median(diff) * 1e3, "median_ratio": statistics.median(ratio),
+                     "samples": len(diff)}
+        m = out[name]
+        print(f"drafter position, {name} time: heads {m['median_ms']['heads']:.3f} ms, dense "
+              f"{m['median_ms']['dense']:.3f} ms (medians of {len(diff)}); paired: saved {m['median_saved_ms']:.3f} "
+              f"ms, heads / dense {m['median_ratio']:.3f}")
+    heads_used = [h for h in kept if h >= 0]
+    print(f"{len(heads_used)} of {len(kept)} positions drawn on a head (kept sizes: median "
+          f"{statistics.median(heads_used) if heads_used else 'n/a'}, max {max(heads_used, default=0)})")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=6, help="rounds of both arms (the order flips each repeat)")
     ap.add_argument("--calls", type=int, default=2, help="generate calls (seeds) per arm and repeat")
     ap.add_argument("--json", default=None)
     ap.add_argument("--kernel", action="store_true", help="the two arms on Gemma's logits, without generate")
+    ap.add_argument("--drafter", action="store_true", help="the drafter's draws (SmolLM2's logits), without generate")
     args = ap.parse_args()
     import overhead
 
     torch.set_num_threads(1)
-    if args.kernel:
+    if args.kernel or args.drafter:
         load = os.getloadavg()[0]
-        rec = kernel_ab(args.repeats)
+        rec = drafter_ab(args.repeats) if args.drafter else kernel_ab(args.repeats)
         rec["load_average"] = [load, os.getloadavg()[0]]
         print(f"load average {min(rec['load_average']):.2f} to {max(rec['load_average']):.2f}")
         save(rec, args.json)

@@ -209,6 +209,19 @@ class HeadLaw:
                if out is None else out.zero_())
         return out.scatter_add_(-1, self.cols.clamp(max=self.n - 1), self.vals)
 
+    def prefix(self, n: int) -> HeadLaw:
+        """The laws at the first ``n`` columns alone (``dense()[..., :n]``, not renormalized; ``1 <= n
+        <= self.n``): each entry at a column ``>= n`` becomes a padding entry (column ``n``, value +0),
+        so the columns stay in increasing order and a draw cannot reach past ``n``."""
+        if not 1 <= n <= self.n:
+            raise ValueError(f"a prefix of a law over {self.n} columns needs 1 <= n <= {self.n}, got {n}")
+        if n == self.n:
+            return self
+        inside = self.cols < n
+        return HeadLaw(torch.where(inside, self.cols, torch.full_like(self.cols, n)),
+                       torch.where(inside, self.vals, torch.zeros((), dtype=self.vals.dtype, device=self.vals.device)),
+                       n)
+
 
 class LazyLaw:
     """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision

@@ -45,7 +45,7 @@ class Drafts:
     """One round's proposals, per row ``i``: ``n[i]`` proposals, ``cols[i]`` their target columns
     (the target's text space). For methods that draft token by token, ``laws[j]`` is the drafter
     law ``[B, N]`` the ``j``-th drafts were drawn from (over the drafting columns; TLI's
-    unnormalized) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for bounded
+    unnormalized; empty where the verification does not read them: ``DraftColumns.laws_read``) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for bounded
     SLRS ``q_steps[j]`` is psi ``[B, Vt]`` (float64, over target ids) at position ``j``."""
 
     n: list[int]
@@ -82,13 +82,18 @@ class DraftColumns:
     ids ``space.ids[:n_draw]`` on the drafter's device; only when the drafter's processing has no
     top-k or top-p, whose kept sets read every logit): the drafter's head computes those ids'
     logits alone and the law drawn from is :func:`hsd_torch.engine.laws.restricted_law` of them, the
-    processed law restricted to the drafting columns and renormalized (TLI's q_cap)."""
+    processed law restricted to the drafting columns and renormalized (TLI's q_cap). ``laws_read``:
+    whether the verification reads :attr:`Drafts.laws` (SD, TLI, SLRS: ``q`` in the ratio tests and
+    the residual); False (SLEM, whose exact match reads the target alone): the laws are read only by
+    the draws, so they are not kept (``Drafts.laws`` stays empty) and, under top-p on the CPU, are
+    drawn from their kept heads (:func:`hsd_torch.engine.drafting.draft_tokens`)."""
 
     space: TextSpace
     n_draw: int
     to_target: list[int] | None
     stop_on_empty: bool
     head: Tensor | None = None
+    laws_read: bool = True
 
 
 class RoundView(Protocol):

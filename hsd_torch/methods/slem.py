@@ -64,9 +64,10 @@ class SLEM(Method):
         self.lookbehind, self.text_resync = lookbehind, resync
 
     def setup(self, gen: RoundView) -> None:
-        """Drafts come from the drafter's whole text space; candidates are mapped after re-tokenizing."""
+        """Drafts come from the drafter's whole text space; candidates are mapped after re-tokenizing;
+        the exact match reads no drafter law (only the draws read them: under top-p, from the kept heads)."""
         assert gen.d_space is not None
-        self.cols = DraftColumns(gen.d_space, gen.d_space.n, None, stop_on_empty=True)
+        self.cols = DraftColumns(gen.d_space, gen.d_space.n, None, stop_on_empty=True, laws_read=False)
 
     def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """``lookahead`` drafter tokens per active row, re-tokenized into target candidates."""
