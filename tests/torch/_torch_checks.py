@@ -1,6 +1,6 @@
 """Checks shared by the generate suites: a forward-pass counter, a model fingerprint, the
-target's own greedy decoding of given ids, and the exact law of a one-token SLRS round whose
-drafts may propose nothing.
+target's own greedy decoding of given ids, the exact law of a one-token SLRS round whose
+drafts may propose nothing, and uniforms on a law row's draw boundaries.
 
 Imported as ``from _torch_checks import ...`` (pytest puts this folder on ``sys.path``)."""
 
@@ -84,3 +84,21 @@ def tiny_world_models(toks: dict[str, Any]) -> dict[str, Any]:
                                       dtype=f64),
         "gpt2_bpe": tiny.tiny_gpt2(toks["byte_bpe"], seed=3, dtype=f64),
     }
+
+
+def boundary_uniforms(row: Any, g: Any, first: int, extra: int) -> list[float]:
+    """Uniforms that sit on a law row's decision boundaries (``row [N]``, non-negative): 0, just below 1,
+    1.0 once rounded to float32, the partial sum at each of the first ``first`` positive columns over the
+    total and the float32 neighbours of those, then ``extra`` random ones from ``g`` (a NumPy Generator)."""
+    import numpy as np
+
+    cs = torch.cumsum(row.double(), dim=-1)
+    tot = float(cs[-1])
+    out = [0.0, float(np.nextafter(1.0, 0.0)), 1.0 - 2.0 ** -25]
+    if tot > 0:
+        for c in torch.nonzero(row > 0).squeeze(-1).tolist()[:first]:
+            x = np.float32(float(cs[c]) / tot)
+            for y in (x, np.nextafter(x, np.float32(0)), np.nextafter(x, np.float32(1))):
+                if 0.0 <= float(y) < 1.0:
+                    out.append(float(y))
+    return out + g.random(extra).tolist()

@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch")
 from hsd_torch.engine import drafting, kernels  # noqa: E402
 from hsd_torch.engine.kernels import HeadLaw  # noqa: E402
 from hsd_torch.engine.laws import Processing, TextSpace, space_law  # noqa: E402
+from _torch_checks import boundary_uniforms  # noqa: E402
 from hsd_torch.engine.round_state import DraftColumns  # noqa: E402
 
 V = 3000
@@ -67,21 +68,6 @@ def fake_gen(temperature: float, top_k: int | None, top_p: float) -> Any:
     return SimpleNamespace(d_process=Processing(temperature, top_k, top_p), d_drop=SPACE.drop_mask())
 
 
-def special_uniforms(row: Any, g: np.random.Generator) -> list[float]:
-    """0, just below 1, 1.0 once rounded to float32, the partial sums at a row's first positive
-    columns over its total and their float32 neighbours, then a few random uniforms."""
-    cs = torch.cumsum(row.double(), dim=-1)
-    tot = float(cs[-1])
-    out = [0.0, float(np.nextafter(1.0, 0.0)), 1.0 - 2.0 ** -25]
-    if tot > 0:
-        for c in torch.nonzero(row > 0).squeeze(-1).tolist()[:10]:
-            x = np.float32(float(cs[c]) / tot)
-            for y in (x, np.nextafter(x, np.float32(0)), np.nextafter(x, np.float32(1))):
-                if 0.0 <= float(y) < 1.0:
-                    out.append(float(y))
-    return out + g.random(4).tolist()
-
-
 def same_floats(a: list[float], b: list[float]) -> bool:
     """Equal bit for bit as Python floats, a NaN equal to a NaN (a row with no mass: 0 / 0)."""
     return len(a) == len(b) and all(x == y or (np.isnan(x) and np.isnan(y)) for x, y in zip(a, b))
@@ -97,7 +83,7 @@ def compare_step(logits: Any, cols: DraftColumns, gen: Any, rows: list[int], g: 
     assert of == rows and every == list(range(logits.shape[0]))
     at = [of.index(r) for r in rows]
     assert same_floats(drafting.confidence(law, at), drafting.confidence(dense, rows))
-    us = [special_uniforms(dense[r], g) for r in rows]
+    us = [boundary_uniforms(dense[r], g, 10, 4) for r in rows]
     n = max(len(u) for u in us)
     us = [u + g.random(n - len(u)).tolist() for u in us]
     for i in range(n):

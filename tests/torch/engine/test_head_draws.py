@@ -36,6 +36,7 @@ torch = pytest.importorskip("torch")
 
 from hsd_torch.engine import kernels, verification  # noqa: E402
 from hsd_torch.engine.kernels import HeadLaw, LazyLaw, _draw_host, _exact_match_host, _rejection_host  # noqa: E402
+from _torch_checks import boundary_uniforms  # noqa: E402
 from hsd_torch.engine.laws import TextSpace, space_head_law, space_law  # noqa: E402
 
 V = 3000
@@ -58,20 +59,6 @@ def logits_block(seed: int, tied: bool, dtype: torch.dtype) -> Any:
     return x.to(dtype).view(2, 2, V)
 
 
-def special_uniforms(dense: Any, g: np.random.Generator) -> list[float]:
-    """Uniforms that sit on a row's decision boundaries: 0, just below 1, 1.0 once rounded to float32,
-    each partial sum at a positive column over the total, and the float32 neighbours of those, then a few random."""
-    cs = torch.cumsum(dense.double(), dim=-1)
-    tot = float(cs[-1])
-    out = [0.0, float(np.nextafter(1.0, 0.0)), 1.0 - 2.0 ** -25]
-    for c in torch.nonzero(dense > 0).squeeze(-1).tolist()[:12]:
-        x = np.float32(float(cs[c]) / tot)
-        for y in (x, np.nextafter(x, np.float32(0)), np.nextafter(x, np.float32(1))):
-            if 0.0 <= float(y) < 1.0:
-                out.append(float(y))
-    return out + g.random(6).tolist()
-
-
 def laws_of(logits: Any, temperature: float, top_k: int | None, top_p: float
             ) -> tuple[LazyLaw, Any]:
     """The lazy law ``generate`` builds (``space_head_law``) and the dense laws ``[2, 2, n]`` of the same logits."""
@@ -84,7 +71,7 @@ def assert_same_draws(draw: Callable[[list[tuple[int, int]], list[float]], tuple
     """Every row of ``pairs`` drawn with each of its special uniforms (the rows of one call taking
     their own): the same ids and totals as ``_draw_host`` on the dense rows. Returns the draws compared."""
     rows = torch.stack([dense[b, j] for b, j in pairs])
-    us = [special_uniforms(rows[i], g) for i in range(len(pairs))]
+    us = [boundary_uniforms(rows[i], g, 12, 6) for i in range(len(pairs))]
     n = max(len(u) for u in us)
     us = [u + g.random(n - len(u)).tolist() for u in us]
     for i in range(n):
