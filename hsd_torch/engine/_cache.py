@@ -29,6 +29,11 @@ class IdentityCache(Generic[V]):
         self.size = size
         self._entries: dict[tuple[tuple[int, ...], Hashable], tuple[tuple[object, ...], V]] = {}
 
+    def peek(self, owners: tuple[object, ...], key: Hashable) -> V | None:
+        """The value built for (``owners`` by identity, ``key``), or None if there is none."""
+        hit = self._entries.get((tuple(id(o) for o in owners), key))
+        return hit[1] if hit is not None and all(a is b for a, b in zip(hit[0], owners)) else None
+
     def get(self, owners: tuple[object, ...], key: Hashable, build: Callable[[], V]) -> V:
         k = (tuple(id(o) for o in owners), key)
         hit = self._entries.get(k)

@@ -48,7 +48,7 @@ from . import drafting, tree, tree_cache, verification
 from ._cache import IdentityCache
 from ._precision import REDUCED, NearTies, model_dtype
 from .genconfig import end_ids_of
-from .laws import Processing, TextSpace
+from .laws import Processing, TextSpace, fixed_drop
 from .processors import Processor, StopStrings
 from .prompts import Prompts, target_context
 from .round_state import DraftColumns, Drafts, EngineState, Verdicts
@@ -269,7 +269,7 @@ class Generation(_Services):
         self.near_ties = [0] * batch
         self.tie_flips = [0] * batch
         t_space = self.t_space = TextSpace.law(tt, dev, keep_all=not mask_textless, ends=self.ends)
-        self.t_drop = t_space.drop_mask()
+        self.t_drop = fixed_drop(t_space.drop_mask())
         self.t_eos_col = t_space.n - 1  # EOS is the last column of every law over target columns
         self.dt: TokenText | None = None
         self.drun: Runner | None = None
@@ -288,7 +288,7 @@ class Generation(_Services):
             self.bridge = _BRIDGES.get((tt, dt), (str(dev),), lambda: VocabBridge(
                 target_tokenizer, drafter_tokenizer, target_vocab_size=vt, drafter_vocab_size=vd,
                 target_eos_id=tt.eos_id, drafter_eos_id=dt.eos_id, device=dev))
-            self.d_drop = ~dt.text_mask.to(dev)
+            self.d_drop = fixed_drop(~dt.text_mask.to(dev))
             self.d_start = [dt.start(p, parsed=parsed) for p, parsed in zip(rendered.drafter, rendered.drafter_parsed)]
             self.d_head = [dt.encode_prompt(p) if parsed else [] for p, parsed in zip(rendered.drafter,
                                                                                     rendered.drafter_parsed)]
@@ -299,7 +299,7 @@ class Generation(_Services):
             self.d_space = TextSpace.text(dt, dev)
             space = method.drafter_space(self, self.d_space)
             if space is not self.d_space:  # the method drafts over other columns (SD: the target's)
-                self.d_space, self.d_drop = space, space.drop_mask()
+                self.d_space, self.d_drop = space, fixed_drop(space.drop_mask())
         method.setup(self)
 
     def record(self, i: int, values: Sequence[float]) -> None:
