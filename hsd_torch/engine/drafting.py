@@ -126,8 +126,8 @@ def _step_law(gen: EngineState, last: Tensor, cols: DraftColumns, rows: list[int
     space, n_draw, drop = cols.space, cols.n_draw, gen.d_drop
     assert drop is not None
     if not heads:
-        law = space_law(last, space, drop, *gen.d_process.args())
-        return (law if n_draw == space.n else law[:, :n_draw]), batch
+        full = space_law(last, space, drop, *gen.d_process.args())
+        return (full if n_draw == space.n else full[:, :n_draw]), batch
     sub = last if rows == batch else last.index_select(0, torch.tensor(rows, dtype=torch.long, device=last.device))
     got = space_head_law(sub, space, drop, *gen.d_process.args())
     law: Tensor | HeadLaw
