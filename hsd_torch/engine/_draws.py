@@ -222,6 +222,19 @@ class HeadLaw:
                        torch.where(inside, self.vals, torch.zeros((), dtype=self.vals.dtype, device=self.vals.device)),
                        n)
 
+    def at_rows(self, rows: Sequence[int], batch: int) -> HeadLaw:
+        """These laws ``[R, n]`` (``R = len(rows)``) as rows ``rows`` of a batch of ``batch`` laws: row
+        ``rows[i]`` is row ``i`` here, every other row only padding entries (the zero law, which a
+        caller must not read as a law). ``rows``: distinct, in ``[0, batch)``."""
+        if self.vals.dim() != 2 or len(rows) != self.vals.shape[0]:
+            raise ValueError(f"at_rows needs laws [R, h] and R rows, got {tuple(self.vals.shape)} and {len(rows)} rows")
+        if list(rows) == list(range(batch)):
+            return self
+        idx = torch.tensor(list(rows), dtype=torch.int64, device=self.cols.device)
+        h = self.cols.shape[-1]
+        cols = self.cols.new_full((batch, h), self.n).index_copy_(0, idx, self.cols)
+        return HeadLaw(cols, self.vals.new_zeros((batch, h)).index_copy_(0, idx, self.vals), self.n)
+
 
 class LazyLaw:
     """The laws ``p [B, P, N]`` of a verification, each row ``p[b, j]`` computed when a decision

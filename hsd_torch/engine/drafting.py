@@ -21,6 +21,13 @@ computed for the rows still drafting alone, and under top-p on the CPU it stays 
 (:class:`hsd_torch.engine.kernels.HeadLaw`: no dense write-back, the draw's cumulative sum over the
 head alone), with the dense draws' ids and masses bit for bit (the argument of
 :meth:`hsd_torch.engine.kernels.LazyLaw.draw`; ``tests/torch/engine/test_draft_heads.py``).
+Where the verification reads the laws from their heads (``DraftColumns.heads_read``: TLI, whose q is
+the push of each law onto target columns, :meth:`hsd_torch.vocab.bridge._Push.heads`), the same: each
+position's law is computed for the rows still drafting, drawn from its kept heads, and kept as a
+:class:`HeadLaw` of the whole batch (:meth:`HeadLaw.at_rows`: a row not drafting there holds no entry)
+in :attr:`Drafts.law_heads`; where a boundary ties or off the CPU, that position's law is dense
+(the rows not drafting there hold zeros: the verification reads a row's law only where it drafted;
+``tests/torch/engine/test_tli_heads.py``).
 """
 
 from __future__ import annotations
@@ -109,21 +116,32 @@ def _step_law(gen: EngineState, last: Tensor, cols: DraftColumns, rows: list[int
     alone (each law row is a function of its own logits row: the same bits), as
     :func:`hsd_torch.engine.laws.space_head_law` gives them: a :class:`HeadLaw` (its :meth:`HeadLaw.prefix`
     at ``n_draw``) where top-p's boundary is strict on every row and the logits are on the CPU, else
-    the dense law (a head off the CPU is written out: there the draw's scan adds in another order)."""
+    the dense law (a head off the CPU is written out: there the draw's scan adds in another order).
+    With ``heads`` and ``cols.heads_read`` (the verification reads the laws: TLI), the laws of ``rows``
+    are returned as rows of the whole batch (the others with no entry, or zeros where dense): every
+    row's law where it drafts, at the row the verification indexes."""
     batch = list(range(last.shape[0]))
     if cols.head is not None:  # the drafting columns' logits alone
         return restricted_law(last, gen.d_process.temperature), batch
     space, n_draw, drop = cols.space, cols.n_draw, gen.d_drop
     assert drop is not None
     if not heads:
-        law = space_law(last, space, drop, *gen.d_process.args())
-        return (law if n_draw == space.n else law[:, :n_draw]), batch
+        full = space_law(last, space, drop, *gen.d_process.args())
+        return (full if n_draw == space.n else full[:, :n_draw]), batch
     sub = last if rows == batch else last.index_select(0, torch.tensor(rows, dtype=torch.long, device=last.device))
     got = space_head_law(sub, space, drop, *gen.d_process.args())
+    law: Tensor | HeadLaw
     if isinstance(got, HeadLaw) and sub.device.type == "cpu":
-        return got.prefix(n_draw), rows
-    dense = got.dense() if isinstance(got, HeadLaw) else got
-    return (dense if n_draw == space.n else dense[:, :n_draw]), rows
+        law = got.prefix(n_draw)
+    else:
+        dense = got.dense() if isinstance(got, HeadLaw) else got
+        law = dense if n_draw == space.n else dense[:, :n_draw]
+    if not cols.heads_read or rows == batch:
+        return law, rows
+    if isinstance(law, HeadLaw):
+        return law.at_rows(rows, len(batch)), batch
+    idx = torch.tensor(rows, dtype=torch.long, device=law.device)
+    return law.new_zeros((len(batch), law.shape[1])).index_copy_(0, idx, law), batch
 
 
 def _pick(law: Tensor | HeadLaw, at: list[int], u: Tensor | None) -> tuple[list[int], list[float]]:
@@ -151,7 +169,8 @@ def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], col
     ``cols.to_target`` is given, and the laws drawn from when ``cols.laws_read``) and each row's
     drafted drafter ids. Where no verification reads the laws (``cols.laws_read`` False) and the
     drafts are sampled, each position's law is computed for the rows still drafting only and, under
-    top-p on the CPU, drawn from its kept heads (:func:`_step_law`): the same drafts and masses."""
+    top-p on the CPU, drawn from its kept heads (:func:`_step_law`): the same drafts and masses; with
+    ``cols.heads_read`` the same, and the laws are kept in ``Drafts.law_heads``."""
     batch, greedy, dev, dt = gen.batch, gen.greedy, gen.dev, gen.dt
     assert dt is not None and gen.d_drop is not None
     out = Drafts.empty(batch)
@@ -159,7 +178,7 @@ def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], col
     u_round: Tensor | None = None  # [max(k), B, 1] in the laws' dtype, made at the first draw
     u_steps: tuple[Tensor, ...] = ()  # its [B, 1] slices, one per draft position
     d_ctx, space, to_target = gen.d_ctx, cols.space, cols.to_target
-    heads = not cols.laws_read and not greedy and cols.head is None
+    heads = (cols.heads_read or not cols.laws_read) and not greedy and cols.head is None
     still = [k[i] > 0 for i in range(batch)]
     drafts_d: list[list[int]] = [[] for _ in range(batch)]
     last = feed_drafter(gen, [d_ctx[i] if active[i] else None for i in range(batch)], cols.head)
@@ -183,7 +202,9 @@ def draft_tokens(gen: EngineState, active: Sequence[bool], k: Sequence[int], col
         u = None if u_round is None else u_steps[j] if len(rows) == batch else u_round[
             j, torch.tensor(rows, dtype=torch.long, device=dev)]
         picked, mass = _pick(law, [at[r] for r in rows], u)
-        if cols.laws_read:
+        if cols.heads_read:
+            out.law_heads.append(law)
+        elif cols.laws_read:
             assert isinstance(law, Tensor)
             out.laws.append(law)
         for r, c, m in zip(rows, picked, mass):

@@ -17,7 +17,7 @@ This module imports neither the round loop nor the methods, so no import cycle c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -29,6 +29,7 @@ from hsd_core.methods.resync import Resync, ResyncMemo
 
 from ..vocab import VocabBridge
 from ..vocab.text import TokenText
+from ._draws import HeadLaw
 from .laws import Processing, TextSpace
 from .runner import Runner
 
@@ -45,14 +46,21 @@ class Drafts:
     """One round's proposals, per row ``i``: ``n[i]`` proposals, ``cols[i]`` their target columns
     (the target's text space). For methods that draft token by token, ``laws[j]`` is the drafter
     law ``[B, N]`` the ``j``-th drafts were drawn from (over the drafting columns; TLI's
-    unnormalized; empty where the verification does not read them: ``DraftColumns.laws_read``) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for bounded
-    SLRS ``q_steps[j]`` is psi ``[B, Vt]`` (float64, over target ids) at position ``j``."""
+    unnormalized; empty where the verification does not read them: ``DraftColumns.laws_read``, or
+    reads them as ``law_heads``) and ``mass[i][j]`` the mass that draw read (TLI: the normalizer); for bounded
+    SLRS ``q_steps[j]`` is psi ``[B, Vt]`` (float64, over target ids) at position ``j``.
+    ``law_heads[j]`` (``DraftColumns.heads_read``, TLI; ``laws`` then stays empty): the same laws, each
+    position either that tensor or a :class:`HeadLaw` of ``B`` rows (top-p's kept heads at ``n_draw``,
+    :meth:`HeadLaw.prefix`), whose ``dense()`` is that tensor at every row that drafted at ``j``; a row
+    that did not draft there holds the zero law (no entry), which no verification reads (it reads
+    position ``j`` of row ``i`` only for ``j < n[i]``)."""
 
     n: list[int]
     cols: list[list[int]]
     laws: list[Tensor]
     mass: list[list[float]]
     q_steps: list[Tensor]
+    law_heads: list[Tensor | HeadLaw] = field(default_factory=list)
 
     @classmethod
     def empty(cls, batch: int) -> Drafts:
@@ -86,7 +94,10 @@ class DraftColumns:
     whether the verification reads :attr:`Drafts.laws` (SD, TLI, SLRS: ``q`` in the ratio tests and
     the residual); False (SLEM, whose exact match reads the target alone): the laws are read only by
     the draws, so they are not kept (``Drafts.laws`` stays empty) and, under top-p on the CPU, are
-    drawn from their kept heads (:func:`hsd_torch.engine.drafting.draft_tokens`)."""
+    drawn from their kept heads (:func:`hsd_torch.engine.drafting.draft_tokens`). ``heads_read`` (with
+    ``laws_read``; TLI, whose push reads a law from its heads: :meth:`hsd_torch.vocab.bridge._Push.heads`):
+    the laws are kept in :attr:`Drafts.law_heads`, and under top-p on the CPU (sampling, ``head`` None)
+    each position's law is computed for the rows still drafting alone, drawn from and kept as its heads."""
 
     space: TextSpace
     n_draw: int
@@ -94,6 +105,7 @@ class DraftColumns:
     stop_on_empty: bool
     head: Tensor | None = None
     laws_read: bool = True
+    heads_read: bool = False
 
 
 class RoundView(Protocol):

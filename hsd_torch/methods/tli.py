@@ -25,6 +25,9 @@ Steps of one round
        are never computed).
     3. Map the drafts to target ids; each draft's q is the pushforward onto target columns of
        exactly the law it was drawn from, divided by the mass its draw read (inside the kernel).
+       Under top-p on the CPU (sampling) the laws are drafted from and kept as top-p's kept heads,
+       and pushed from them (:func:`push_laws`): the dense push's bits, with no pass over the
+       drafter's columns.
     4. Rejection verification (:func:`hsd_torch.engine.verification.rejection`) with exactly those laws.
 Greedy mode drafts the argmax of the drafter over the intersection (ties to the lowest drafter id).
 """
@@ -38,13 +41,14 @@ import torch
 from torch import Tensor
 
 from ..engine._cache import IdentityCache
+from ..engine._draws import HeadLaw
 from ..engine.laws import TextSpace
 from ..engine.round_state import DraftColumns, Drafts, RoundView, Verdicts
 from ..vocab import VocabBridge, _Push
 from ..vocab.text import TokenText
 from .base import Method
 
-__all__ = ["TLI", "resync_ids", "tli_columns"]
+__all__ = ["TLI", "push_laws", "resync_ids", "tli_columns"]
 
 ZOO_SEAMS = ("TLI.resync",)
 """What a variant of the bug zoo may replace here (:func:`hsd_torch.auditing.variants.patch_seam`): TLI's
@@ -88,7 +92,8 @@ class TLI(Method):
                                                                       gen.d_space, gen.dev)
         # without top-k / top-p the drafter's head computes the shared ids' logits alone (q_cap needs no other)
         head = None if gen.d_process.reads_every_logit or n_draw == 0 else space.cols[:n_draw]
-        self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True, head=head)
+        # with top-p on the CPU the laws are drafted from and kept as their heads (the push reads them there)
+        self.cols = DraftColumns(space, n_draw, dst, stop_on_empty=True, head=head, heads_read=True)
 
     def draft(self, gen: RoundView, active: list[bool], budget: list[int]) -> Drafts:
         """Up to ``min(lookahead, budget)`` drafts per active row from q_cap."""
@@ -96,8 +101,10 @@ class TLI(Method):
 
     def verify(self, gen: RoundView, active: list[bool], budget: list[int], drafts: Drafts) -> Verdicts:
         """Rejection verification against q_cap pushed to target columns (divided by each draw's mass)."""
-        def q_of(kmax: int) -> Tensor:
-            return self.push(torch.stack(drafts.laws[:kmax], dim=1))  # [B, kmax, Nt]
+        def q_of(kmax: int) -> Tensor:  # [B, kmax, Nt]
+            if drafts.law_heads:
+                return push_laws(self.push, drafts.law_heads[:kmax])
+            return self.push(torch.stack(drafts.laws[:kmax], dim=1))
         return gen.rejection(active, budget, drafts, q_of, q_scale=drafts.mass)
 
     def resync(self, gen: RoundView, i: int, out: list[int]) -> Sequence[int]:
@@ -109,6 +116,27 @@ class TLI(Method):
         for t in out:
             grown.extend(resync_ids(t, to_d, tt, dt, memo))
         return grown
+
+
+def push_laws(push: _Push, laws: Sequence[Tensor | HeadLaw]) -> Tensor:
+    """``push`` of the laws ``[B, n_draw]`` of positions ``0..k-1`` (tensors, or :class:`HeadLaw`s
+    over ``push.n_in`` columns): ``[B, k, n_out]``, the bits of ``push(stack(dense laws, dim=1))``
+    (each output row a function of its own law row). Where every position is a head (the usual
+    case under top-p), one :meth:`_Push.heads` over the heads padded to one width (padding entries:
+    column ``n_in``, value +0) and stacked; else position by position."""
+    if not laws:
+        raise ValueError("push_laws needs at least one position")
+    heads = [x for x in laws if isinstance(x, HeadLaw)]
+    if not heads:  # every position dense (greedy, no top-p, a tied boundary, off the CPU): one push
+        return push(torch.stack([x for x in laws if isinstance(x, Tensor)], dim=1))
+    if any(x.n != push.n_in for x in heads):
+        raise ValueError(f"heads over {sorted({x.n for x in heads})} columns, the push reads {push.n_in}")
+    if len(heads) < len(laws):
+        return torch.stack([push.heads(x.cols, x.vals) if isinstance(x, HeadLaw) else push(x) for x in laws], dim=1)
+    h = max(x.cols.shape[-1] for x in heads)
+    cols = torch.stack([torch.nn.functional.pad(x.cols, (0, h - x.cols.shape[-1]), value=push.n_in) for x in heads], 1)
+    vals = torch.stack([torch.nn.functional.pad(x.vals, (0, h - x.vals.shape[-1]), value=0.0) for x in heads], 1)
+    return push.heads(cols, vals)
 
 
 def resync_ids(t: int, to_drafter: Sequence[int], tt: TokenText, dt: TokenText,

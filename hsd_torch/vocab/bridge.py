@@ -66,6 +66,9 @@ class _Push:
     so there it runs once per multiplicity level (level ``r`` holds the ``r``-th source column of
     every destination: distinct destinations in each level), and the result is the same,
     deterministically. ``split``: force one way (False) or the other (True); None: by the device.
+
+    :meth:`heads` pushes laws given by a few columns each (top-p's kept heads) without writing the
+    source laws out: on the CPU the same bits as pushing the dense laws.
     """
 
     def __init__(self, dst: Sequence[int] | npt.NDArray[np.int64], n_out: int, device: torch.device,
@@ -88,6 +91,10 @@ class _Push:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
         self.levels: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        # for heads(): each source column's destination, dropped and padding columns (n_in) sent to 0
+        self._to = np.r_[np.where(d >= 0, d, 0), 0].astype(np.int64)
+        self._kept = None if len(src) == len(d) else np.r_[d >= 0, False]
+        self._head_maps: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         if not (device.type != "cpu" if split is None else split) or depth <= 1:
             self.levels.append((None if len(src) == len(d) else put(src), put(tgt)))
             return
@@ -103,6 +110,44 @@ class _Push:
         for src, dst in self.levels:
             out.index_add_(1, dst, x2 if src is None else x2.index_select(1, src))
         return out.view(*lead, self.n_out)
+
+    def heads(self, cols: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """The push of the laws ``x [..., n_in]`` that hold ``vals[..., i]`` at column ``cols[..., i]``
+        and +0 at every other column: ``[..., n_out]``, the bits of ``self(x)``, from the entries alone.
+
+        ``cols`` (int64) and ``vals`` (``>= +0``), both ``[..., h]``: each row's columns strictly
+        increasing, then padding entries (column ``n_in``, value +0), as a
+        :class:`hsd_torch.engine.kernels.HeadLaw`'s of ``n == n_in`` columns are.
+
+        Why the same bits on the CPU: ``self(x)`` adds, into zeros, each destination's source columns
+        one after another in ascending column order (``index_add_``), each addition rounded to the
+        dtype. Here ``scatter_add_`` adds each row's entries one after another in their order, which is
+        ascending column order; the columns it skips hold +0 in ``x``, and adding +0 to a value that is
+        ``>= +0`` (every partial sum here) returns that value, so the partial sums of every destination,
+        and its result, are the same. A padding entry (and an entry of a dropped column, set to +0)
+        adds +0 to destination 0: no bit changes. Off the CPU ``scatter_add_`` adds duplicate
+        destinations atomically, in any order: there the laws are written out and pushed by
+        :meth:`__call__` (deterministic)."""
+        if cols.shape != vals.shape or cols.dim() < 1:
+            raise ValueError(f"heads need cols and vals of one shape [..., h], got {tuple(cols.shape)} and "
+                             f"{tuple(vals.shape)}")
+        lead, h = cols.shape[:-1], cols.shape[-1]
+        c2, v2 = cols.reshape(-1, h), vals.reshape(-1, h)
+        if cols.device.type != "cpu":
+            dense = v2.new_zeros((c2.shape[0], self.n_in + 1)).scatter_add_(1, c2, v2)  # distinct columns a row
+            return self(dense[:, :self.n_in]).view(*lead, self.n_out)
+        key = str(cols.device)
+        got = self._head_maps.get(key)
+        if got is None:
+            got = self._head_maps[key] = (torch.from_numpy(self._to).to(cols.device),
+                                          None if self._kept is None else torch.from_numpy(self._kept).to(cols.device))
+        to, kept = got
+        dst = to.index_select(0, c2.reshape(-1)).view_as(c2)
+        if kept is not None:  # a dropped column adds +0
+            v2 = torch.where(kept.index_select(0, c2.reshape(-1)).view_as(c2), v2,
+                             torch.zeros((), dtype=v2.dtype, device=v2.device))
+        out = v2.new_zeros((c2.shape[0], self.n_out))
+        return out.scatter_add_(1, dst, v2).view(*lead, self.n_out)
 
 
 @dataclass(frozen=True)
