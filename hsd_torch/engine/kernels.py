@@ -48,6 +48,9 @@ Numerics (every rule below is tested in ``tests/torch/engine/test_kernels.py``):
   (:meth:`LazyLaw.draw`), the ratio tests' ``p(x)`` (:meth:`LazyLaw.at_columns`) and a correction's
   residual at batch 1, each the dense path's bits (argued in :meth:`LazyLaw.draw`, tested in
   ``tests/torch/engine/test_head_draws.py``); a law is written out only where a dense row is read.
+  The drafter's laws come as kept heads too (SLEM's draws; TLI's draws and its q, pushed onto
+  target columns from the heads: :func:`hsd_torch.methods.tli.push_laws`), but ``q`` reaches these
+  kernels dense.
 * **A draft whose q underflowed to 0** (it was drawn, so its true q is positive): the ratio
   ``p/q`` is taken as ``+inf`` when ``p(x) > 0`` (accept: the exact ratio is at least
   ``p(x) / q_min``, beyond 1 whenever the underflow was to a value below ``p(x)``), and as 0
