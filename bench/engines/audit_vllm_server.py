@@ -14,7 +14,10 @@ fix changes nothing). Target SmolLM2-135M-Instruct in float32 (the reference is 
 float32 law, which vLLM's float32 law matches: docs/auditing-engines.md), one prompt (the CLI's
 ``--prompt``), the draws requested ``--n`` at a time (``--concurrency``) so that vLLM batches them.
 Writes ``OUT_DIR/RUN/report.md`` and the samples (``endpoint.jsonl``, ``baseline.jsonl``) and
-``OUT_DIR/record.json``.
+``OUT_DIR/record.json``. Refuses before starting a server when a run's samples already exist in
+``--out-dir`` (the audit would refuse to overwrite them). Exit status: 0 when every run's audit ran
+(its verdict, lossless-consistent or lossy, is in the record), 2 when any run's audit ended in an
+error (a status other than 0 and 1).
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def main() -> int:
     for mode, sampling in runs:
         if mode not in ("ngram", "ngram-patched") or sampling not in SAMPLINGS:
             ap.error(f"--runs {mode}:{sampling}: MODE ngram or ngram-patched, SAMPLING t1 or t07p09")
+    taken = [d for d in (os.path.join(args.out_dir, f"{m}-{s}") for m, s in runs)
+             if os.path.exists(os.path.join(d, "endpoint.jsonl"))]
+    if taken:
+        ap.error(f"samples already in {', '.join(taken)}: give another --out-dir (or remove them)")
     folder = va.model_folder(SMOL)
     record: dict[str, Any] = {**provenance(), "args": vars(args), "runs": []}
     null = VllmServer(python, folder, served_model_name="smol", log=os.path.join(args.out_dir, "null-server.log"))
@@ -98,6 +105,11 @@ def main() -> int:
     record["null_group_gone"] = not group_alive(null.pid)
     with open(os.path.join(args.out_dir, "record.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
+    failed = [r["run"] for r in record["runs"] if r["rc"] not in (0, 1)]
+    if failed:
+        print(f"error: the audit of {', '.join(failed)} did not run to a verdict (record.json has its output)",
+              file=sys.stderr)
+        return 2
     return 0
 
 
