@@ -29,15 +29,25 @@ class IdentityCache(Generic[V]):
         self.size = size
         self._entries: dict[tuple[tuple[int, ...], Hashable], tuple[tuple[object, ...], V]] = {}
 
+    @staticmethod
+    def _key(owners: tuple[object, ...], key: Hashable) -> tuple[tuple[int, ...], Hashable]:
+        return tuple(id(o) for o in owners), key
+
+    def _found(self, k: tuple[tuple[int, ...], Hashable], owners: tuple[object, ...]
+               ) -> tuple[tuple[object, ...], V] | None:
+        """The entry at ``k`` if it was built for these very ``owners`` (ids are not reused while it lives)."""
+        hit = self._entries.get(k)
+        return hit if hit is not None and all(a is b for a, b in zip(hit[0], owners)) else None
+
     def peek(self, owners: tuple[object, ...], key: Hashable) -> V | None:
         """The value built for (``owners`` by identity, ``key``), or None if there is none."""
-        hit = self._entries.get((tuple(id(o) for o in owners), key))
-        return hit[1] if hit is not None and all(a is b for a, b in zip(hit[0], owners)) else None
+        hit = self._found(self._key(owners, key), owners)
+        return None if hit is None else hit[1]
 
     def get(self, owners: tuple[object, ...], key: Hashable, build: Callable[[], V]) -> V:
-        k = (tuple(id(o) for o in owners), key)
-        hit = self._entries.get(k)
-        if hit is not None and all(a is b for a, b in zip(hit[0], owners)):
+        k = self._key(owners, key)
+        hit = self._found(k, owners)
+        if hit is not None:
             return hit[1]
         value = build()
         if len(self._entries) >= self.size:

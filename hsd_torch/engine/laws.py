@@ -145,6 +145,7 @@ def fixed_drop(drop: Tensor) -> Tensor:
     _REMOVED.get((drop,), None, lambda: drop.nonzero().squeeze(-1))
     return drop
 
+
 LARGEST_CHUNK = 256
 """The chunk width :func:`largest` reads the maxima of (CPU, when ``k`` chunks are at most an eighth
 of the row)."""
