@@ -17,7 +17,10 @@ the exact law, the draws (the samples file included), the audit, the acceptance 
 the CPU seconds a draw costs: the parent process's and the workers' (psutil), whatever else runs
 on the machine beside them, which wall time is not; each mode ``--repeat`` times, on fresh seeds,
 after one warm-up batch per worker. On an idle machine of 2 cores with 2 workers the wall time of
-N draws is about N x that / 2 (an estimate).
+N draws is about N x that / 2 (an estimate). With ``--workers 1`` (the process then set up as a worker
+sets itself up: one torch thread, its garbage collector and allocator) each run also reports the CPU spent inside the
+models' forward passes (forward hooks), the part of a draw no change to ``generate``'s bookkeeping
+can save.
 
 ``--goal`` runs every case at the N the goal needs (about 4 x 10^5 draws: minutes a case),
 ``--goal-case NAME`` that case only; the others run ``--n`` draws, and the time for the goal's N is
@@ -51,7 +54,7 @@ from hsd_core import conformance as kc  # noqa: E402
 from hsd_core.processing import AmbiguousLawError  # noqa: E402
 from hsd_core.stats import InvalidTest, min_num_samples_for_tv  # noqa: E402
 from hsd_torch.conformance.engines import Case  # noqa: E402
-from hsd_torch.conformance.hsd_engine import HsdTorchEngine  # noqa: E402
+from hsd_torch.conformance.hsd_engine import DEFAULT_DRAFTER, HsdTorchEngine, keep_freed_memory  # noqa: E402
 from hsd_torch.conformance.kit import build_kit  # noqa: E402
 from hsd_torch.conformance.matrix import CASES, MODE_SPECS, audit_case  # noqa: E402
 
@@ -133,24 +136,67 @@ def run_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, tmp: Path) -> dict
     return row
 
 
+class ForwardMeter:
+    """CPU seconds spent inside the forward passes of some models of this process (a forward
+    pre-hook and hook on each: the time from a model's call to its return, its head included)."""
+
+    def __init__(self, models: list[Any]) -> None:
+        self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
+        self._hooks = [h for m in models for h in (m.register_forward_pre_hook(self._start),
+                                                   m.register_forward_hook(self._stop))]
+
+    def _start(self, *_: Any) -> None:
+        self._t0 = time.process_time()
+
+    def _stop(self, *_: Any) -> None:
+        self.seconds += time.process_time() - self._t0
+        self.calls += 1
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
 def cpu_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, repeat: int) -> dict[str, Any]:
     """CPU milliseconds a draw of ``pc`` in ``mode`` costs (the parent process and the workers,
-    each of ``repeat`` runs of ``n`` draws on fresh seeds, after a warm-up of one batch a worker)."""
+    each of ``repeat`` runs of ``n`` draws on fresh seeds, after a warm-up of one batch a worker).
+    With one process (``workers=1``, the garbage collector and allocator set as a worker sets
+    them), also the part of it inside the models' forward passes."""
     s = pc.for_engine(eng.order)
     drafter, settings, _ = MODE_SPECS[mode]
     case = Case(eng.kit, pc.prompts[0], s, mode, drafter, settings, pc.target)
     eng.sample(case, list(range(10**9, 10**9 + eng.batch * eng.workers)))  # warm-up
+    meter = None
+    if eng.workers == 1:  # this process draws: set it up as a worker sets itself up
+        import gc
+
+        import torch
+
+        torch.set_num_threads(1)
+        keep_freed_memory()
+        gc.freeze()
+        roles = [pc.target] + ([] if mode == "none" else [drafter or DEFAULT_DRAFTER[mode]])
+        meter = ForwardMeter([eng._load(r)[0] for r in roles])
     runs = []
     for r in range(repeat):
         seeds = list(range((r + 1) * 10**8, (r + 1) * 10**8 + n))
+        f0 = 0.0 if meter is None else meter.seconds
         p0, c0, w0 = time.process_time(), cpu_seconds(eng), time.perf_counter()
         eng.sample(case, seeds)
         p1, c1, w1 = time.process_time(), cpu_seconds(eng), time.perf_counter()
         runs.append({"cpu_ms_per_draw": round(1000 * (c1 - c0) / n, 4),
                      "parent_cpu_ms_per_draw": round(1000 * (p1 - p0) / n, 4), "wall_s": round(w1 - w0, 2)})
+        if meter is not None:
+            runs[-1]["forward_cpu_ms_per_draw"] = round(1000 * (meter.seconds - f0) / n, 4)
+    if meter is not None:
+        meter.close()
     best = sorted(x["cpu_ms_per_draw"] for x in runs)
-    return {"case": pc.name, "mode": mode, "n": n, "workers": eng.workers, "batch": eng.batch, "runs": runs,
-            "median_cpu_ms_per_draw": best[len(best) // 2]}
+    row = {"case": pc.name, "mode": mode, "n": n, "workers": eng.workers, "batch": eng.batch, "runs": runs,
+           "median_cpu_ms_per_draw": best[len(best) // 2]}
+    if meter is not None:
+        fwd = sorted(x["forward_cpu_ms_per_draw"] for x in runs)
+        row["median_forward_cpu_ms_per_draw"] = fwd[len(fwd) // 2]
+    return row
 
 
 def main() -> None:
