@@ -141,7 +141,7 @@ class ForwardMeter:
     pre-hook and hook on each: the time from a model's call to its return, its head included)."""
 
     def __init__(self, models: list[Any]) -> None:
-        self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
+        self.seconds, self._t0 = 0.0, 0.0
         self._hooks = [h for m in models for h in (m.register_forward_pre_hook(self._start),
                                                    m.register_forward_hook(self._stop))]
 
@@ -150,7 +150,6 @@ class ForwardMeter:
 
     def _stop(self, *_: Any) -> None:
         self.seconds += time.process_time() - self._t0
-        self.calls += 1
 
     def close(self) -> None:
         for h in self._hooks:
@@ -160,8 +159,9 @@ class ForwardMeter:
 def cpu_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, repeat: int) -> dict[str, Any]:
     """CPU milliseconds a draw of ``pc`` in ``mode`` costs (the parent process and the workers,
     each of ``repeat`` runs of ``n`` draws on fresh seeds, after a warm-up of one batch a worker).
-    With one process (``workers=1``, the garbage collector and allocator set as a worker sets
-    them), also the part of it inside the models' forward passes."""
+    With one process (``workers=1``: this process then set up as a worker sets itself up, one torch
+    thread, its garbage collector frozen, its allocator keeping freed memory), also the part of it
+    inside the models' forward passes."""
     s = pc.for_engine(eng.order)
     drafter, settings, _ = MODE_SPECS[mode]
     case = Case(eng.kit, pc.prompts[0], s, mode, drafter, settings, pc.target)
