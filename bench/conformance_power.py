@@ -54,7 +54,7 @@ from hsd_core import conformance as kc  # noqa: E402
 from hsd_core.processing import AmbiguousLawError  # noqa: E402
 from hsd_core.stats import InvalidTest, min_num_samples_for_tv  # noqa: E402
 from hsd_torch.conformance.engines import Case  # noqa: E402
-from hsd_torch.conformance.hsd_engine import DEFAULT_DRAFTER, HsdTorchEngine, keep_freed_memory  # noqa: E402
+from hsd_torch.conformance.hsd_engine import DEFAULT_DRAFTER, HsdTorchEngine, set_up_as_worker  # noqa: E402
 from hsd_torch.conformance.kit import build_kit  # noqa: E402
 from hsd_torch.conformance.matrix import CASES, MODE_SPECS, audit_case  # noqa: E402
 
@@ -159,22 +159,16 @@ class ForwardMeter:
 def cpu_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, repeat: int) -> dict[str, Any]:
     """CPU milliseconds a draw of ``pc`` in ``mode`` costs (the parent process and the workers,
     each of ``repeat`` runs of ``n`` draws on fresh seeds, after a warm-up of one batch a worker).
-    With one process (``workers=1``: this process then set up as a worker sets itself up, one torch
-    thread, its garbage collector frozen, its allocator keeping freed memory), also the part of it
-    inside the models' forward passes."""
+    With one process (``workers=1``: this process then set up as a worker sets itself up,
+    :func:`~hsd_torch.conformance.hsd_engine.set_up_as_worker`), also the part of it inside the
+    models' forward passes."""
     s = pc.for_engine(eng.order)
     drafter, settings, _ = MODE_SPECS[mode]
     case = Case(eng.kit, pc.prompts[0], s, mode, drafter, settings, pc.target)
     eng.sample(case, list(range(10**9, 10**9 + eng.batch * eng.workers)))  # warm-up
     meter = None
-    if eng.workers == 1:  # this process draws: set it up as a worker sets itself up
-        import gc
-
-        import torch
-
-        torch.set_num_threads(1)
-        keep_freed_memory()
-        gc.freeze()
+    if eng.workers == 1:  # this process draws: set it up as a worker sets itself up (its models loaded by the warm-up)
+        set_up_as_worker(lambda: None)
         roles = [pc.target] + ([] if mode == "none" else [drafter or DEFAULT_DRAFTER[mode]])
         meter = ForwardMeter([eng._load(r)[0] for r in roles])
     runs = []

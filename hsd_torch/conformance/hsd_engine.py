@@ -203,24 +203,31 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, MALLOC_KEEP[0])) and bool(mallopt(m_trim_threshold, MALLOC_KEEP[1]))
 
 
-def _worker_init(cls: type[HsdTorchEngine], kit: Path) -> None:
-    """A worker's start: one torch thread, the C allocator keeping freed memory
-    (:func:`keep_freed_memory`), the kit's models loaded, then every object alive so far (the
-    modules torch and transformers import, the models, the tokenizers: about 4 x 10^5 objects)
-    moved out of the cyclic garbage collector's view (``gc.freeze``): they live as long as the
-    worker, and each full collection would otherwise walk them all again (about 15 % of a worker's
-    CPU at 500 rows a call, bench/RESULTS.md). Neither changes a value computed."""
+def set_up_as_worker(load: Callable[[], object]) -> None:
+    """Set this process up as a worker sets itself up: one torch thread, the C allocator keeping
+    freed memory (:func:`keep_freed_memory`), ``load()`` (the models a worker draws with), then
+    every object alive so far (the modules torch and transformers import, the models, the
+    tokenizers: about 4 x 10^5 objects) moved out of the cyclic garbage collector's view
+    (``gc.freeze``): they live as long as the process, and each full collection would otherwise
+    walk them all again (about 15 % of a worker's CPU at 500 rows a call, bench/RESULTS.md).
+    None of it changes a value computed. Used by each worker at its start, and by a benchmark
+    that measures in its own process what a worker spends."""
     import gc
 
     import torch
 
     torch.set_num_threads(1)
     keep_freed_memory()
-    eng = _WORKER_ENGINES[(cls, kit)] = cls(kit)
-    for r in ROLES:
-        eng._load(r)
+    load()
     gc.collect()
     gc.freeze()
+
+
+def _worker_init(cls: type[HsdTorchEngine], kit: Path) -> None:
+    """A worker's start: its engine over ``kit``, the kit's models loaded in it, the process set
+    up by :func:`set_up_as_worker`."""
+    eng = _WORKER_ENGINES[(cls, kit)] = cls(kit)
+    set_up_as_worker(lambda: [eng._load(r) for r in ROLES])
 
 
 def _worker_pid(_: int) -> int:

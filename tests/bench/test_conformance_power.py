@@ -35,4 +35,3 @@ def test_forward_share_in_one_process(tmp_path: Path) -> None:
         (run,) = r["runs"]
         assert 0 < run["forward_cpu_ms_per_draw"] <= run["cpu_ms_per_draw"], r
         assert r["median_forward_cpu_ms_per_draw"] == run["forward_cpu_ms_per_draw"]
-
