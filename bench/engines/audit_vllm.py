@@ -17,6 +17,10 @@ configuration serves its three files; the audits run after the engine has exited
 time). ``--law-check K``: vLLM's own teacher-forced law (:class:`hsd_torch.engines.vllm_audit.VllmLaws`)
 against transformers' on the first K draws of each target's temperature-1 null control (the largest
 per-position total variation), which says whether transformers' law may stand in for the engine's.
+
+Exit status (:func:`exit_status`): 1 when a row this run audited is "lossy" (as ``hsd audit vllm``),
+0 otherwise (rows of earlier runs kept in ``--out`` do not count). So a run of an unpatched sampled
+speculative mode or of the ``smol-draft-synthetic`` control exits 1: that is its finding.
 """
 
 from __future__ import annotations
@@ -146,6 +150,11 @@ def law_check(python: str, target: str, path: str, k: int, models: dict[str, Any
             "vocab": laws.vocab_size, "law_worker_start_s": start, "laws_s": t_laws}
 
 
+def exit_status(rows: list[dict[str, Any]]) -> int:
+    """1 when any of ``rows`` (this run's) has the verdict ``"lossy"``, else 0."""
+    return 1 if any(r["verdict"] == "lossy" for r in rows) else 0
+
+
 def table(record: dict[str, Any]) -> str:
     """The markdown table of a record's rows (docs/auditing-engines.md)."""
     out = ["| configuration | sampling | verdict | draws (tokens) | detectable mean TV | accept. | sample s | audit s |",
@@ -207,8 +216,11 @@ def main() -> int:
         record["rows"] = [r for r in old.get("rows", []) if r["config"] not in tags or
                           (args.samplings is not None and r["sampling"] not in args.samplings.split(","))]
         record["law_check"] = old.get("law_check", [])
+    audited: list[dict[str, Any]] = []
     for x in labels:
-        record["rows"].extend(run_config(x, python, args, models))
+        rows = run_config(x, python, args, models)
+        audited.extend(rows)
+        record["rows"].extend(rows)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
     if args.law_check:
@@ -223,7 +235,7 @@ def main() -> int:
                                        if (r["target"], r.get("dtype", "float32")) != (target, args.law_dtype)] + [res]
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
-    return 0
+    return exit_status(audited)
 
 
 if __name__ == "__main__":
