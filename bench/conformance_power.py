@@ -43,6 +43,7 @@ import os
 import sys
 import tempfile
 import time
+from statistics import median_high
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +185,10 @@ def cpu_case(eng: HsdTorchEngine, pc: Any, mode: str, n: int, repeat: int) -> di
             runs[-1]["forward_cpu_ms_per_draw"] = round(1000 * (meter.seconds - f0) / n, 4)
     if meter is not None:
         meter.close()
-    best = sorted(x["cpu_ms_per_draw"] for x in runs)
     row = {"case": pc.name, "mode": mode, "n": n, "workers": eng.workers, "batch": eng.batch, "runs": runs,
-           "median_cpu_ms_per_draw": best[len(best) // 2]}
+           "median_cpu_ms_per_draw": median_high(x["cpu_ms_per_draw"] for x in runs)}
     if meter is not None:
-        fwd = sorted(x["forward_cpu_ms_per_draw"] for x in runs)
-        row["median_forward_cpu_ms_per_draw"] = fwd[len(fwd) // 2]
+        row["median_forward_cpu_ms_per_draw"] = median_high(x["forward_cpu_ms_per_draw"] for x in runs)
     return row
 
 
