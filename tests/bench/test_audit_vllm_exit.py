@@ -18,10 +18,15 @@ ENGINES = Path(__file__).resolve().parents[2] / "bench" / "engines"
 
 
 def _audit_vllm() -> Any:
+    """The script as a module (it puts the repository and bench/ on ``sys.path``: undone after)."""
+    path = list(sys.path)
     spec = importlib.util.spec_from_file_location("audit_vllm_under_test", ENGINES / "audit_vllm.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = path
     return mod
 
 
