@@ -43,8 +43,8 @@ import os
 import sys
 import tempfile
 import time
-from statistics import median_high
 from pathlib import Path
+from statistics import median_high
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
